@@ -1,0 +1,158 @@
+"""Run configuration: a validated dataclass, TOML loading, and the precedence rule.
+
+Precedence, lowest first: the workload's defaults < the ``--config`` TOML file < command-line flags.
+A field left at ``None`` means "use the workload's default" and is filled by :func:`resolve`.
+
+Example::
+
+    >>> from scaletrain.config import TrainConfig
+    >>> TrainConfig(workload="lenet", epochs=2, batch_size=32).batch_size
+    32
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError
+
+__all__ = ["TrainConfig", "WorkloadDefaults", "load_toml", "merge", "resolve"]
+
+PROGRESS_MODES = ("auto", "bar", "plain", "off")
+
+
+@dataclass(frozen=True)
+class WorkloadDefaults:
+    """Hyper-parameters a workload brings when the user does not set them."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    clip_norm: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs; ``None`` fields take the workload's default.
+
+    ``steps`` stops the run after that many optimizer steps in total (a resumed run counts the
+    steps it had done before). ``clip_norm`` 0 turns gradient clipping off. ``options`` are workload options such as ``num_steps`` for
+    ``ptb-lstm``; values may be strings (from the command line) and the workload converts them.
+    """
+
+    workload: str
+    epochs: int | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    momentum: float | None = None
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    lr_decay: float = 1.0
+    lr_decay_start: int = 0
+    seed: int = 0
+    threads: int | None = None
+    data_dir: Path | None = None
+    out: Path | None = None
+    resume: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    log_every: int = 50
+    checkpoint_every: int = 200
+    warmup_steps: int = 5
+    progress: str = "auto"
+    tensorboard: bool = True
+    download: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("data_dir", "out"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        positive = ("epochs", "steps", "batch_size", "threads", "log_every", "checkpoint_every")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{name} must be a whole number ≥ 1, got {value!r}")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr!r}")
+        if self.clip_norm is not None and not self.clip_norm >= 0:
+            raise ConfigError(f"clip_norm must be ≥ 0 (0 turns clipping off), got {self.clip_norm!r}")
+        if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum!r}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay!r}")
+        if not 0.0 < self.lr_decay <= 1.0:
+            raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
+        if self.progress not in PROGRESS_MODES:
+            raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
+        if not isinstance(self.options, dict):
+            raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
+
+
+def _field_names() -> set[str]:
+    return {f.name for f in fields(TrainConfig)}
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML config file into a dict of :class:`TrainConfig` fields.
+
+    Keys may use dashes or underscores (``batch-size`` = ``batch_size``); workload options go in an
+    ``[options]`` table. Unknown keys are an error that lists the known ones.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.toml"
+    >>> _ = p.write_text('batch-size = 64\\n[options]\\nnum_steps = 35\\n')
+    >>> load_toml(p)
+    {'batch_size': 64, 'options': {'num_steps': 35}}
+    """
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; check the path given to --config") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    known = _field_names()
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(
+                f"unknown key {key!r} in {path}; known keys: {', '.join(sorted(known))}"
+            )
+        values[name] = value
+    return values
+
+
+def merge(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Combine layers of settings, later layers winning; ``options`` tables merge key by key."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "options":
+                merged["options"] = {**merged.get("options", {}), **value}
+            else:
+                merged[key] = value
+    return merged
+
+
+def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
+    """Fill every ``None`` hyper-parameter from the workload's defaults.
+
+    Without ``out`` a run gets its own folder, ``runs/<workload>-<date>-<time>``.
+    """
+    filled: dict[str, Any] = {
+        name: getattr(defaults, name)
+        for name in ("epochs", "batch_size", "lr", "momentum", "clip_norm")
+        if getattr(config, name) is None
+    }
+    if config.out is None:
+        filled["out"] = Path("runs") / f"{config.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return dataclasses.replace(config, **filled)

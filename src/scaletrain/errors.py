@@ -1,0 +1,22 @@
+"""Errors that the command line turns into one clear message and exit code 2."""
+
+from __future__ import annotations
+
+__all__ = ["ScaletrainError", "DataError", "ConfigError"]
+
+
+class ScaletrainError(Exception):
+    """A problem the user can fix; the message names the fix.
+
+    The CLI prints ``error: <message>`` and exits with :attr:`exit_code` instead of a traceback.
+    """
+
+    exit_code = 2
+
+
+class DataError(ScaletrainError):
+    """A dataset is missing, truncated, corrupt or inconsistent."""
+
+
+class ConfigError(ScaletrainError):
+    """An impossible or unknown setting (flag, config file value, workload option)."""

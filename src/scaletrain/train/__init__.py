@@ -1,0 +1,1 @@
+"""The training loop, its checkpoints, throughput meter and logs."""

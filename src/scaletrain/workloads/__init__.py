@@ -1,0 +1,30 @@
+"""The registry of workloads: name → class. Adding a workload = one module + one line here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.errors import ConfigError
+from scaletrain.workloads.base import Part, Workload
+from scaletrain.workloads.lenet import LeNetWorkload
+from scaletrain.workloads.ptb_lstm import PTBLSTMWorkload
+
+__all__ = ["WORKLOADS", "Part", "Workload", "create_workload"]
+
+WORKLOADS: dict[str, type[Workload]] = {
+    LeNetWorkload.name: LeNetWorkload,
+    PTBLSTMWorkload.name: PTBLSTMWorkload,
+}
+
+
+def create_workload(name: str, options: dict[str, Any] | None = None) -> Workload:
+    """Instantiate a registered workload by name.
+
+    >>> create_workload("lenet").metric
+    'test_accuracy'
+    """
+    try:
+        workload_class = WORKLOADS[name]
+    except KeyError:
+        raise ConfigError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}") from None
+    return workload_class(options)

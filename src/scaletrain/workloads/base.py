@@ -1,0 +1,151 @@
+"""The workload interface: a model, its data, its loss and its quality metric.
+
+A workload knows nothing about distribution. The training loop (and later each parallel strategy)
+asks it for the batches of one epoch, optionally only one worker's part of each batch, and for the
+loss of a batch. Adding a workload means one module with a :class:`Workload` subclass and one line in
+:mod:`scaletrain.workloads`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from scaletrain.config import WorkloadDefaults
+from scaletrain.errors import ConfigError
+
+__all__ = ["Part", "Workload", "count_parameters", "parse_options"]
+
+
+@dataclass(frozen=True)
+class Part:
+    """Which consecutive slice of every global batch a worker computes: slice ``index`` of ``count``.
+
+    ``Part(0, 1)`` is the whole batch. The global batch size must divide evenly.
+    """
+
+    index: int = 0
+    count: int = 1
+
+    def slice(self, size: int) -> slice:
+        if size % self.count:
+            raise ConfigError(
+                f"a batch of {size} cannot be split evenly over {self.count} workers; "
+                f"choose a batch size that is a multiple of {self.count}"
+            )
+        share = size // self.count
+        return slice(self.index * share, (self.index + 1) * share)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def parse_options(options_type: type, given: dict[str, Any]) -> Any:
+    """Build a workload's options dataclass from strings or values, naming the valid keys on error."""
+    known = {f.name: f for f in dataclasses.fields(options_type)}
+    values: dict[str, Any] = {}
+    for key, raw in given.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(
+                f"unknown workload option {key!r}; valid options: {', '.join(sorted(known)) or 'none'}"
+            )
+        kind = type(getattr(options_type(), name))
+        try:
+            values[name] = _convert(raw, kind)
+        except ValueError:
+            raise ConfigError(f"workload option {key}={raw!r} is not a valid {kind.__name__}") from None
+    try:
+        return options_type(**values)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _convert(raw: Any, kind: type) -> Any:
+    if not isinstance(raw, str):
+        return kind(raw)
+    if kind is bool:
+        lowered = raw.lower()
+        if lowered not in ("1", "0", "true", "false", "yes", "no"):
+            raise ValueError(raw)
+        return lowered in ("1", "true", "yes")
+    return kind(raw)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A workload without options."""
+
+
+class Workload(ABC):
+    """Model + data + loss + quality metric of one task.
+
+    Subclasses set the class attributes and implement the abstract methods. ``state`` is whatever
+    a workload carries from one batch to the next within an epoch (the LSTM's hidden state); it is
+    ``None`` for stateless workloads and is saved in checkpoints.
+    """
+
+    name: str
+    dataset: str
+    metric: str  # key written to summary.json, e.g. "test_accuracy"
+    defaults: WorkloadDefaults
+    options_type: type = NoOptions
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.options = parse_options(self.options_type, options or {})
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialised model (its initial weights follow torch's global seed)."""
+
+    @abstractmethod
+    def load_data(self, data_dir: Path | None, *, download: bool = True) -> Any:
+        """Load the datasets; raise :class:`~scaletrain.errors.DataError` with the fix if impossible."""
+
+    @abstractmethod
+    def batches_per_epoch(self, data: Any, batch_size: int) -> int:
+        """How many global batches of ``batch_size`` one epoch has."""
+
+    @abstractmethod
+    def train_batches(
+        self, data: Any, *, epoch: int, batch_size: int, seed: int, part: Part = Part(), start: int = 0
+    ) -> Iterator[Any]:
+        """The epoch's batches from number ``start`` on, each cut down to ``part``.
+
+        The order depends only on ``seed`` and ``epoch``, so every worker and a resumed run see the
+        same global batches.
+        """
+
+    def initial_state(self, model: nn.Module, batch_rows: int) -> Any:
+        """The state at the start of an epoch; ``None`` for stateless workloads."""
+        return None
+
+    @abstractmethod
+    def training_loss(self, model: nn.Module, batch: Any, state: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Return ``(objective, loss_for_logging, next_state)`` for one batch.
+
+        ``objective`` is what is differentiated; ``loss_for_logging`` is the per-sample (or per-word)
+        mean loss people read, detached.
+        """
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, data: Any) -> dict[str, float]:
+        """Quality metrics on held-out data; must include :attr:`metric`."""
+
+    def describe(self) -> dict[str, Any]:
+        """Name, dataset, metric and parameter count, for ``scaletrain workloads``."""
+        return {
+            "name": self.name,
+            "dataset": self.dataset,
+            "metric": self.metric,
+            "parameters": count_parameters(self.build_model()),
+        }

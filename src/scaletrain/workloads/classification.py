@@ -1,0 +1,149 @@
+"""Image (or any) classification on in-memory tensors: the base of ``lenet`` and of user workloads.
+
+Train your own model with the same loop, metrics and outputs as the built-in workloads::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from scaletrain.workloads.classification import ClassificationWorkload
+    >>> x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    >>> workload = ClassificationWorkload.from_tensors(
+    ...     "toy", lambda: nn.Linear(4, 3), train=(x, y), test=(x, y), batch_size=16)
+    >>> workload.batches_per_epoch(workload.load_data(None), 16)
+    4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from scaletrain.config import WorkloadDefaults
+from scaletrain.errors import DataError
+from scaletrain.workloads.base import Part, Workload
+
+__all__ = ["ClassificationData", "ClassificationWorkload", "epoch_permutation"]
+
+EVAL_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class ClassificationData:
+    """Inputs and integer class labels of a training and a test set."""
+
+    train_inputs: torch.Tensor
+    train_labels: torch.Tensor
+    test_inputs: torch.Tensor
+    test_labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            inputs, labels = getattr(self, f"{split}_inputs"), getattr(self, f"{split}_labels")
+            if len(inputs) != len(labels):
+                raise DataError(f"{split} set has {len(inputs)} inputs but {len(labels)} labels")
+            if len(inputs) == 0:
+                raise DataError(f"{split} set is empty")
+
+
+def epoch_permutation(size: int, *, seed: int, epoch: int) -> torch.Tensor:
+    """The order of the samples in one epoch; a function of seed and epoch only."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(size, generator=generator)
+
+
+class ClassificationWorkload(Workload):
+    """Softmax cross-entropy classification, metric: test accuracy (fraction correct, 0..1).
+
+    Each epoch visits the training set in a fresh random order; the last incomplete batch is
+    dropped so every batch (and every worker's share of it) has the same size.
+    """
+
+    metric: str = "test_accuracy"
+
+    @classmethod
+    def from_tensors(
+        cls,
+        name: str,
+        model_factory: Callable[[], nn.Module],
+        *,
+        train: tuple[torch.Tensor, torch.Tensor],
+        test: tuple[torch.Tensor, torch.Tensor],
+        batch_size: int = 32,
+        lr: float = 0.01,
+        momentum: float = 0.9,
+        epochs: int = 1,
+    ) -> ClassificationWorkload:
+        """A workload for your own model and data held in tensors ``(inputs, labels)``."""
+        data = ClassificationData(train[0], train[1].long(), test[0], test[1].long())
+        defaults = WorkloadDefaults(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum)
+        return _TensorClassification(name, model_factory, data, defaults)
+
+    def batches_per_epoch(self, data: ClassificationData, batch_size: int) -> int:
+        return len(data.train_inputs) // batch_size
+
+    def train_batches(
+        self,
+        data: ClassificationData,
+        *,
+        epoch: int,
+        batch_size: int,
+        seed: int,
+        part: Part = Part(),
+        start: int = 0,
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = epoch_permutation(len(data.train_inputs), seed=seed, epoch=epoch)
+        share = part.slice(batch_size)
+        for number in range(start, self.batches_per_epoch(data, batch_size)):
+            indices = order[number * batch_size : (number + 1) * batch_size][share]
+            yield data.train_inputs[indices], data.train_labels[indices]
+
+    def training_loss(
+        self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        inputs, labels = batch
+        loss = F.cross_entropy(model(inputs), labels)
+        return loss, loss.detach(), None
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, data: ClassificationData) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        correct, total_loss = 0, 0.0
+        for begin in range(0, len(data.test_inputs), EVAL_BATCH):
+            inputs = data.test_inputs[begin : begin + EVAL_BATCH]
+            labels = data.test_labels[begin : begin + EVAL_BATCH]
+            logits = model(inputs)
+            total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
+            correct += (logits.argmax(dim=1) == labels).sum().item()
+        model.train(was_training)
+        count = len(data.test_inputs)
+        return {"test_accuracy": correct / count, "test_loss": total_loss / count}
+
+
+class _TensorClassification(ClassificationWorkload):
+    """A classification workload over a user's model factory and in-memory data."""
+
+    def __init__(
+        self,
+        name: str,
+        model_factory: Callable[[], nn.Module],
+        data: ClassificationData,
+        defaults: WorkloadDefaults,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.dataset = f"user tensors ({len(data.train_inputs)} train / {len(data.test_inputs)} test)"
+        self.defaults = defaults
+        self._model_factory = model_factory
+        self._data = data
+
+    def build_model(self) -> nn.Module:
+        return self._model_factory()
+
+    def load_data(self, data_dir: Path | None, *, download: bool = True) -> ClassificationData:
+        return self._data
