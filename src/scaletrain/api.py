@@ -42,9 +42,7 @@ def make_config(workload: str, *, config_file: Path | None = None, **settings: A
     return TrainConfig(**merge({"workload": workload}, from_file, given))
 
 
-def train(
-    workload: str | Workload, *, config_file: Path | None = None, **settings: Any
-) -> dict[str, Any]:
+def train(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> dict[str, Any]:
     """Train a workload (a registered name or a :class:`Workload` object); return ``summary.json``'s content.
 
     ``settings`` are :class:`TrainConfig` fields (``epochs``, ``steps``, ``batch_size``, ``lr``,

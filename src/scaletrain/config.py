@@ -42,8 +42,9 @@ class TrainConfig:
     """Everything one training run needs; ``None`` fields take the workload's default.
 
     ``steps`` stops the run after that many optimizer steps in total (a resumed run counts the
-    steps it had done before). ``clip_norm`` 0 turns gradient clipping off. ``options`` are workload options such as ``num_steps`` for
-    ``ptb-lstm``; values may be strings (from the command line) and the workload converts them.
+    steps it had done before). ``clip_norm`` 0 turns gradient clipping off. ``options`` are
+    workload options such as ``num_steps`` for ``ptb-lstm``; values may be strings (from the
+    command line) and the workload converts them.
     """
 
     workload: str
@@ -124,9 +125,7 @@ def load_toml(path: Path) -> dict[str, Any]:
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise ConfigError(
-                f"unknown key {key!r} in {path}; known keys: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"unknown key {key!r} in {path}; known keys: {', '.join(sorted(known))}")
         values[name] = value
     return values
 

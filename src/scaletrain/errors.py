@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ScaletrainError", "DataError", "ConfigError"]
+__all__ = ["ConfigError", "DataError", "ScaletrainError"]
 
 
 class ScaletrainError(Exception):

@@ -21,7 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         # Every flag defaults to None so that only the flags actually given override the config file.
         argument_default=None,
     )
-    parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)")
+    parser.add_argument(
+        "workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)"
+    )
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     parser.add_argument("--epochs", type=int, help="epochs to train")
     parser.add_argument("--steps", type=int, help="stop after this many optimizer steps in total")
@@ -30,7 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--momentum", type=float, help="SGD momentum (0 = plain SGD)")
     parser.add_argument("--weight-decay", type=float, help="L2 weight decay")
     parser.add_argument("--clip-norm", type=float, help="clip the gradient norm to this (0 = off)")
-    parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
+    parser.add_argument(
+        "--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start"
+    )
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
     parser.add_argument("--seed", type=int, help="random seed (same seed and settings ⇒ identical weights)")
     parser.add_argument("--threads", type=int, help="torch threads")
@@ -38,11 +42,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, help="output folder (default: runs/WORKLOAD-DATE-TIME)")
     parser.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
     parser.add_argument("--log-every", type=int, help="steps between metrics.jsonl records")
-    parser.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (also at each epoch end)")
-    parser.add_argument("--warmup-steps", type=int, help="first steps left out of the throughput")
-    parser.add_argument("--progress", choices=PROGRESS_MODES, help="progress display (auto: bar on a terminal)")
     parser.add_argument(
-        "--no-tensorboard", dest="tensorboard", action="store_false", default=None, help="write no TensorBoard events"
+        "--checkpoint-every", type=int, help="steps between checkpoints (also at each epoch end)"
+    )
+    parser.add_argument("--warmup-steps", type=int, help="first steps left out of the throughput")
+    parser.add_argument(
+        "--progress", choices=PROGRESS_MODES, help="progress display (auto: bar on a terminal)"
+    )
+    parser.add_argument(
+        "--no-tensorboard",
+        dest="tensorboard",
+        action="store_false",
+        default=None,
+        help="write no TensorBoard events",
     )
     parser.add_argument(
         "--no-download", dest="download", action="store_false", default=None, help="never download datasets"
@@ -73,9 +85,26 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         name: getattr(args, name)
         for name in (
-            "epochs", "steps", "batch_size", "lr", "momentum", "weight_decay", "clip_norm", "lr_decay",
-            "lr_decay_start", "seed", "threads", "data_dir", "out", "resume", "log_every",
-            "checkpoint_every", "warmup_steps", "progress", "tensorboard", "download",
+            "epochs",
+            "steps",
+            "batch_size",
+            "lr",
+            "momentum",
+            "weight_decay",
+            "clip_norm",
+            "lr_decay",
+            "lr_decay_start",
+            "seed",
+            "threads",
+            "data_dir",
+            "out",
+            "resume",
+            "log_every",
+            "checkpoint_every",
+            "warmup_steps",
+            "progress",
+            "tensorboard",
+            "download",
         )
     }
     options = parse_options(args.option)

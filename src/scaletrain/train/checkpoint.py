@@ -43,7 +43,9 @@ def atomic_save(obj: Any, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise ScaletrainError(f"could not write {path}: {exc}; {kept}. Free disk space and use --resume") from exc
+        raise ScaletrainError(
+            f"could not write {path}: {exc}; {kept}. Free disk space and use --resume"
+        ) from exc
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -56,6 +58,4 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged file
-        raise ScaletrainError(
-            f"checkpoint {path} cannot be read ({exc}); delete it to start afresh"
-        ) from exc
+        raise ScaletrainError(f"checkpoint {path} cannot be read ({exc}); delete it to start afresh") from exc

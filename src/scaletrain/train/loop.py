@@ -10,7 +10,6 @@ import datetime
 import platform
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from scaletrain.train.meter import ThroughputMeter, now
 from scaletrain.workloads import Workload, create_workload
 from scaletrain.workloads.base import count_parameters
 
-__all__ = ["SUMMARY_NAME", "MODEL_NAME", "run_training"]
+__all__ = ["MODEL_NAME", "SUMMARY_NAME", "run_training"]
 
 SUMMARY_NAME = "summary.json"
 MODEL_NAME = "model.pt"
@@ -158,7 +157,13 @@ class _Trainer:
         total_steps: int,
         resumed_from: int | None,
     ) -> None:
-        self.config, self.workload, self.model, self.optimizer, self.data = config, workload, model, optimizer, data
+        self.config, self.workload, self.model, self.optimizer, self.data = (
+            config,
+            workload,
+            model,
+            optimizer,
+            data,
+        )
         self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
         self.meter = ThroughputMeter(config.warmup_steps)
         self.metrics = MetricsLog(config.out, resume_step=resumed_from)
@@ -183,7 +188,11 @@ class _Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, position.epoch)
         batches = self.workload.train_batches(
-            self.data, epoch=position.epoch, batch_size=config.batch_size, seed=config.seed, start=position.batch
+            self.data,
+            epoch=position.epoch,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            start=position.batch,
         )
         if state is None:
             state = self.workload.initial_state(self.model, config.batch_size)
@@ -230,7 +239,9 @@ class _Trainer:
                 },
                 step,
             )
-        self.progress.update(step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic)
+        self.progress.update(
+            step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
+        )
         if step % config.checkpoint_every == 0 or step == self.total_steps:
             self.save_checkpoint(state)
 
@@ -239,8 +250,12 @@ class _Trainer:
         quality = self.workload.evaluate(self.model, self.data)
         self.last_quality = (self.position.step, quality)
         train_loss = (self._loss_sum / max(self._loss_count, 1)).item()
-        self.metrics.write({"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss, **quality})
-        self.tensorboard.scalars({f"quality/{key}": value for key, value in quality.items()}, self.position.step)
+        self.metrics.write(
+            {"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss, **quality}
+        )
+        self.tensorboard.scalars(
+            {f"quality/{key}": value for key, value in quality.items()}, self.position.step
+        )
         self.progress.message(
             f"epoch {epoch + 1}: train loss {train_loss:.4f}, "
             + ", ".join(f"{key} {value:.4f}" for key, value in quality.items())
@@ -281,7 +296,11 @@ class _Trainer:
 def _check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
-    for key, expected in (("workload", workload.name), ("batch_size", config.batch_size), ("seed", config.seed)):
+    for key, expected in (
+        ("workload", workload.name),
+        ("batch_size", config.batch_size),
+        ("seed", config.seed),
+    ):
         if checkpoint[key] != expected:
             raise ConfigError(
                 f"cannot resume: the checkpoint has {key}={checkpoint[key]!r} but this run asks for "
@@ -295,4 +314,3 @@ def _times(rate: float | None, factor: int) -> float | None:
 
 def _iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC).isoformat(timespec="seconds")
-

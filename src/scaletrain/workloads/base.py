@@ -130,7 +130,9 @@ class Workload(ABC):
         return None
 
     @abstractmethod
-    def training_loss(self, model: nn.Module, batch: Any, state: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def training_loss(
+        self, model: nn.Module, batch: Any, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Return ``(objective, loss_for_logging, next_state)`` for one batch.
 
         ``objective`` is what is differentiated; ``loss_for_logging`` is the per-sample (or per-word)

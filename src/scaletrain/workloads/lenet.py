@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 import torch
 from torch import nn
 

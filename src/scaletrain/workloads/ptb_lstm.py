@@ -19,7 +19,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -55,7 +54,9 @@ class PTBOptions:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"workload option dropout must be in [0, 1), got {self.dropout}")
         if self.train_split not in ("train", "valid"):
-            raise ValueError(f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}")
+            raise ValueError(
+                f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}"
+            )
 
 
 class LSTMLanguageModel(nn.Module):
@@ -100,13 +101,22 @@ class PTBLSTMWorkload(Workload):
         return LSTMLanguageModel(o.vocab_size, o.hidden_size, o.layers, o.dropout)
 
     def load_data(self, data_dir: Path | None, *, download: bool = True) -> PennTreebank:
-        return load_ptb(find_ptb(data_dir), train_split=self.options.train_split, vocab_size=self.options.vocab_size)
+        return load_ptb(
+            find_ptb(data_dir), train_split=self.options.train_split, vocab_size=self.options.vocab_size
+        )
 
     def batches_per_epoch(self, data: PennTreebank, batch_size: int) -> int:
         return (len(data.train) // batch_size - 1) // self.options.num_steps
 
     def train_batches(
-        self, data: PennTreebank, *, epoch: int, batch_size: int, seed: int, part: Part = Part(), start: int = 0
+        self,
+        data: PennTreebank,
+        *,
+        epoch: int,
+        batch_size: int,
+        seed: int,
+        part: Part = Part(),
+        start: int = 0,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Language-model batches are not shuffled: each row is a continuous stream, so the hidden
         # state stays meaningful across windows. A worker's part is a slice of the rows.
@@ -152,7 +162,9 @@ class PTBLSTMWorkload(Workload):
             targets = streams[:, begin + 1 : begin + 1 + steps]
             inputs = inputs[:, : targets.shape[1]]
             logits, state = model(inputs, state)
-            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
+            total += F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+            ).item()
             count += targets.numel()
         model.train(was_training)
         return math.exp(total / count)

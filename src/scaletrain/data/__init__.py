@@ -1,0 +1,1 @@
+"""Dataset readers, locating and verified downloads."""

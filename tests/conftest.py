@@ -1,0 +1,44 @@
+"""Shared fixtures; the helpers behind them live in tests/helpers.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers import SHARED_PTB, SYSTEM_FASHION_MNIST, make_fashion_mnist
+
+
+@pytest.fixture
+def tiny_fmnist(tmp_path: Path) -> Path:
+    return make_fashion_mnist(tmp_path / "fmnist")
+
+
+@pytest.fixture
+def real_fmnist() -> Path:
+    if not (SYSTEM_FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip("real Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
+    return SYSTEM_FASHION_MNIST
+
+
+@pytest.fixture
+def real_ptb() -> Path:
+    if not (SHARED_PTB / "ptb.valid.txt").exists():
+        pytest.skip(f"Penn Treebank valid/test files not found in {SHARED_PTB}")
+    return SHARED_PTB
+
+
+@pytest.fixture
+def tiny_ptb(tmp_path: Path) -> Path:
+    """A few hundred words in Mikolov's format with a small vocabulary."""
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(40)] + ["<unk>", "N"]
+    folder = tmp_path / "ptb"
+    folder.mkdir()
+    for split, lines in (("train", 120), ("valid", 40), ("test", 40)):
+        text = "".join(
+            " " + " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) + " \n" for _ in range(lines)
+        )
+        (folder / f"ptb.{split}.txt").write_text(text)
+    return folder

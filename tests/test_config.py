@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+
+from scaletrain.api import make_config
+from scaletrain.config import TrainConfig, WorkloadDefaults, load_toml, merge, resolve
+from scaletrain.errors import ConfigError
+
+
+def test_precedence_defaults_then_file_then_flags(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(
+        "batch-size = 64\nlr = 0.5\nepochs = 3\n[options]\nnum_steps = 35\ndropout = 0.1\n"
+    )
+    config = make_config("ptb-lstm", config_file=config_file, lr=0.1, options={"dropout": "0.2"})
+    assert config.batch_size == 64  # from the file
+    assert config.lr == 0.1  # flag beats file
+    assert config.options == {"num_steps": 35, "dropout": "0.2"}  # option tables merge key by key
+    resolved = resolve(config, WorkloadDefaults(epochs=9, batch_size=1, lr=9.0, momentum=0.5, clip_norm=5.0))
+    assert (resolved.epochs, resolved.momentum, resolved.clip_norm) == (3, 0.5, 5.0)  # defaults fill gaps
+
+
+def test_unset_flags_do_not_override_the_file(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text("seed = 7\n")
+    assert make_config("lenet", config_file=config_file, seed=None).seed == 7
+
+
+def test_unknown_key_names_the_known_ones(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text("batchsize = 64\n")
+    with pytest.raises(ConfigError, match="unknown key 'batchsize'.*batch_size"):
+        load_toml(config_file)
+
+
+def test_broken_toml_and_missing_file(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("lr = = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(broken)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_toml(tmp_path / "absent.toml")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("batch_size", 0, "batch_size must be a whole number"),
+        ("epochs", -1, "epochs must be"),
+        ("lr", 0.0, "lr must be > 0"),
+        ("momentum", 1.0, "momentum must be in"),
+        ("clip_norm", -1.0, "clip_norm must be"),
+        ("progress", "fancy", "progress must be one of"),
+    ],
+)
+def test_invalid_values_are_rejected(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(workload="lenet", **{field: value})
+
+
+def test_merge_later_layers_win() -> None:
+    assert merge({"a": 1, "options": {"x": 1}}, {"a": 2, "options": {"y": 2}}) == {
+        "a": 2,
+        "options": {"x": 1, "y": 2},
+    }
+
+
+def test_out_defaults_to_a_fresh_folder_per_run() -> None:
+    resolved = resolve(TrainConfig(workload="lenet"), WorkloadDefaults(epochs=1, batch_size=8, lr=0.1))
+    assert resolved.out.parent == Path("runs") and resolved.out.name.startswith("lenet-")
