@@ -28,7 +28,7 @@ def test_batches_follow_one_permutation_and_parts_slice_it(tiny_fmnist: Path) ->
     for number, (inputs, labels) in enumerate(whole):
         assert torch.equal(torch.cat([halves[0][number][1], halves[1][number][1]]), labels)
         assert torch.equal(torch.cat([halves[0][number][0], halves[1][number][0]]), inputs)
-    resumed = list(workload.train_batches(data, epoch=1, batch_size=16, seed=3, start=5))
-    assert torch.equal(resumed[0][1], whole[5][1])
+    resumed = list(workload.train_batches(data, epoch=1, batch_size=16, seed=3, numbers=range(5, 8)))
+    assert len(resumed) == 3 and torch.equal(resumed[0][1], whole[5][1])
     other_epoch = next(workload.train_batches(data, epoch=2, batch_size=16, seed=3))
     assert not torch.equal(other_epoch[1], whole[0][1])

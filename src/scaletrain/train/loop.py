@@ -192,7 +192,7 @@ class _Trainer:
             epoch=position.epoch,
             batch_size=config.batch_size,
             seed=config.seed,
-            start=position.batch,
+            numbers=range(position.batch, self.steps_per_epoch),
         )
         if state is None:
             state = self.workload.initial_state(self.model, config.batch_size)

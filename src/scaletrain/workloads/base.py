@@ -117,9 +117,16 @@ class Workload(ABC):
 
     @abstractmethod
     def train_batches(
-        self, data: Any, *, epoch: int, batch_size: int, seed: int, part: Part = Part(), start: int = 0
+        self,
+        data: Any,
+        *,
+        epoch: int,
+        batch_size: int,
+        seed: int,
+        part: Part = Part(),
+        numbers: range | None = None,
     ) -> Iterator[Any]:
-        """The epoch's batches from number ``start`` on, each cut down to ``part``.
+        """The epoch's batches with the given ``numbers`` (default: all), each cut down to ``part``.
 
         The order depends only on ``seed`` and ``epoch``, so every worker and a resumed run see the
         same global batches.

@@ -94,11 +94,11 @@ class ClassificationWorkload(Workload):
         batch_size: int,
         seed: int,
         part: Part = Part(),
-        start: int = 0,
+        numbers: range | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = epoch_permutation(len(data.train_inputs), seed=seed, epoch=epoch)
         share = part.slice(batch_size)
-        for number in range(start, self.batches_per_epoch(data, batch_size)):
+        for number in numbers or range(self.batches_per_epoch(data, batch_size)):
             indices = order[number * batch_size : (number + 1) * batch_size][share]
             yield data.train_inputs[indices], data.train_labels[indices]
 

@@ -116,13 +116,13 @@ class PTBLSTMWorkload(Workload):
         batch_size: int,
         seed: int,
         part: Part = Part(),
-        start: int = 0,
+        numbers: range | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Language-model batches are not shuffled: each row is a continuous stream, so the hidden
         # state stays meaningful across windows. A worker's part is a slice of the rows.
         streams = _rows(data.train, batch_size)[part.slice(batch_size)]
         steps = self.options.num_steps
-        for number in range(start, self.batches_per_epoch(data, batch_size)):
+        for number in numbers or range(self.batches_per_epoch(data, batch_size)):
             begin = number * steps
             yield streams[:, begin : begin + steps], streams[:, begin + 1 : begin + 1 + steps]
 
