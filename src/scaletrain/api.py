@@ -19,10 +19,16 @@ Train your own model on your own tensors with the same loop, metrics and output 
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config import TrainConfig, load_toml, merge
+from scaletrain.config import TrainConfig, load_toml, merge, resolve
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.launch import launch_local
+from scaletrain.parallel.process import layout_of, run_process
+from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.train.loop import run_training
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
@@ -46,13 +52,40 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     """Train a workload (a registered name or a :class:`Workload` object); return ``summary.json``'s content.
 
     ``settings`` are :class:`TrainConfig` fields (``epochs``, ``steps``, ``batch_size``, ``lr``,
-    ``out``, ``options`` ...).
+    ``out``, ``options``, ``workers``, ``strategy``, ``server``, ``sync`` ...). With more than one
+    process the run is distributed: started here on 127.0.0.1 (``workers=N``), or joined as one
+    process of a job started elsewhere (``nodefile`` + ``index``, or the torchrun variables); then
+    only rank 0 gets the summary.
     """
-    if isinstance(workload, Workload):
-        config = make_config(workload.name, config_file=config_file, **settings)
-        return run_training(config, workload)
-    config = make_config(workload, config_file=config_file, **settings)
-    return run_training(config)
+    own = workload if isinstance(workload, Workload) else None
+    config = make_config(own.name if own else workload, config_file=config_file, **settings)
+    layout = layout_of(config)  # checks the strategy flags before anything starts
+    if config.nodefile is not None:
+        return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
+    if layout.world_size == 1:
+        return run_training(config, own)
+    if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
+        return _run_launched(config, Rendezvous.from_env(), own)
+    if own is not None:
+        raise ConfigError(
+            "the local launcher starts fresh processes, which cannot receive a workload object; register "
+            "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
+        )
+    if config.out is None:
+        config = dataclasses.replace(
+            config, out=resolve(config, create_workload(config.workload).defaults).out
+        )
+    return launch_local(config, layout)
+
+
+def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
+    """This process is one of several started by someone else (torchrun, a node file on each machine)."""
+    if config.out is None:
+        raise ConfigError(
+            "give --out when another launcher starts the processes, so they share one folder name"
+        )
+    summary = run_process(config, rendezvous, workload)
+    return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}
 
 
 def list_workloads() -> list[dict[str, Any]]:

@@ -21,7 +21,15 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 
-__all__ = ["TrainConfig", "WorkloadDefaults", "load_toml", "merge", "resolve"]
+__all__ = [
+    "TrainConfig",
+    "WorkloadDefaults",
+    "from_json_dict",
+    "load_toml",
+    "merge",
+    "resolve",
+    "to_json_dict",
+]
 
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 
@@ -45,6 +53,13 @@ class TrainConfig:
     steps it had done before). ``clip_norm`` 0 turns gradient clipping off. ``options`` are
     workload options such as ``num_steps`` for ``ptb-lstm``; values may be strings (from the
     command line) and the workload converts them.
+
+    Distribution (see :mod:`scaletrain.parallel`): ``workers``, ``strategy`` (``local``,
+    ``allreduce``, ``ps``; default ``local`` for one worker, else ``allreduce``), ``server``
+    (``central``/``sharded``), ``sync`` (``join``/``split``/``async``), ``ps_admission``
+    (``none``/``exclusive``), ``async_lr`` (``constant``, or ``staleness``: the rate divided by the
+    staleness of each gradient), ``timeout`` (seconds any wait for another process may take), and
+    ``nodefile`` + ``index`` for runs across machines.
     """
 
     workload: str
@@ -69,13 +84,22 @@ class TrainConfig:
     progress: str = "auto"
     tensorboard: bool = True
     download: bool = True
+    workers: int = 1
+    strategy: str | None = None
+    server: str = "central"
+    sync: str = "join"
+    ps_admission: str = "none"
+    async_lr: str = "constant"
+    timeout: float = 60.0
+    nodefile: Path | None = None
+    index: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("data_dir", "out"):
+        for name in ("data_dir", "out", "nodefile"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
-        positive = ("epochs", "steps", "batch_size", "threads", "log_every", "checkpoint_every")
+        positive = ("epochs", "steps", "batch_size", "threads", "log_every", "checkpoint_every", "workers")
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -94,6 +118,18 @@ class TrainConfig:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
+        if self.strategy is None:
+            object.__setattr__(self, "strategy", "local" if self.workers == 1 else "allreduce")
+        if self.ps_admission not in ("none", "exclusive"):
+            raise ConfigError(f"ps_admission must be none or exclusive, got {self.ps_admission!r}")
+        if self.async_lr not in ("constant", "staleness"):
+            raise ConfigError(f"async_lr must be constant or staleness, got {self.async_lr!r}")
+        if not self.timeout > 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        if (self.nodefile is None) != (self.index is None):
+            raise ConfigError(
+                "--nodefile and --index go together: the file lists every process, --index is this one"
+            )
         if not isinstance(self.options, dict):
             raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
 
@@ -155,3 +191,14 @@ def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
     if config.out is None:
         filled["out"] = Path("runs") / f"{config.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
     return dataclasses.replace(config, **filled)
+
+
+def to_json_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as JSON-ready values (paths as strings), for handing to worker processes."""
+    values = dataclasses.asdict(config)
+    return {key: str(value) if isinstance(value, Path) else value for key, value in values.items()}
+
+
+def from_json_dict(values: dict[str, Any]) -> TrainConfig:
+    """Inverse of :func:`to_json_dict`."""
+    return TrainConfig(**values)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from scaletrain.api import train
-from scaletrain.config import PROGRESS_MODES
+from scaletrain.config import PROGRESS_MODES, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.workloads import WORKLOADS
 
@@ -59,6 +60,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-download", dest="download", action="store_false", default=None, help="never download datasets"
     )
+    group = parser.add_argument_group("distributed training")
+    group.add_argument("--workers", type=int, help="worker processes (default 1)")
+    group.add_argument(
+        "--strategy",
+        choices=("local", "allreduce", "ps"),
+        help="local (1 worker), allreduce (default for >1), ps",
+    )
+    group.add_argument(
+        "--server", choices=("central", "sharded", "distributed"), help="parameter server type"
+    )
+    group.add_argument(
+        "--sync", choices=("join", "split", "async", "none"), help="update mode (default join)"
+    )
+    group.add_argument(
+        "--ps-admission",
+        choices=("none", "exclusive"),
+        help="exclusive: one transfer at a time per direction",
+    )
+    group.add_argument("--async-lr", choices=("constant", "staleness"), help="staleness: lr / staleness")
+    group.add_argument(
+        "--timeout", type=float, help="seconds any wait for another process may take (default 60)"
+    )
+    group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
+    group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")
     parser.add_argument(
         "-o",
         "--option",
@@ -82,33 +107,17 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Every flag named like a TrainConfig field is a setting; None means "not given".
     settings = {
-        name: getattr(args, name)
-        for name in (
-            "epochs",
-            "steps",
-            "batch_size",
-            "lr",
-            "momentum",
-            "weight_decay",
-            "clip_norm",
-            "lr_decay",
-            "lr_decay_start",
-            "seed",
-            "threads",
-            "data_dir",
-            "out",
-            "resume",
-            "log_every",
-            "checkpoint_every",
-            "warmup_steps",
-            "progress",
-            "tensorboard",
-            "download",
-        )
+        f.name: getattr(args, f.name)
+        for f in fields(TrainConfig)
+        if f.name not in ("workload", "options") and hasattr(args, f.name)
     }
     options = parse_options(args.option)
     summary = train(args.workload, config_file=args.config, options=options or None, **settings)
+    if "metric" not in summary:  # a non-zero rank of a job started by another launcher
+        print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
+        return 0
     metric = summary["metric"]
     rate = summary["batches_per_second"]
     print(

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import ConfigError, ScaletrainError
 
-__all__ = ["CHECKPOINT_NAME", "atomic_save", "load_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "atomic_save", "load_checkpoint", "refuse_overwrite"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -46,6 +46,15 @@ def atomic_save(obj: Any, path: Path) -> None:
         raise ScaletrainError(
             f"could not write {path}: {exc}; {kept}. Free disk space and use --resume"
         ) from exc
+
+
+def refuse_overwrite(out: Path, *, resume: bool) -> None:
+    """A run folder that holds a checkpoint is only ever continued (``--resume``), never overwritten."""
+    if not resume and (Path(out) / CHECKPOINT_NAME).exists():
+        raise ConfigError(
+            f"{out} already holds a run (checkpoint.pt); pass --resume to continue it, "
+            "or choose another --out"
+        )
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

@@ -1,15 +1,16 @@
-"""The training loop shared by every workload: SGD steps, timing, logs, checkpoints, evaluation.
+"""The training loop shared by every workload and every strategy: steps, timing, logs, checkpoints.
 
-Outputs in ``config.out``: ``summary.json``, ``metrics.jsonl``, ``model.pt`` (a plain state_dict),
-``checkpoint.pt`` (for ``--resume``) and TensorBoard events under ``tb/``.
+Outputs in ``config.out`` (written by the coordinating process): ``summary.json``,
+``metrics.jsonl``, ``model.pt`` (a plain state_dict), ``checkpoint.pt`` (for ``--resume``) and
+TensorBoard events under ``tb/``. A worker of a distributed run runs the same loop with its
+:class:`~scaletrain.train.plan.WorkerPlan` and a gradient exchange; see :mod:`scaletrain.parallel`.
 """
 
 from __future__ import annotations
 
-import datetime
-import platform
+import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -17,26 +18,58 @@ from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.errors import ConfigError
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint
-from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog, write_json
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, refuse_overwrite
+from scaletrain.train.exchange import GradientExchange, LocalExchange
+from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import ThroughputMeter, now
+from scaletrain.train.plan import WorkerPlan
+from scaletrain.train.summary import WorkerStats, write_summary
 from scaletrain.workloads import Workload, create_workload
-from scaletrain.workloads.base import count_parameters
 
-__all__ = ["MODEL_NAME", "SUMMARY_NAME", "run_training"]
+__all__ = ["CHECKPOINT_FORMAT", "Position", "Prepared", "Role", "learning_rate", "prepare", "run_training"]
 
-SUMMARY_NAME = "summary.json"
-MODEL_NAME = "model.pt"
 CHECKPOINT_FORMAT = 1
 
 
 @dataclass
 class Position:
-    """Where a run stands: the next batch to train is batch ``batch`` of epoch ``epoch``."""
+    """Where a run stands: next comes batch ``batch`` of epoch ``epoch``; ``step`` updates so far."""
 
     epoch: int = 0
     batch: int = 0
     step: int = 0
+
+
+@dataclass
+class Role:
+    """What this process does in the loop: its data, how its gradients become weights, what it writes.
+
+    The default is a single local process that does everything.
+    """
+
+    rank: int = 0
+    plan: WorkerPlan = field(default_factory=WorkerPlan)
+    exchange: GradientExchange = field(default_factory=LocalExchange)
+    coordinator: bool = True  # writes logs and evaluates
+    checkpoints: bool = True  # writes checkpoint.pt from its own model and optimizer
+    evaluate_each_epoch: bool = True
+
+
+@dataclass
+class Prepared:
+    """Everything loaded and built before the first step, for a worker or a server alike."""
+
+    config: TrainConfig
+    workload: Workload
+    data: Any
+    steps_per_epoch: int
+    total_steps: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    position: Position
+    state: Any
+    resumed_from: int | None
+    started: float
 
 
 def learning_rate(config: TrainConfig, epoch: int) -> float:
@@ -44,35 +77,31 @@ def learning_rate(config: TrainConfig, epoch: int) -> float:
     return config.lr * config.lr_decay ** max(epoch + 1 - config.lr_decay_start, 0)
 
 
-def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[str, Any]:
-    """Train ``config.workload`` (or the given ``workload``) and return the summary it writes.
-
-    >>> from scaletrain.config import TrainConfig
-    >>> summary = run_training(TrainConfig("lenet", steps=20, out="/tmp/st-doc"))  # doctest: +SKIP
-    >>> summary["test_accuracy"] > 0.1  # doctest: +SKIP
-    True
-    """
+def prepare(
+    config: TrainConfig,
+    workload: Workload | None = None,
+    *,
+    global_batch_factor: int = 1,
+    coordinator: bool = True,
+) -> Prepared:
+    """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming."""
     started = time.time()
     workload = workload or create_workload(config.workload, config.options)
     config = resolve(config, workload.defaults)
     out = config.out
-    if config.resume and not (out / CHECKPOINT_NAME).exists():
-        load_checkpoint(out / CHECKPOINT_NAME)  # raises the clear "nothing to resume" error
-    if not config.resume and (out / CHECKPOINT_NAME).exists():
-        raise ConfigError(
-            f"{out} already holds a run (checkpoint.pt); pass --resume to continue it, "
-            "or choose another --out"
-        )
+    if coordinator:
+        refuse_overwrite(out, resume=config.resume)
     out.mkdir(parents=True, exist_ok=True)
     if config.threads:
         torch.set_num_threads(config.threads)
 
     data = workload.load_data(config.data_dir, download=config.download)
-    steps_per_epoch = workload.batches_per_epoch(data, config.batch_size)
+    global_batch = config.batch_size * global_batch_factor
+    steps_per_epoch = workload.batches_per_epoch(data, global_batch)
     if steps_per_epoch < 1:
         raise ConfigError(
-            f"batch size {config.batch_size} leaves no full batch in one epoch of {workload.name}; "
-            "use a smaller --batch-size"
+            f"a global batch of {global_batch} leaves no full batch in one epoch of {workload.name}; "
+            "use a smaller --batch-size (or fewer workers with --sync join)"
         )
     total_steps = config.epochs * steps_per_epoch
     if config.steps is not None:
@@ -81,189 +110,222 @@ def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[
     torch.manual_seed(config.seed)
     model = workload.build_model()
     model.train()
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+    optimizer = make_optimizer(config, list(model.parameters()))
     position, state, resumed_from = Position(), None, None
     if config.resume:
         checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
-        _check_compatible(checkpoint, config, workload)
+        check_compatible(checkpoint, config, workload)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         torch.set_rng_state(checkpoint["rng"])
         position = Position(**checkpoint["position"])
         state = checkpoint["workload_state"]
         resumed_from = position.step
+    return Prepared(
+        config,
+        workload,
+        data,
+        steps_per_epoch,
+        total_steps,
+        model,
+        optimizer,
+        position,
+        state,
+        resumed_from,
+        started,
+    )
 
-    trainer = _Trainer(config, workload, model, optimizer, data, steps_per_epoch, total_steps, resumed_from)
+
+def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """SGD with the run's rate, momentum and weight decay."""
+    return torch.optim.SGD(
+        parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+    )
+
+
+def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[str, Any]:
+    """Train in this process alone and return the summary it writes.
+
+    >>> from scaletrain.config import TrainConfig
+    >>> summary = run_training(TrainConfig("lenet", steps=20, out="/tmp/st-doc"))  # doctest: +SKIP
+    >>> summary["test_accuracy"] > 0.1  # doctest: +SKIP
+    True
+    """
+    prepared = prepare(config, workload)
+    trainer = Trainer(prepared, Role())
     try:
-        trainer.train(position, state)
+        trainer.train()
         quality = trainer.final_quality()
     finally:
         trainer.close()
+    return write_summary(
+        prepared, quality, [trainer.stats()], layout_fields={"strategy": "local", "workers": 1}
+    )
 
-    torch.save(model.state_dict(), out / MODEL_NAME)
-    summary = {
-        "workload": workload.name,
-        "dataset": workload.dataset,
-        "metric": workload.metric,
-        "out": str(out),
-        "strategy": "local",
-        "workers": 1,
-        "steps": trainer.position.step,
-        "steps_per_epoch": steps_per_epoch,
-        "epochs": trainer.position.step / steps_per_epoch,
+
+def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
+    """Refuse to resume a checkpoint written with other settings."""
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
+    for key, expected in (
+        ("workload", workload.name),
+        ("batch_size", config.batch_size),
+        ("seed", config.seed),
+        ("strategy", _strategy_label(config)),
+    ):
+        if checkpoint.get(key, expected if key == "strategy" else None) != expected:
+            raise ConfigError(
+                f"cannot resume: the checkpoint has {key}={checkpoint.get(key)!r} but this run asks for "
+                f"{expected!r}; use the same settings or another --out"
+            )
+
+
+def _strategy_label(config: TrainConfig) -> str:
+    return f"{config.strategy}/{config.server}/{config.sync}/{config.workers}"
+
+
+def checkpoint_payload(
+    prepared: Prepared, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, state: Any
+) -> dict[str, Any]:
+    """What ``checkpoint.pt`` holds; every strategy's coordinator writes this shape."""
+    config = prepared.config
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "workload": prepared.workload.name,
         "batch_size": config.batch_size,
-        "lr": config.lr,
-        "momentum": config.momentum,
-        "weight_decay": config.weight_decay,
-        "clip_norm": config.clip_norm,
         "seed": config.seed,
-        "threads": torch.get_num_threads(),
-        "options": asdict(workload.options),
-        "parameters": count_parameters(model),
-        **quality,
-        "final_train_loss": trainer.last_loss,
-        "wall_seconds": time.time() - started,
-        "train_seconds": trainer.meter.measured_seconds,
-        "batches_per_second": trainer.meter.batches_per_second(),
-        "samples_per_second": _times(trainer.meter.batches_per_second(), config.batch_size),
-        "warmup_steps_excluded": min(config.warmup_steps, trainer.meter.steps_seen),
-        "throughput_note": (
-            "batches_per_second = measured steps / their wall time (SPEC eq. 4.1 with one worker); "
-            "excludes the first warm-up steps of this process, evaluation and checkpoint writing"
-        ),
-        "resumed_from_step": resumed_from,
-        "torch_version": torch.__version__,
-        "host": platform.node(),
-        "started_at": _iso(started),
-        "finished_at": _iso(time.time()),
+        "strategy": _strategy_label(config),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "position": asdict(position),
+        "workload_state": state,
     }
-    write_json(out / SUMMARY_NAME, summary)
-    return summary
 
 
-class _Trainer:
-    """The mutable parts of one run, so the loop body reads as a sequence of named steps."""
+class Trainer:
+    """One process's training loop; the mutable parts live here so the loop reads as named steps."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        workload: Workload,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        data: Any,
-        steps_per_epoch: int,
-        total_steps: int,
-        resumed_from: int | None,
-    ) -> None:
-        self.config, self.workload, self.model, self.optimizer, self.data = (
-            config,
-            workload,
-            model,
-            optimizer,
-            data,
-        )
-        self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
+    def __init__(self, prepared: Prepared, role: Role) -> None:
+        self.prepared, self.role = prepared, role
+        config = prepared.config
+        self.config, self.workload, self.model = config, prepared.workload, prepared.model
+        self.optimizer, self.data = prepared.optimizer, prepared.data
+        self.steps_per_epoch, self.total_steps = prepared.steps_per_epoch, prepared.total_steps
+        self.position = Position(**asdict(prepared.position))
+        self.state = prepared.state
         self.meter = ThroughputMeter(config.warmup_steps)
-        self.metrics = MetricsLog(config.out, resume_step=resumed_from)
-        self.tensorboard = TensorBoardLog(config.out, enabled=config.tensorboard, purge_step=resumed_from)
-        self.progress = Progress(total_steps, mode=config.progress)
-        self.position = Position()
+        self.communication = self.wait = 0.0
+        writes = role.coordinator
+        self.metrics = MetricsLog(config.out, resume_step=prepared.resumed_from) if writes else None
+        self.tensorboard = TensorBoardLog(
+            config.out, enabled=config.tensorboard and writes, purge_step=prepared.resumed_from
+        )
+        self.progress = Progress(self.total_steps, mode=config.progress if writes else "off")
         self.last_loss: float | None = None
         self.last_quality: tuple[int, dict[str, float]] | None = None
         self._loss_sum = torch.zeros(())
         self._loss_count = 0
 
-    def train(self, position: Position, state: Any) -> None:
-        self.position = position
-        while self.position.step < self.total_steps:
-            state = self._train_epoch(state)
-            if self.position.batch == self.steps_per_epoch:
-                self._end_epoch()
-                state = None
+    def train(self) -> None:
+        self.role.exchange.start(self.model, self.optimizer)
+        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        while self.position.epoch < epochs:
+            epoch = self.position.epoch
+            stop = min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
+            self._train_epoch(self.role.plan.numbers(self.position.batch, stop))
+            if stop < self.steps_per_epoch:
+                break  # --steps ended the run inside this epoch
+            self._end_epoch()
 
-    def _train_epoch(self, state: Any) -> Any:
-        config, position = self.config, self.position
+    def _train_epoch(self, numbers: range) -> None:
+        config, position, plan = self.config, self.position, self.role.plan
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, position.epoch)
         batches = self.workload.train_batches(
             self.data,
             epoch=position.epoch,
-            batch_size=config.batch_size,
+            batch_size=config.batch_size * plan.global_batch_factor,
             seed=config.seed,
-            numbers=range(position.batch, self.steps_per_epoch),
+            part=plan.part,
+            numbers=numbers,
         )
-        if state is None:
-            state = self.workload.initial_state(self.model, config.batch_size)
-        while position.batch < self.steps_per_epoch and position.step < self.total_steps:
+        if self.state is None:
+            rows = config.batch_size * plan.global_batch_factor // plan.part.count
+            self.state = self.workload.initial_state(self.model, rows)
+        for number, batch in zip(numbers, batches, strict=True):
             begin = now()
-            batch = next(batches)
-            objective, loss, state = self.workload.training_loss(self.model, batch, state)
+            objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
             self.optimizer.zero_grad(set_to_none=True)
             objective.backward()
-            if config.clip_norm:
-                nn.utils.clip_grad_norm_(self.model.parameters(), config.clip_norm)
-            self.optimizer.step()
+            times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
             self.meter.add(now() - begin)
+            if self.meter.measured_steps:  # after the warm-up, like the throughput
+                self.communication += times.communication
+                self.wait += times.wait
             self._loss_sum += loss
             self._loss_count += 1
-            position.batch += 1
+            position.batch = number + 1
             position.step += 1
-            self._after_step(loss, state)
-        return state
+            self._after_step(loss)
 
-    def _after_step(self, loss: torch.Tensor, state: Any) -> None:
+    def _after_step(self, loss: torch.Tensor) -> None:
         config, step = self.config, self.position.step
         periodic = step % config.log_every == 0 or step == self.total_steps
-        if periodic:
+        if periodic and self.metrics is not None:
             # .item() waits for the device; only pay for it when logging.
             self.last_loss = loss.item()
             rate = self.meter.take_window()
-            record = {
-                "kind": "step",
-                "step": step,
-                "epoch": self.position.epoch,
-                "loss": self.last_loss,
-                "lr": self.optimizer.param_groups[0]["lr"],
-                "batches_per_second": rate,
-                "samples_per_second": _times(rate, config.batch_size),
-                "time": time.time(),
-            }
-            self.metrics.write(record)
+            samples = None if rate is None else rate * config.batch_size * self.role.plan.batch_fraction
+            self.metrics.write(
+                {
+                    "kind": "step",
+                    "step": step,
+                    "epoch": self.position.epoch,
+                    "loss": self.last_loss,
+                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "batches_per_second": rate,
+                    "samples_per_second": samples,
+                    "time": time.time(),
+                }
+            )
             self.tensorboard.scalars(
                 {
                     "train/loss": self.last_loss,
                     "throughput/batches_per_second": rate,
-                    "throughput/samples_per_second": record["samples_per_second"],
+                    "throughput/samples_per_second": samples,
                 },
                 step,
             )
         self.progress.update(
             step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
         )
-        if step % config.checkpoint_every == 0 or step == self.total_steps:
-            self.save_checkpoint(state)
+        if self.role.checkpoints and (step % config.checkpoint_every == 0 or step == self.total_steps):
+            self.save_checkpoint()
 
     def _end_epoch(self) -> None:
         epoch = self.position.epoch
-        quality = self.workload.evaluate(self.model, self.data)
-        self.last_quality = (self.position.step, quality)
         train_loss = (self._loss_sum / max(self._loss_count, 1)).item()
-        self.metrics.write(
-            {"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss, **quality}
-        )
-        self.tensorboard.scalars(
-            {f"quality/{key}": value for key, value in quality.items()}, self.position.step
-        )
-        self.progress.message(
-            f"epoch {epoch + 1}: train loss {train_loss:.4f}, "
-            + ", ".join(f"{key} {value:.4f}" for key, value in quality.items())
-        )
         self._loss_sum, self._loss_count = torch.zeros(()), 0
         self.position.epoch += 1
         self.position.batch = 0
-        self.save_checkpoint(None)
+        self.state = None
+        if self.metrics is None:
+            return
+        record = {"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss}
+        message = f"epoch {epoch + 1}: train loss {train_loss:.4f}"
+        if self.role.evaluate_each_epoch:
+            quality = self.workload.evaluate(self.model, self.data)
+            self.last_quality = (self.position.step, quality)
+            record.update(quality)
+            self.tensorboard.scalars(
+                {f"quality/{key}": value for key, value in quality.items()}, self.position.step
+            )
+            message += "".join(f", {key} {value:.4f}" for key, value in quality.items())
+        self.metrics.write(record)
+        self.progress.message(message)
+        if self.role.checkpoints:
+            self.save_checkpoint()
 
     def final_quality(self) -> dict[str, float]:
         """Quality of the final weights, reusing the last epoch's evaluation when nothing changed since."""
@@ -271,46 +333,25 @@ class _Trainer:
             return self.last_quality[1]
         return self.workload.evaluate(self.model, self.data)
 
-    def save_checkpoint(self, state: Any) -> None:
-        atomic_save(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "workload": self.workload.name,
-                "batch_size": self.config.batch_size,
-                "seed": self.config.seed,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "rng": torch.get_rng_state(),
-                "position": asdict(self.position),
-                "workload_state": state,
-            },
-            self.config.out / CHECKPOINT_NAME,
+    def save_checkpoint(self) -> None:
+        payload = checkpoint_payload(self.prepared, self.model, self.optimizer, self.position, self.state)
+        atomic_save(payload, self.config.out / CHECKPOINT_NAME)
+
+    def stats(self) -> WorkerStats:
+        """This worker's measurements, for the summary."""
+        return WorkerStats(
+            rank=self.role.rank,
+            steps=self.position.step - (self.prepared.resumed_from or 0),
+            measured_steps=self.meter.measured_steps,
+            measured_seconds=self.meter.measured_seconds,
+            communication_seconds=self.communication,
+            wait_seconds=self.wait,
+            batch_fraction=self.role.plan.batch_fraction,
+            final_loss=self.last_loss,
         )
 
     def close(self) -> None:
         self.progress.close()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self.tensorboard.close()
-
-
-def _check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
-    if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
-    for key, expected in (
-        ("workload", workload.name),
-        ("batch_size", config.batch_size),
-        ("seed", config.seed),
-    ):
-        if checkpoint[key] != expected:
-            raise ConfigError(
-                f"cannot resume: the checkpoint has {key}={checkpoint[key]!r} but this run asks for "
-                f"{expected!r}; use the same settings or another --out"
-            )
-
-
-def _times(rate: float | None, factor: int) -> float | None:
-    return None if rate is None else rate * factor
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC).isoformat(timespec="seconds")

@@ -1,0 +1,170 @@
+"""Starting the processes of a run on this machine, watching them, and never leaving one behind.
+
+``--workers N`` starts N worker processes (plus the server for ``ps central``) on 127.0.0.1 with
+a free port, each with the torchrun variables set, so a process cannot tell this launcher from
+torchrun. The launcher watches them: in a synchronous run the first process that fails stops
+every other one at once and the run fails with one message naming it; in an asynchronous run a
+lost worker is left to the server, which finishes with the others. Children die with the
+launcher (``PR_SET_PDEATHSIG``), and Ctrl-C stops them all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import scaletrain
+from scaletrain.config import TrainConfig, to_json_dict
+from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.plan import SERVER, Layout
+from scaletrain.parallel.rendezvous import (
+    ENV_LOCAL_RANK,
+    ENV_MASTER_ADDR,
+    ENV_MASTER_PORT,
+    ENV_RANK,
+    ENV_WORLD_SIZE,
+)
+from scaletrain.train.checkpoint import refuse_overwrite
+from scaletrain.train.summary import SUMMARY_NAME
+
+__all__ = ["RunFailed", "launch_local"]
+
+POLL_SECONDS = 0.05
+GRACE_SECONDS = 5.0
+LOGS_DIR = "logs"
+
+
+class RunFailed(ScaletrainError):
+    """A process of the run failed; every other one has been stopped."""
+
+    exit_code = 1
+
+
+@dataclass
+class _Child:
+    rank: int
+    role: str
+    process: subprocess.Popen
+    log: Path
+    log_file: IO[bytes]
+
+
+def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
+    """Run ``config`` with ``layout.world_size`` local processes; return rank 0's summary."""
+    out = config.out
+    refuse_overwrite(out, resume=config.resume)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / SUMMARY_NAME).unlink(missing_ok=True)
+    threads = config.threads or max(1, (os.cpu_count() or 1) // layout.world_size)
+    config_path = out / "launch-config.json"
+    settings = to_json_dict(config) | {"threads": threads}
+    config_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    port = _free_port()
+    children = []
+    try:
+        for rank in range(layout.world_size):
+            children.append(_start(rank, layout, config_path, port, out))
+        _watch(children, layout, config.timeout)
+    except BaseException:
+        _stop(children)
+        raise
+    finally:
+        for child in children:
+            child.log_file.close()
+    return json.loads((out / SUMMARY_NAME).read_text(encoding="utf-8"))
+
+
+def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -> _Child:
+    logs = out / LOGS_DIR
+    logs.mkdir(exist_ok=True)
+    log = logs / f"rank-{rank}.log"
+    log_file = log.open("wb")
+    package_root = str(Path(scaletrain.__file__).resolve().parents[1])
+    environment = {
+        **os.environ,
+        ENV_RANK: str(rank),
+        ENV_WORLD_SIZE: str(layout.world_size),
+        ENV_MASTER_ADDR: "127.0.0.1",
+        ENV_MASTER_PORT: str(port),
+        ENV_LOCAL_RANK: str(rank),
+        "LOCAL_WORLD_SIZE": str(layout.world_size),
+        # The children import the same scaletrain as this process, installed or not.
+        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+    }
+    # Rank 0 reports progress on this terminal; the others write to their log files.
+    stderr = None if rank == 0 else log_file
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain.parallel.worker", str(config_path)],
+        env=environment,
+        stdout=log_file,
+        stderr=stderr,
+        preexec_fn=_die_with_parent,
+    )
+    return _Child(rank, layout.role(rank), process, log, log_file)
+
+
+def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
+    asynchronous = layout.sync == "async" and layout.server == "central" and layout.strategy == "ps"
+    while True:
+        running = False
+        for child in children:
+            code = child.process.poll()
+            if code is None:
+                running = True
+            elif code != 0 and not (asynchronous and child.role != SERVER):
+                _stop(children)
+                raise RunFailed(_failure_message(child, code))
+        if not running:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def _failure_message(child: _Child, code: int) -> str:
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    tail = ""
+    try:
+        lines = [line for line in child.log.read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            tail = f": {lines[-1]}"
+    except OSError:
+        pass
+    return (
+        f"{child.role} rank {child.rank} (pid {child.process.pid}) {how}{tail}; stopped the other processes. "
+        f"Logs in {child.log.parent}; the last checkpoint is kept, continue with --resume"
+    )
+
+
+def _stop(children: list[_Child]) -> None:
+    """SIGTERM every child still running, then SIGKILL whatever is left after a grace period."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_SECONDS
+    for child in children:
+        remaining = max(0.0, deadline - time.monotonic())
+        try:
+            child.process.wait(remaining)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL when the launcher dies, so no process is orphaned."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -1,0 +1,305 @@
+"""The body of one process of a distributed run: join the group, then work as a worker or a server.
+
+Every process runs :func:`run_process` with the same configuration; its rank decides its part.
+Rank 0 coordinates: it hosts the rendezvous store, evaluates the final weights once, and writes
+``summary.json``, ``model.pt`` and (for all-reduce and the central server) ``checkpoint.pt``.
+Workers hand their measurements to rank 0 through the store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.allreduce import AllReduceExchange
+from scaletrain.parallel.plan import SERVER, Layout
+from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups
+from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save
+from scaletrain.train.loop import (
+    Position,
+    Prepared,
+    Role,
+    Trainer,
+    checkpoint_payload,
+    learning_rate,
+    prepare,
+)
+from scaletrain.train.summary import WorkerStats, write_summary
+from scaletrain.workloads import Workload
+
+__all__ = ["PROCESSES_DIR", "layout_of", "run_process"]
+
+PROCESSES_DIR = "processes"
+
+
+def layout_of(config: TrainConfig) -> Layout:
+    return Layout(config.strategy, config.workers, config.server, config.sync)
+
+
+def run_process(
+    config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None = None
+) -> dict[str, Any] | None:
+    """Run this process's part; rank 0 returns the summary, the others ``None``."""
+    layout = layout_of(config)
+    if rendezvous.world_size != layout.world_size:
+        raise ConfigError(
+            f"{layout.label} with {layout.workers} workers needs {layout.world_size} processes, "
+            f"but the launcher started {rendezvous.world_size}"
+        )
+    rank = rendezvous.rank
+    _record_process(config, rank, layout.role(rank))
+    store = connect(rendezvous, timeout=config.timeout)
+    try:
+        factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
+        prepared = prepare(config, workload, global_batch_factor=factor, coordinator=rank == 0)
+        if layout.strategy == "ps":
+            return _parameter_server(prepared, layout, rank, store)
+        return _allreduce(prepared, layout, rank, store)
+    finally:
+        dist.destroy_process_group()
+        _record_process(config, rank, layout.role(rank), finished=True)
+
+
+def _allreduce(prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+    role = Role(
+        rank=rank,
+        plan=layout.worker_plan(rank),
+        exchange=AllReduceExchange(layout.workers),
+        coordinator=rank == 0,
+        checkpoints=rank == 0,
+        evaluate_each_epoch=False,
+    )
+    trainer = _train(prepared, role, store)
+    if rank != 0:
+        return None
+    stats = _collect_stats(store, layout.worker_ranks(), set(), prepared.config.timeout)
+    return write_summary(prepared, trainer.final_quality(), stats, layout_fields=_layout_fields(layout))
+
+
+def _train(prepared: Prepared, role: Role, store: dist.Store) -> Trainer:
+    trainer = Trainer(prepared, role)
+    try:
+        trainer.train()
+        # Measurements go to the store before the exchange's goodbye, so rank 0 finds them.
+        store.set(f"stats/{role.rank}", json.dumps(asdict(trainer.stats())))
+        role.exchange.finish(prepared.model)
+    finally:
+        trainer.close()
+    return trainer
+
+
+def _parameter_server(
+    prepared: Prepared, layout: Layout, rank: int, store: dist.Store
+) -> dict[str, Any] | None:
+    config = prepared.config
+    parameters = list(prepared.model.parameters())
+    workers = layout.worker_ranks()
+    synchronous = layout.sync != "async"
+    exclusive = config.ps_admission == "exclusive"
+    if layout.server == "central":
+        owners = [0]
+        owner_of = [0] * len(parameters)
+        pairs = [(0, worker) for worker in workers]
+    else:
+        owners = workers
+        owner_of = assign_greedy([p.numel() * p.element_size() for p in parameters], owners)
+        pairs = [(a, b) for a in workers for b in workers if a < b]
+    groups = pair_groups(layout.world_size, pairs)
+    peers_of = {
+        r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)}
+        for r in range(layout.world_size)
+    }
+    learning_rate_at = _version_schedule(prepared)
+    server_options = dict(
+        contributors=layout.workers,
+        synchronous=synchronous,
+        exclusive=exclusive,
+        clip_norm=config.clip_norm,
+        learning_rate=learning_rate_at,
+        staleness_aware=config.async_lr == "staleness",
+        timeout=config.timeout,
+    )
+
+    if layout.role(rank) == SERVER:
+        peers = {w: g for w, g in peers_of[0].items()}
+        server = ShardServer(
+            master=parameters,
+            optimizer=prepared.optimizer,
+            version=prepared.position.step,
+            peers=peers,
+            on_update=_central_checkpointer(prepared),
+            **server_options,
+        )
+        server.start()
+        stats = server.join()
+        return _finish_central(prepared, layout, store, server, stats)
+
+    local_server = None
+    if rank in owners:
+        mine = [p for p, owner in zip(parameters, owner_of, strict=True) if owner == rank]
+        master = [nn.Parameter(p.detach().clone()) for p in mine]
+        local_server = ShardServer(
+            master=master,
+            optimizer=torch.optim.SGD(
+                master, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
+            ),
+            version=prepared.position.step,
+            peers=peers_of[rank],
+            **server_options,
+        )
+        local_server.start()
+    exchange = PSExchange(
+        rank=rank, owner_of=owner_of, groups=peers_of[rank], local_server=local_server, exclusive=exclusive
+    )
+    role = Role(
+        rank=rank,
+        plan=layout.worker_plan(rank),
+        exchange=exchange,
+        coordinator=rank == 0,
+        checkpoints=False,
+        evaluate_each_epoch=False,
+    )
+    trainer = _train(prepared, role, store)
+    if local_server is None:
+        return None
+    server_stats = local_server.join()
+    # Gather the final shards on rank 0: each owner broadcasts its master copy.
+    for owner in owners:
+        shard = [p for p, o in zip(parameters, owner_of, strict=True) if o == owner]
+        buffer = (
+            flatten([p.detach() for p in local_server.master])
+            if owner == rank
+            else flatten(shard).detach().clone()
+        )
+        dist.broadcast(buffer, src=owner)
+        with torch.no_grad():
+            unflatten_into(buffer, shard)
+    if rank != 0:
+        return None
+    stats = _collect_stats(store, workers, set(), config.timeout)
+    steps = local_server.version
+    return write_summary(
+        prepared,
+        trainer.final_quality(),
+        stats,
+        layout_fields=_layout_fields(layout),
+        steps=steps,
+        extra=_server_extra(server_stats, layout, prepared, synchronous),
+    )
+
+
+def _finish_central(
+    prepared: Prepared, layout: Layout, store: dist.Store, server: ShardServer, stats: ServerStats
+) -> dict[str, Any]:
+    lost = set(stats.lost)
+    worker_stats = _collect_stats(store, layout.worker_ranks(), lost, prepared.config.timeout)
+    quality = prepared.workload.evaluate(prepared.model, prepared.data)
+    return write_summary(
+        prepared,
+        quality,
+        worker_stats,
+        layout_fields=_layout_fields(layout),
+        steps=server.version,
+        extra=_server_extra(stats, layout, prepared, layout.sync != "async"),
+    )
+
+
+def _server_extra(
+    stats: ServerStats, layout: Layout, prepared: Prepared, synchronous: bool
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"server_updates": stats.updates, "ps_admission": prepared.config.ps_admission}
+    if not synchronous:
+        extra["staleness"] = stats.staleness_summary()
+        extra["async_lr"] = prepared.config.async_lr
+    planned = _planned_batches(prepared, layout)
+    extra["lost_workers"] = [
+        {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
+        for rank, reason in sorted(stats.lost.items())
+    ]
+    return extra
+
+
+def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
+    """How many batches each worker was to compute over the rest of the run."""
+    planned = {}
+    for rank in layout.worker_ranks():
+        plan, position, total = layout.worker_plan(rank), prepared.position, 0
+        epoch, start = position.epoch, position.batch
+        while epoch * prepared.steps_per_epoch < prepared.total_steps:
+            stop = min(prepared.steps_per_epoch, prepared.total_steps - epoch * prepared.steps_per_epoch)
+            total += len(plan.numbers(start, stop))
+            epoch, start = epoch + 1, 0
+        planned[rank] = total
+    return planned
+
+
+def _version_schedule(prepared: Prepared):
+    """The learning rate for the server's n-th update (epochs counted in updates)."""
+    return lambda version: learning_rate(prepared.config, version // prepared.steps_per_epoch)
+
+
+def _central_checkpointer(prepared: Prepared):
+    config = prepared.config
+
+    def on_update(version: int) -> None:
+        epoch, batch = divmod(version, prepared.steps_per_epoch)
+        if version % config.checkpoint_every and batch and version != prepared.total_steps:
+            return
+        position = Position(epoch=epoch, batch=batch, step=version)
+        payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+        atomic_save(payload, config.out / CHECKPOINT_NAME)
+
+    return on_update
+
+
+def _collect_stats(store: dist.Store, ranks: list[int], lost: set[int], timeout: float) -> list[WorkerStats]:
+    stats = []
+    for rank in ranks:
+        if rank in lost:
+            continue
+        key = f"stats/{rank}"
+        try:
+            store.wait([key], datetime.timedelta(seconds=timeout))
+        except RuntimeError:
+            continue  # a worker that vanished after its last update: counted as lost by the server
+        stats.append(WorkerStats(**json.loads(store.get(key))))
+    return stats
+
+
+def _layout_fields(layout: Layout) -> dict[str, Any]:
+    return {
+        "strategy": layout.strategy,
+        "server": layout.server if layout.strategy == "ps" else None,
+        "sync": layout.sync,
+        "workers": layout.workers,
+        "strategy_label": layout.label,
+    }
+
+
+def _record_process(config: TrainConfig, rank: int, role: str, *, finished: bool = False) -> None:
+    """``OUT/processes/rank-K.json``: role, pid and host of each process while it runs (for operators)."""
+    folder = Path(config.out or ".") / PROCESSES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank,
+        "role": role,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "finished": finished,
+        "time": time.time(),
+    }
+    (folder / f"rank-{rank}.json").write_text(json.dumps(record) + "\n", encoding="utf-8")

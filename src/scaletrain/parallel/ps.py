@@ -1,0 +1,329 @@
+"""Parameter servers on c10d point-to-point: central (one server process) or sharded (every worker
+owns a share of the tensors), synchronous or asynchronous (Downpour SGD, Dean et al. 2012).
+
+Every worker–owner pair talks over its own two-process group, so a worker that dies breaks only
+its own links: an asynchronous central server carries on with the others. An owner serves each
+peer from its own thread; the threads meet in :class:`ShardServer`, which applies updates under a
+lock. Messages (tags keep the two directions of a pair apart):
+
+- worker → owner, ``REQUEST``: header ``[kind, version, batches_done]`` then, for a gradient, the
+  flat gradient of the owner's tensors;
+- owner → worker, ``REPLY``: header ``[version]`` then the owner's flat weights;
+- owner → worker, ``GRANT``: with ``--ps-admission exclusive``, permission to send (Šlampa 2017
+  §7.2: one transfer at a time into the server, one out).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.sharding import flatten, unflatten_into
+from scaletrain.train.exchange import ExchangeTimes, GradientExchange
+from scaletrain.train.meter import now
+
+__all__ = ["PSExchange", "PeerLost", "ShardServer", "pair_groups"]
+
+REQUEST, REPLY, GRANT = 1, 2, 3
+GRADIENT, DONE = 0, 1
+
+
+class PeerLost(ScaletrainError):
+    """A process this one exchanges weights with failed or vanished."""
+
+
+def pair_groups(world_size: int, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """One two-process group per pair; every rank must call this with the same ``pairs``."""
+    groups = {}
+    for first, second in pairs:
+        groups[(first, second)] = dist.new_group([first, second])
+    return groups
+
+
+@dataclass
+class ServerStats:
+    """What an owner observed: updates, staleness of applied gradients, lost peers."""
+
+    updates: int = 0
+    staleness: Counter = field(default_factory=Counter)
+    lost: dict[int, str] = field(default_factory=dict)
+    batches_done: dict[int, int] = field(default_factory=dict)
+
+    def staleness_summary(self) -> dict[str, object]:
+        count = sum(self.staleness.values())
+        if not count:
+            return {"mean": None, "max": None, "histogram": {}}
+        mean = sum(value * times for value, times in self.staleness.items()) / count
+        return {
+            "mean": mean,
+            "max": max(self.staleness),
+            "histogram": {str(value): self.staleness[value] for value in sorted(self.staleness)},
+        }
+
+
+class ShardServer:
+    """Holds the master copy of some tensors and their optimizer; serves peers from threads.
+
+    ``master`` must not be trained on by anyone else: a sharded worker passes clones of its
+    tensors, the central server its own model's parameters.
+
+    ``contributors`` gradients make one synchronous update (peers plus, for a sharded server, the
+    owner's own worker through :meth:`contribute`). Asynchronous: every gradient is applied on
+    arrival, and its staleness (updates applied since the sender's weights were current) recorded.
+    """
+
+    def __init__(
+        self,
+        *,
+        master: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        version: int = 0,
+        peers: dict[int, dist.ProcessGroup],
+        contributors: int,
+        synchronous: bool,
+        exclusive: bool = False,
+        clip_norm: float | None = None,
+        learning_rate: Callable[[int], float] | None = None,
+        staleness_aware: bool = False,
+        on_update: Callable[[int], None] | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self.master, self.optimizer = master, optimizer
+        self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
+        self.clip_norm, self.learning_rate, self.staleness_aware = clip_norm, learning_rate, staleness_aware
+        self.on_update, self.timeout = on_update, timeout
+        self.version = version
+        self.stats = ServerStats()
+        self._condition = threading.Condition()
+        self._sum = torch.zeros(sum(t.numel() for t in self.master))
+        self._arrived = 0
+        self._round = 0
+        self._snapshot = flatten([p.detach() for p in self.master])
+        self._failure: tuple[int, str] | None = None
+        self._receiving = threading.Semaphore(1) if exclusive else None
+        self._sending = threading.Semaphore(1) if exclusive else None
+        self._threads = [
+            threading.Thread(target=self._serve, args=(peer,), name=f"serve-{peer}", daemon=True)
+            for peer in peers
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def weights(self) -> torch.Tensor:
+        with self._condition:
+            return self._snapshot.clone()
+
+    def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor]:
+        """The owner's own worker adds its gradient; returns the new version and weights."""
+        return self._apply(gradient, version, source=None)
+
+    def join(self, deadline_seconds: float | None = None) -> ServerStats:
+        """Wait for every peer to finish; in synchronous mode a lost peer is an error."""
+        for thread in self._threads:
+            thread.join(deadline_seconds)
+        if self.synchronous and self._failure is not None:
+            peer, reason = self._failure
+            raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
+        return self.stats
+
+    # -- one thread per peer ------------------------------------------------------------------
+    def _serve(self, peer: int) -> None:
+        group = self.peers[peer]
+        header = torch.zeros(3, dtype=torch.int64)
+        gradient = torch.zeros_like(self._sum)
+        try:
+            self._reply(peer, group, self.version, self.weights())
+            while True:
+                with _held(self._receiving):
+                    if self._receiving is not None:
+                        dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
+                    dist.recv(header, src=peer, group=group, tag=REQUEST)
+                    kind, version, batches_done = (int(v) for v in header)
+                    if kind == GRADIENT:
+                        dist.recv(gradient, src=peer, group=group, tag=REQUEST)
+                with self._condition:
+                    self.stats.batches_done[peer] = batches_done
+                if kind == DONE:
+                    return
+                new_version, weights = self._apply(gradient, version, source=peer)
+                self._reply(peer, group, new_version, weights)
+        except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            with self._condition:
+                self.stats.lost[peer] = reason
+                if self.synchronous and self._failure is None:
+                    self._failure = (peer, reason)
+                self._condition.notify_all()
+
+    def _reply(self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor) -> None:
+        with _held(self._sending):
+            dist.send(torch.tensor([version], dtype=torch.int64), dst=peer, group=group, tag=REPLY)
+            dist.send(weights, dst=peer, group=group, tag=REPLY)
+
+    # -- updates --------------------------------------------------------------------------------
+    def _apply(self, gradient: torch.Tensor, version: int, source: int | None) -> tuple[int, torch.Tensor]:
+        with self._condition:
+            if not self.synchronous:
+                self.stats.staleness[self.version - version] += 1
+                scale = 1.0 / max(1, self.version - version) if self.staleness_aware else 1.0
+                self._update(gradient, scale)
+                return self.version, self._snapshot
+            self._sum += gradient
+            self._arrived += 1
+            my_round = self._round
+            if self._arrived == self.contributors:
+                self._sum /= self.contributors
+                self._update(self._sum, 1.0)
+                self._sum.zero_()
+                self._arrived = 0
+                self._round += 1
+                self._condition.notify_all()
+            elif not self._condition.wait_for(
+                lambda: self._round != my_round or self._failure is not None, timeout=self.timeout
+            ):
+                raise PeerLost(
+                    f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone"
+                )
+            if self._failure is not None and self._round == my_round:
+                peer, reason = self._failure
+                raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
+            return self.version, self._snapshot
+
+    def _update(self, gradient: torch.Tensor, scale: float) -> None:
+        """One optimizer step on the master tensors (caller holds the lock)."""
+        for parameter in self.master:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+        unflatten_into(gradient, [p.grad for p in self.master])
+        if self.clip_norm:
+            nn.utils.clip_grad_norm_(self.master, self.clip_norm)
+        rate = (
+            self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate * scale
+        self.optimizer.step()
+        self.version += 1
+        self.stats.updates += 1
+        self._snapshot = flatten([p.detach() for p in self.master])
+        if self.on_update is not None:
+            self.on_update(self.version)
+
+
+class _held:
+    """``with _held(semaphore)`` — a no-op when admission control is off."""
+
+    def __init__(self, semaphore: threading.Semaphore | None) -> None:
+        self.semaphore = semaphore
+
+    def __enter__(self) -> None:
+        if self.semaphore is not None:
+            self.semaphore.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.semaphore is not None:
+            self.semaphore.release()
+
+
+class PSExchange(GradientExchange):
+    """A worker's side: push each owner its share of the gradient, pull that owner's new weights."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        owner_of: list[int],
+        groups: dict[int, dist.ProcessGroup],
+        local_server: ShardServer | None = None,
+        exclusive: bool = False,
+    ) -> None:
+        self.rank, self.owner_of, self.groups = rank, owner_of, groups
+        self.local_server, self.exclusive = local_server, exclusive
+        self.owners = sorted(set(owner_of))
+        self.versions = dict.fromkeys(self.owners, 0)
+        self.batches_done = 0
+
+    def _owned(self, model: nn.Module, owner: int) -> list[torch.Tensor]:
+        return [p for p, o in zip(model.parameters(), self.owner_of, strict=True) if o == owner]
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        for owner in self.owners:
+            if owner == self.rank:
+                weights = self.local_server.weights()
+            else:
+                weights = self._receive_reply(model, owner)[1]
+            with torch.no_grad():
+                unflatten_into(weights, self._owned(model, owner))
+
+    def _receive_reply(self, model: nn.Module, owner: int) -> tuple[float, torch.Tensor]:
+        """Receive ``[version]`` + weights from ``owner``; returns the wait for the header and the weights."""
+        header = torch.zeros(1, dtype=torch.int64)
+        weights = torch.zeros(sum(p.numel() for p in self._owned(model, owner)))
+        begin = now()
+        dist.recv(header, src=owner, group=self.groups[owner], tag=REPLY)
+        waited = now() - begin
+        dist.recv(weights, src=owner, group=self.groups[owner], tag=REPLY)
+        self.versions[owner] = int(header[0])
+        return waited, weights
+
+    def step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
+    ) -> ExchangeTimes:
+        begin = now()
+        waited = 0.0
+        self.batches_done += 1
+        gradients = {
+            owner: flatten([_gradient(p) for p in self._owned(model, owner)]) for owner in self.owners
+        }
+        for owner in self.owners:
+            if owner == self.rank:
+                continue
+            waited += self._await_grant(owner)
+            header = torch.tensor([GRADIENT, self.versions[owner], self.batches_done], dtype=torch.int64)
+            dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
+            dist.send(gradients[owner], dst=owner, group=self.groups[owner], tag=REQUEST)
+        new_weights = {}
+        if self.rank in gradients:
+            arrive = now()
+            version, new_weights[self.rank] = self.local_server.contribute(
+                gradients[self.rank], self.versions[self.rank]
+            )
+            self.versions[self.rank] = version
+            waited += now() - arrive
+        for owner in self.owners:
+            if owner != self.rank:
+                header_wait, new_weights[owner] = self._receive_reply(model, owner)
+                waited += header_wait
+        with torch.no_grad():
+            for owner, weights in new_weights.items():
+                unflatten_into(weights, self._owned(model, owner))
+        return ExchangeTimes(communication=now() - begin - waited, wait=waited)
+
+    def _await_grant(self, owner: int) -> float:
+        if not self.exclusive:
+            return 0.0
+        begin = now()
+        dist.recv(torch.zeros(1, dtype=torch.int64), src=owner, group=self.groups[owner], tag=GRANT)
+        return now() - begin
+
+    def finish(self, model: nn.Module) -> None:
+        """Tell every remote owner this worker is done."""
+        for owner in self.owners:
+            if owner == self.rank:
+                continue
+            self._await_grant(owner)
+            header = torch.tensor([DONE, self.versions[owner], self.batches_done], dtype=torch.int64)
+            dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
+
+
+def _gradient(parameter: torch.Tensor) -> torch.Tensor:
+    return parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)

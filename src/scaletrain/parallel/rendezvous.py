@@ -1,0 +1,139 @@
+"""Finding the other processes: torchrun-style environment or a node file, then a c10d group.
+
+Environment variables are read here only. The torchrun contract is honoured (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), so any launcher that sets them
+works. A node file (Šlampa 2017, ``dist.py --nodefile --index``) lists one ``host:port`` per line,
+one line per process; the first line is where rank 0 listens for the rendezvous.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from scaletrain.errors import ConfigError
+
+__all__ = [
+    "ENV_LOCAL_RANK",
+    "ENV_MASTER_ADDR",
+    "ENV_MASTER_PORT",
+    "ENV_RANK",
+    "ENV_WORLD_SIZE",
+    "Rendezvous",
+    "connect",
+]
+
+ENV_RANK = "RANK"
+ENV_WORLD_SIZE = "WORLD_SIZE"
+ENV_MASTER_ADDR = "MASTER_ADDR"
+ENV_MASTER_PORT = "MASTER_PORT"
+ENV_LOCAL_RANK = "LOCAL_RANK"
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where this process stands in the job and where to meet the others."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    local_rank: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} is outside a world of {self.world_size} processes")
+        if not 0 < self.master_port < 65536:
+            raise ConfigError(f"port {self.master_port} is not a valid TCP port")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Rendezvous:
+        """Read the torchrun variables.
+
+        >>> env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+        >>> Rendezvous.from_env(env).rank
+        1
+        """
+        env = os.environ if environ is None else environ
+        missing = [
+            name for name in (ENV_RANK, ENV_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT) if name not in env
+        ]
+        if missing:
+            raise ConfigError(
+                f"environment variables {', '.join(missing)} are not set; start the processes with torchrun "
+                "(or another launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), "
+                "or use --nodefile"
+            )
+        try:
+            return cls(
+                rank=int(env[ENV_RANK]),
+                world_size=int(env[ENV_WORLD_SIZE]),
+                master_addr=env[ENV_MASTER_ADDR],
+                master_port=int(env[ENV_MASTER_PORT]),
+                local_rank=int(env.get(ENV_LOCAL_RANK, "0")),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"a torchrun variable is not a whole number: {exc}") from None
+
+    @classmethod
+    def from_nodefile(cls, path: Path, index: int) -> Rendezvous:
+        """Rank ``index`` of the processes listed in ``path`` (``host:port`` per line, ``#`` comments)."""
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read node file {path}: {exc.strerror}") from None
+        nodes = [line.split("#", 1)[0].strip() for line in lines]
+        nodes = [node for node in nodes if node]
+        if not nodes:
+            raise ConfigError(f"node file {path} lists no processes; write one host:port per line")
+        if not 0 <= index < len(nodes):
+            raise ConfigError(
+                f"--index {index} is outside node file {path}, which lists {len(nodes)} processes"
+            )
+        host, sep, port = nodes[0].rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"node file {path}: first line {nodes[0]!r} must look like host:port")
+        local_rank = sum(
+            1 for node in nodes[:index] if node.rpartition(":")[0] == nodes[index].rpartition(":")[0]
+        )
+        return cls(
+            rank=index, world_size=len(nodes), master_addr=host, master_port=int(port), local_rank=local_rank
+        )
+
+
+def connect(rendezvous: Rendezvous, *, timeout: float, backend: str = "gloo") -> dist.Store:
+    """Join the process group; rank 0 hosts the TCP store. Returns the store (used for small records).
+
+    ``timeout`` bounds every wait: the others arriving, and each collective or transfer afterwards.
+    """
+    limit = datetime.timedelta(seconds=timeout)
+    try:
+        store = dist.TCPStore(
+            rendezvous.master_addr,
+            rendezvous.master_port,
+            rendezvous.world_size,
+            is_master=rendezvous.rank == 0,
+            timeout=limit,
+            wait_for_workers=False,
+        )
+        dist.init_process_group(
+            backend, store=store, rank=rendezvous.rank, world_size=rendezvous.world_size, timeout=limit
+        )
+    except (RuntimeError, OSError) as exc:
+        where = f"{rendezvous.master_addr}:{rendezvous.master_port}"
+        raise RendezvousError(
+            f"rank {rendezvous.rank} could not join the other {rendezvous.world_size - 1} processes "
+            f"at {where} "
+            f"within {timeout:.0f} s ({str(exc).splitlines()[0]}); check that every process was started, "
+            "that the address is reachable and that the port is free"
+        ) from None
+    return store
+
+
+class RendezvousError(ConfigError):
+    """The processes did not find each other."""

@@ -1,0 +1,32 @@
+"""Entry point of each process the local launcher starts: ``python -m scaletrain.parallel.worker CONFIG``.
+
+``CONFIG`` is the run's configuration as JSON; the rank and the rendezvous come from the torchrun
+environment variables the launcher sets.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from scaletrain.config import from_json_dict
+from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.process import run_process
+from scaletrain.parallel.rendezvous import Rendezvous
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
+    rendezvous = Rendezvous.from_env()
+    try:
+        run_process(config, rendezvous)
+    except ScaletrainError as exc:
+        print(f"scaletrain: error: rank {rendezvous.rank}: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

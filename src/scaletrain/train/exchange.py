@@ -1,0 +1,55 @@
+"""How a worker turns its gradients into new weights: the small interface every strategy implements.
+
+:class:`LocalExchange` (one process) clips and steps. The distributed ones live in
+:mod:`scaletrain.parallel`: all-reduce, and the central or sharded parameter server.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"]
+
+
+@dataclass
+class ExchangeTimes:
+    """Seconds one step spent moving data and waiting for others (pure synchronisation)."""
+
+    communication: float = 0.0
+    wait: float = 0.0
+
+
+class GradientExchange(ABC):
+    """Turns the gradients in ``model`` into updated weights, however the strategy does it."""
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
+        """Bring every worker to the same initial weights."""
+
+    @abstractmethod
+    def step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
+    ) -> ExchangeTimes:
+        """Apply one update from the gradients now in ``model``'s parameters."""
+
+    def finish(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
+        """After the last step: leave the final weights in ``model`` on the coordinator."""
+
+
+def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+    if clip_norm:
+        nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+
+
+class LocalExchange(GradientExchange):
+    """One process: clip and step."""
+
+    def step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
+    ) -> ExchangeTimes:
+        clip_and_step(model, optimizer, clip_norm)
+        return ExchangeTimes()

@@ -1,0 +1,136 @@
+"""``summary.json``: what a run did, how fast (SPEC §3 eq. 4.1) and how well, from every worker's stats."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from scaletrain.train.logs import write_json
+from scaletrain.workloads.base import count_parameters
+
+if TYPE_CHECKING:
+    from scaletrain.train.loop import Prepared
+
+__all__ = ["MODEL_NAME", "SUMMARY_NAME", "WorkerStats", "throughput", "write_summary"]
+
+SUMMARY_NAME = "summary.json"
+MODEL_NAME = "model.pt"
+THROUGHPUT_NOTE = (
+    "batches_per_second = batches of batch_size processed by all workers / wall time (SPEC eq. 4.1); "
+    "the time is the slowest worker's measured training time, which leaves out each process's first "
+    "warm-up steps, evaluation and checkpoint writing; a split step counts as 1/workers of a batch"
+)
+
+
+@dataclass
+class WorkerStats:
+    """One worker's measurements after its warm-up steps."""
+
+    rank: int
+    steps: int
+    measured_steps: int
+    measured_seconds: float
+    communication_seconds: float = 0.0
+    wait_seconds: float = 0.0
+    batch_fraction: float = 1.0
+    final_loss: float | None = None
+
+
+def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
+    """Batches and samples per second over all workers, and the mean per-step time split.
+
+    >>> two = [WorkerStats(0, 10, 10, 2.0, 0.5, 0.1), WorkerStats(1, 10, 10, 2.5, 0.5, 0.2)]
+    >>> throughput(two, batch_size=32)["batches_per_second"]  # 20 batches in the slower worker's 2.5 s
+    8.0
+    """
+    measured = [s for s in stats if s.measured_steps > 0 and s.measured_seconds > 0]
+    if not measured:
+        return {
+            key: None
+            for key in (
+                "batches_per_second",
+                "samples_per_second",
+                "compute_seconds_per_step",
+                "communication_seconds_per_step",
+                "wait_seconds_per_step",
+            )
+        }
+    batches = sum(s.measured_steps * s.batch_fraction for s in measured)
+    duration = max(s.measured_seconds for s in measured)
+    per_step = {
+        name: sum(value(s) / s.measured_steps for s in measured) / len(measured)
+        for name, value in (
+            ("communication_seconds_per_step", lambda s: s.communication_seconds),
+            ("wait_seconds_per_step", lambda s: s.wait_seconds),
+            (
+                "compute_seconds_per_step",
+                lambda s: s.measured_seconds - s.communication_seconds - s.wait_seconds,
+            ),
+        )
+    }
+    return {
+        "batches_per_second": batches / duration,
+        "samples_per_second": batches * batch_size / duration,
+        "train_seconds": duration,
+        **per_step,
+    }
+
+
+def write_summary(
+    prepared: Prepared,
+    quality: dict[str, float],
+    stats: list[WorkerStats],
+    *,
+    layout_fields: dict[str, Any],
+    steps: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``model.pt`` and ``summary.json`` for the final weights in ``prepared.model``."""
+    config, workload, model = prepared.config, prepared.workload, prepared.model
+    out = config.out
+    torch.save(model.state_dict(), out / MODEL_NAME)
+    steps = steps if steps is not None else max(s.steps for s in stats) + (prepared.resumed_from or 0)
+    losses = [s.final_loss for s in stats if s.final_loss is not None]
+    summary = {
+        "workload": workload.name,
+        "dataset": workload.dataset,
+        "metric": workload.metric,
+        "out": str(out),
+        **layout_fields,
+        "steps": steps,
+        "steps_per_epoch": prepared.steps_per_epoch,
+        "epochs": steps / prepared.steps_per_epoch,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "momentum": config.momentum,
+        "weight_decay": config.weight_decay,
+        "clip_norm": config.clip_norm,
+        "seed": config.seed,
+        "threads": torch.get_num_threads(),
+        "options": asdict(workload.options),
+        "parameters": count_parameters(model),
+        **quality,
+        "final_train_loss": losses[0] if losses else None,
+        "wall_seconds": time.time() - prepared.started,
+        **throughput(stats, config.batch_size),
+        "warmup_steps_excluded": config.warmup_steps,
+        "throughput_note": THROUGHPUT_NOTE,
+        "per_worker": [asdict(s) for s in stats],
+        **(extra or {}),
+        "resumed_from_step": prepared.resumed_from,
+        "torch_version": torch.__version__,
+        "host": platform.node(),
+        "started_at": _iso(prepared.started),
+        "finished_at": _iso(time.time()),
+    }
+    write_json(out / SUMMARY_NAME, summary)
+    return summary
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, tz=datetime.UTC).isoformat(timespec="seconds")
