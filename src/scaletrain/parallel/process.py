@@ -29,6 +29,7 @@ from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_gr
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save
+from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.loop import (
     Position,
     Prepared,
@@ -36,8 +37,10 @@ from scaletrain.train.loop import (
     Trainer,
     checkpoint_payload,
     learning_rate,
+    make_optimizer,
     prepare,
 )
+from scaletrain.train.meter import now
 from scaletrain.train.summary import WorkerStats, write_summary
 from scaletrain.workloads import Workload
 
@@ -135,17 +138,20 @@ def _parameter_server(
     )
 
     if layout.role(rank) == SERVER:
-        peers = {w: g for w, g in peers_of[0].items()}
+        observer = _ServerObserver(prepared)
         server = ShardServer(
             master=parameters,
             optimizer=prepared.optimizer,
             version=prepared.position.step,
-            peers=peers,
-            on_update=_central_checkpointer(prepared),
+            peers=peers_of[0],
+            on_update=observer,
             **server_options,
         )
-        server.start()
-        stats = server.join()
+        try:
+            server.start()
+            stats = server.join()
+        finally:
+            observer.close()
         return _finish_central(prepared, layout, store, server, stats)
 
     local_server = None
@@ -154,9 +160,7 @@ def _parameter_server(
         master = [nn.Parameter(p.detach().clone()) for p in mine]
         local_server = ShardServer(
             master=master,
-            optimizer=torch.optim.SGD(
-                master, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-            ),
+            optimizer=make_optimizer(config, master),
             version=prepared.position.step,
             peers=peers_of[rank],
             **server_options,
@@ -252,18 +256,45 @@ def _version_schedule(prepared: Prepared):
     return lambda version: learning_rate(prepared.config, version // prepared.steps_per_epoch)
 
 
-def _central_checkpointer(prepared: Prepared):
-    config = prepared.config
+class _ServerObserver:
+    """Called by the central server after every update: logs progress and writes checkpoints.
 
-    def on_update(version: int) -> None:
+    A checkpoint is written every ``checkpoint_every`` updates, at each epoch's last update and at
+    the end; with asynchronous workers it holds the weights after that many applied gradients.
+    """
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.prepared, self.config = prepared, prepared.config
+        resumed = prepared.resumed_from
+        self.metrics = MetricsLog(self.config.out, resume_step=resumed)
+        self.tensorboard = TensorBoardLog(
+            self.config.out, enabled=self.config.tensorboard, purge_step=resumed
+        )
+        self.progress = Progress(prepared.total_steps, mode=self.config.progress)
+        self._window = (now(), prepared.position.step)
+
+    def __call__(self, version: int) -> None:
+        prepared, config = self.prepared, self.config
         epoch, batch = divmod(version, prepared.steps_per_epoch)
-        if version % config.checkpoint_every and batch and version != prepared.total_steps:
-            return
-        position = Position(epoch=epoch, batch=batch, step=version)
-        payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
-        atomic_save(payload, config.out / CHECKPOINT_NAME)
+        periodic = version % config.log_every == 0 or version == prepared.total_steps
+        if periodic:
+            began, first = self._window
+            rate = (version - first) / max(now() - began, 1e-9)
+            self._window = (now(), version)
+            lr = prepared.optimizer.param_groups[0]["lr"]
+            record = {"kind": "step", "step": version, "epoch": epoch, "lr": lr, "updates_per_second": rate}
+            self.metrics.write({**record, "time": time.time()})
+            self.tensorboard.scalars({"throughput/updates_per_second": rate}, version)
+        self.progress.update(version, epoch, None, None, periodic=periodic)
+        if version % config.checkpoint_every == 0 or batch == 0 or version == prepared.total_steps:
+            position = Position(epoch=epoch, batch=batch, step=version)
+            payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+            atomic_save(payload, config.out / CHECKPOINT_NAME)
 
-    return on_update
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics.close()
+        self.tensorboard.close()
 
 
 def _collect_stats(store: dist.Store, ranks: list[int], lost: set[int], timeout: float) -> list[WorkerStats]:

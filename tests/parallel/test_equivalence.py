@@ -1,0 +1,101 @@
+"""Weight-for-weight equivalences of the strategies (Šlampa 2017 §6.1), with real processes on loopback.
+
+- ``split`` over N workers = ``local`` with the same batch (same sample order);
+- ``join`` over N workers with batch b = ``local`` with batch N·b;
+- every synchronous strategy reaches the same weights; ``async`` with one worker = ``local``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import scaletrain
+
+pytestmark = pytest.mark.multiprocess
+
+COMMON = {"epochs": 1, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5}
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def assert_close(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+    assert first.keys() == second.keys()
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.helpers import make_fashion_mnist
+
+    return make_fashion_mnist(tmp_path_factory.mktemp("equivalence") / "fmnist", train=192, test=32)
+
+
+@pytest.fixture(scope="module")
+def local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, torch.Tensor]]:
+    """Reference single-process runs at batch 12 and 24."""
+    runs = {}
+    for batch in (12, 24):
+        out = tmp_path_factory.mktemp(f"local-{batch}")
+        scaletrain.train("lenet", data_dir=data, out=out / "run", batch_size=batch, **COMMON)
+        runs[batch] = weights(out / "run")
+    return runs
+
+
+SYNCHRONOUS = [
+    ("allreduce", "central", "split"),
+    ("allreduce", "central", "join"),
+    ("ps", "central", "split"),
+    ("ps", "central", "join"),
+    ("ps", "sharded", "split"),
+    ("ps", "sharded", "join"),
+]
+
+
+@pytest.mark.parametrize(("strategy", "server", "sync"), SYNCHRONOUS)
+def test_synchronous_strategies_match_sequential_training(
+    strategy: str, server: str, sync: str, data: Path, local_runs: dict, tmp_path: Path
+) -> None:
+    summary = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=2, strategy=strategy,
+        server=server, sync=sync, **COMMON,
+    )
+    assert (summary["strategy"], summary["workers"], summary["sync"]) == (strategy, 2, sync)
+    # split: global batch 12 = local batch 12; join: 2 workers × 12 = local batch 24.
+    reference = local_runs[12 if sync == "split" else 24]
+    assert summary["steps"] == 192 // (12 if sync == "split" else 24)
+    assert_close(weights(tmp_path / "run"), reference)
+
+
+def test_three_workers_split_a_batch_like_one(data: Path, local_runs: dict, tmp_path: Path) -> None:
+    scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=3, strategy="ps",
+        server="sharded", sync="split", **COMMON,
+    )
+    assert_close(weights(tmp_path / "run"), local_runs[12])
+
+
+def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: dict, tmp_path: Path) -> None:
+    summary = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=1, strategy="ps",
+        server="central", sync="async", **COMMON,
+    )
+    assert summary["staleness"]["max"] == 0  # one worker never sends a stale gradient
+    assert_close(weights(tmp_path / "run"), local_runs[12])
+
+
+def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
+    settings = dict(
+        data_dir=tiny_ptb, batch_size=4, epochs=2, progress="off", tensorboard=False, threads=1, lr=0.5,
+        options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
+    )
+    scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
+    for strategy, server in (("allreduce", "central"), ("ps", "central")):
+        out = tmp_path / f"{strategy}-{server}"
+        scaletrain.train("ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings)
+        assert_close(weights(out), weights(tmp_path / "local"))

@@ -1,0 +1,156 @@
+"""Faults with real processes: a worker or server killed, Ctrl-C, a dead launcher, a taken port,
+a peer that never arrives. Nothing may hang and no process may be left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, make_fashion_mnist, run_cli
+
+pytestmark = pytest.mark.multiprocess
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SCALETRAIN_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", *args], env=environment, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+def wait_for_training(out: Path, rank: int, deadline: float = 60) -> int:
+    """The pid of ``rank`` once the run has trained a few steps (rank 0 logs them)."""
+    end = time.monotonic() + deadline
+    record = out / "processes" / f"rank-{rank}.json"
+    while time.monotonic() < end:
+        if record.exists() and (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").stat().st_size:
+            return json.loads(record.read_text())["pid"]
+        time.sleep(0.05)
+    raise AssertionError(f"the run in {out} did not start training within {deadline} s")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie waiting for its parent counts as gone.
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+def all_pids(out: Path) -> list[int]:
+    return [json.loads(path.read_text())["pid"] for path in (out / "processes").glob("rank-*.json")]
+
+
+def assert_no_survivors(out: Path) -> None:
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in all_pids(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in all_pids(out) if alive(pid)]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_fashion_mnist(tmp_path / "data", train=2048, test=64)
+
+
+def train_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "train", "lenet", "--data-dir", str(data), "--out", str(out), "--batch-size", "8", "--epochs", "12",
+        "--threads", "1", "--no-tensorboard", "--log-every", "5", "--progress", "plain", *extra,
+    ]
+
+
+def test_async_run_survives_a_killed_worker(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = start_cli(*train_args(data, out, "--workers", "3", "--strategy", "ps", "--sync", "async"))
+    victim = wait_for_training(out, rank=2)
+    os.kill(victim, signal.SIGKILL)
+    stdout, stderr = run.communicate(timeout=300)
+    assert run.returncode == 0, stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
+    assert summary["lost_workers"][0]["batches_not_done"] > 0
+    planned = 12 * (2048 // 8)
+    assert summary["server_updates"] == planned - summary["lost_workers"][0]["batches_not_done"]
+    assert "test_accuracy" in summary
+    assert_no_survivors(out)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "victim_rank", "role"),
+    [(["--strategy", "allreduce"], 1, "worker"), (["--strategy", "ps", "--sync", "join"], 1, "worker"),
+     (["--strategy", "ps", "--sync", "async"], 0, "server"),
+     (["--strategy", "ps", "--server", "sharded", "--sync", "split"], 1, "worker")],
+)
+def test_sync_failure_stops_every_process_with_one_message(
+    strategy: list[str], victim_rank: int, role: str, data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    run = start_cli(*train_args(data, out, "--workers", "2", *strategy))
+    victim = wait_for_training(out, rank=victim_rank)
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    _, stderr = run.communicate(timeout=120)
+    assert time.monotonic() - killed_at < 60
+    assert run.returncode != 0
+    assert f"{role} rank {victim_rank} (pid {victim}) was killed by signal 9" in stderr
+    assert "--resume" in stderr
+    assert_no_survivors(out)
+
+
+def test_ctrl_c_stops_every_process_and_keeps_the_checkpoint(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = start_cli(*train_args(data, out, "--workers", "2", "--checkpoint-every", "5"))
+    wait_for_training(out, rank=1)
+    run.send_signal(signal.SIGINT)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 130 and "continue with --resume" in stderr
+    assert_no_survivors(out)
+    assert (out / "checkpoint.pt").exists()
+
+
+def test_workers_die_with_a_killed_launcher(data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run = start_cli(*train_args(data, out, "--workers", "2", "--strategy", "ps"))
+    wait_for_training(out, rank=2)
+    run.kill()
+    run.communicate(timeout=30)
+    assert_no_survivors(out)
+
+
+def test_a_taken_port_is_a_clear_error(data: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        nodefile = tmp_path / "nodes"
+        nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port + 1}\n")
+        result = run_cli(*train_args(data, tmp_path / "run", "--workers", "2", "--nodefile", str(nodefile),
+                                     "--index", "0", "--timeout", "5"), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr and "port is free" in result.stderr
+
+
+def test_a_peer_that_never_arrives_times_out(data: Path, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port}\n")
+    started = time.monotonic()
+    result = run_cli(*train_args(data, tmp_path / "run", "--workers", "2", "--nodefile", str(nodefile),
+                                 "--index", "0", "--timeout", "4"), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 60
+    assert "could not join the other 1 processes" in result.stderr
