@@ -62,8 +62,15 @@ def test_synchronous_strategies_match_sequential_training(
     strategy: str, server: str, sync: str, data: Path, local_runs: dict, tmp_path: Path
 ) -> None:
     summary = scaletrain.train(
-        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=2, strategy=strategy,
-        server=server, sync=sync, **COMMON,
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=2,
+        strategy=strategy,
+        server=server,
+        sync=sync,
+        **COMMON,
     )
     assert (summary["strategy"], summary["workers"], summary["sync"]) == (strategy, 2, sync)
     # split: global batch 12 = local batch 12; join: 2 workers × 12 = local batch 24.
@@ -74,16 +81,30 @@ def test_synchronous_strategies_match_sequential_training(
 
 def test_three_workers_split_a_batch_like_one(data: Path, local_runs: dict, tmp_path: Path) -> None:
     scaletrain.train(
-        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=3, strategy="ps",
-        server="sharded", sync="split", **COMMON,
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=3,
+        strategy="ps",
+        server="sharded",
+        sync="split",
+        **COMMON,
     )
     assert_close(weights(tmp_path / "run"), local_runs[12])
 
 
 def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: dict, tmp_path: Path) -> None:
     summary = scaletrain.train(
-        "lenet", data_dir=data, out=tmp_path / "run", batch_size=12, workers=1, strategy="ps",
-        server="central", sync="async", **COMMON,
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=1,
+        strategy="ps",
+        server="central",
+        sync="async",
+        **COMMON,
     )
     assert summary["staleness"]["max"] == 0  # one worker never sends a stale gradient
     assert_close(weights(tmp_path / "run"), local_runs[12])
@@ -91,11 +112,19 @@ def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: di
 
 def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
     settings = dict(
-        data_dir=tiny_ptb, batch_size=4, epochs=2, progress="off", tensorboard=False, threads=1, lr=0.5,
+        data_dir=tiny_ptb,
+        batch_size=4,
+        epochs=2,
+        progress="off",
+        tensorboard=False,
+        threads=1,
+        lr=0.5,
         options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
     )
     scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
     for strategy, server in (("allreduce", "central"), ("ps", "central")):
         out = tmp_path / f"{strategy}-{server}"
-        scaletrain.train("ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings)
+        scaletrain.train(
+            "ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings
+        )
         assert_close(weights(out), weights(tmp_path / "local"))

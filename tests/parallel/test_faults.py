@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from tests.helpers import REPO, make_fashion_mnist, run_cli
 
 pytestmark = pytest.mark.multiprocess
@@ -22,8 +21,11 @@ pytestmark = pytest.mark.multiprocess
 def start_cli(*args: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SCALETRAIN_OFFLINE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "scaletrain", *args], env=environment, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "scaletrain", *args],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -66,8 +68,24 @@ def data(tmp_path: Path) -> Path:
 
 def train_args(data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "train", "lenet", "--data-dir", str(data), "--out", str(out), "--batch-size", "8", "--epochs", "12",
-        "--threads", "1", "--no-tensorboard", "--log-every", "5", "--progress", "plain", *extra,
+        "train",
+        "lenet",
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--batch-size",
+        "8",
+        "--epochs",
+        "12",
+        "--threads",
+        "1",
+        "--no-tensorboard",
+        "--log-every",
+        "5",
+        "--progress",
+        "plain",
+        *extra,
     ]
 
 
@@ -76,7 +94,7 @@ def test_async_run_survives_a_killed_worker(data: Path, tmp_path: Path) -> None:
     run = start_cli(*train_args(data, out, "--workers", "3", "--strategy", "ps", "--sync", "async"))
     victim = wait_for_training(out, rank=2)
     os.kill(victim, signal.SIGKILL)
-    stdout, stderr = run.communicate(timeout=300)
+    _, stderr = run.communicate(timeout=300)
     assert run.returncode == 0, stderr
     summary = json.loads((out / "summary.json").read_text())
     assert [lost["rank"] for lost in summary["lost_workers"]] == [2]
@@ -89,9 +107,12 @@ def test_async_run_survives_a_killed_worker(data: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("strategy", "victim_rank", "role"),
-    [(["--strategy", "allreduce"], 1, "worker"), (["--strategy", "ps", "--sync", "join"], 1, "worker"),
-     (["--strategy", "ps", "--sync", "async"], 0, "server"),
-     (["--strategy", "ps", "--server", "sharded", "--sync", "split"], 1, "worker")],
+    [
+        (["--strategy", "allreduce"], 1, "worker"),
+        (["--strategy", "ps", "--sync", "join"], 1, "worker"),
+        (["--strategy", "ps", "--sync", "async"], 0, "server"),
+        (["--strategy", "ps", "--server", "sharded", "--sync", "split"], 1, "worker"),
+    ],
 )
 def test_sync_failure_stops_every_process_with_one_message(
     strategy: list[str], victim_rank: int, role: str, data: Path, tmp_path: Path
@@ -136,8 +157,21 @@ def test_a_taken_port_is_a_clear_error(data: Path, tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         nodefile = tmp_path / "nodes"
         nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port + 1}\n")
-        result = run_cli(*train_args(data, tmp_path / "run", "--workers", "2", "--nodefile", str(nodefile),
-                                     "--index", "0", "--timeout", "5"), timeout=120)
+        result = run_cli(
+            *train_args(
+                data,
+                tmp_path / "run",
+                "--workers",
+                "2",
+                "--nodefile",
+                str(nodefile),
+                "--index",
+                "0",
+                "--timeout",
+                "5",
+            ),
+            timeout=120,
+        )
     assert result.returncode == 2, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "port is free" in result.stderr
 
@@ -149,8 +183,21 @@ def test_a_peer_that_never_arrives_times_out(data: Path, tmp_path: Path) -> None
     nodefile = tmp_path / "nodes"
     nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port}\n")
     started = time.monotonic()
-    result = run_cli(*train_args(data, tmp_path / "run", "--workers", "2", "--nodefile", str(nodefile),
-                                 "--index", "0", "--timeout", "4"), timeout=120)
+    result = run_cli(
+        *train_args(
+            data,
+            tmp_path / "run",
+            "--workers",
+            "2",
+            "--nodefile",
+            str(nodefile),
+            "--index",
+            "0",
+            "--timeout",
+            "4",
+        ),
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr
     assert time.monotonic() - started < 60
     assert "could not join the other 1 processes" in result.stderr

@@ -28,6 +28,7 @@ from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
+    ENV_LOCAL_WORLD_SIZE,
     ENV_MASTER_ADDR,
     ENV_MASTER_PORT,
     ENV_RANK,
@@ -64,16 +65,14 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
     refuse_overwrite(out, resume=config.resume)
     out.mkdir(parents=True, exist_ok=True)
     (out / SUMMARY_NAME).unlink(missing_ok=True)
-    threads = config.threads or max(1, (os.cpu_count() or 1) // layout.world_size)
     config_path = out / "launch-config.json"
-    settings = to_json_dict(config) | {"threads": threads}
-    config_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    config_path.write_text(json.dumps(to_json_dict(config), indent=2), encoding="utf-8")
     port = _free_port()
     children = []
     try:
         for rank in range(layout.world_size):
             children.append(_start(rank, layout, config_path, port, out))
-        _watch(children, layout, config.timeout)
+        _watch(children, layout)
     except BaseException:
         _stop(children)
         raise
@@ -96,7 +95,7 @@ def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -
         ENV_MASTER_ADDR: "127.0.0.1",
         ENV_MASTER_PORT: str(port),
         ENV_LOCAL_RANK: str(rank),
-        "LOCAL_WORLD_SIZE": str(layout.world_size),
+        ENV_LOCAL_WORLD_SIZE: str(layout.world_size),
         # The children import the same scaletrain as this process, installed or not.
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     }
@@ -112,7 +111,7 @@ def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -
     return _Child(rank, layout.role(rank), process, log, log_file)
 
 
-def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
+def _watch(children: list[_Child], layout: Layout) -> None:
     asynchronous = layout.sync == "async" and layout.server == "central" and layout.strategy == "ps"
     while True:
         running = False

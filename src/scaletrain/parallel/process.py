@@ -8,6 +8,7 @@ Workers hand their measurements to rank 0 through the store.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -64,6 +65,8 @@ def run_process(
             f"but the launcher started {rendezvous.world_size}"
         )
     rank = rendezvous.rank
+    if config.threads is None:
+        config = dataclasses.replace(config, threads=rendezvous.threads_per_process())
     _record_process(config, rank, layout.role(rank))
     store = connect(rendezvous, timeout=config.timeout)
     try:

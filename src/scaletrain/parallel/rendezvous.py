@@ -20,6 +20,7 @@ from scaletrain.errors import ConfigError
 
 __all__ = [
     "ENV_LOCAL_RANK",
+    "ENV_LOCAL_WORLD_SIZE",
     "ENV_MASTER_ADDR",
     "ENV_MASTER_PORT",
     "ENV_RANK",
@@ -33,6 +34,7 @@ ENV_WORLD_SIZE = "WORLD_SIZE"
 ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
 ENV_LOCAL_RANK = "LOCAL_RANK"
+ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class Rendezvous:
     master_addr: str
     master_port: int
     local_rank: int = 0
+    local_world_size: int = 1  # processes of this job on this machine
+
+    def threads_per_process(self, cores: int | None = None) -> int:
+        """Default torch threads: this machine's cores shared by its processes."""
+        return max(1, (cores or os.cpu_count() or 1) // self.local_world_size)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -76,6 +83,7 @@ class Rendezvous:
                 master_addr=env[ENV_MASTER_ADDR],
                 master_port=int(env[ENV_MASTER_PORT]),
                 local_rank=int(env.get(ENV_LOCAL_RANK, "0")),
+                local_world_size=int(env.get(ENV_LOCAL_WORLD_SIZE, "1")),
             )
         except ValueError as exc:
             raise ConfigError(f"a torchrun variable is not a whole number: {exc}") from None
@@ -98,11 +106,15 @@ class Rendezvous:
         host, sep, port = nodes[0].rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"node file {path}: first line {nodes[0]!r} must look like host:port")
-        local_rank = sum(
-            1 for node in nodes[:index] if node.rpartition(":")[0] == nodes[index].rpartition(":")[0]
-        )
+        hosts = [node.rpartition(":")[0] for node in nodes]
+        local_rank = hosts[:index].count(hosts[index])
         return cls(
-            rank=index, world_size=len(nodes), master_addr=host, master_port=int(port), local_rank=local_rank
+            rank=index,
+            world_size=len(nodes),
+            master_addr=host,
+            master_port=int(port),
+            local_rank=local_rank,
+            local_world_size=hosts.count(hosts[index]),
         )
 
 
