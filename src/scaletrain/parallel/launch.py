@@ -10,6 +10,7 @@ launcher (``PR_SET_PDEATHSIG``), and Ctrl-C stops them all.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -17,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,16 +101,30 @@ def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -
         # The children import the same scaletrain as this process, installed or not.
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     }
-    # Rank 0 reports progress on this terminal; the others write to their log files.
-    stderr = None if rank == 0 else log_file
+    # Rank 0 reports progress on this terminal (and in its log); the others write to their logs.
     process = subprocess.Popen(
         [sys.executable, "-m", "scaletrain.parallel.worker", str(config_path)],
         env=environment,
         stdout=log_file,
-        stderr=stderr,
+        stderr=subprocess.PIPE if rank == 0 else log_file,
         preexec_fn=_die_with_parent,
     )
+    if rank == 0:
+        threading.Thread(target=_tee, args=(process.stderr, log_file), daemon=True).start()
     return _Child(rank, layout.role(rank), process, log, log_file)
+
+
+def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
+    """Copy rank 0's stderr to this terminal and to its log, as it comes (progress bars included)."""
+    for chunk in iter(lambda: source.read1(4096), b""):
+        if hasattr(sys.stderr, "buffer"):
+            sys.stderr.buffer.write(chunk)
+        else:  # a replaced stderr (e.g. under a test runner) takes text
+            sys.stderr.write(chunk.decode(errors="replace"))
+        sys.stderr.flush()
+        with contextlib.suppress(ValueError):  # the log was closed after the run ended
+            log_file.write(chunk)
+            log_file.flush()
 
 
 def _watch(children: list[_Child], layout: Layout) -> None:

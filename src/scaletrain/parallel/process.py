@@ -29,7 +29,7 @@ from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.loop import (
     Position,
@@ -161,11 +161,14 @@ def _parameter_server(
     if rank in owners:
         mine = [p for p, owner in zip(parameters, owner_of, strict=True) if owner == rank]
         master = [nn.Parameter(p.detach().clone()) for p in mine]
+        optimizer = make_optimizer(config, master)
+        version = _restore_shard(prepared, rank, master, optimizer, synchronous) if config.resume else 0
         local_server = ShardServer(
             master=master,
-            optimizer=make_optimizer(config, master),
-            version=prepared.position.step,
+            optimizer=optimizer,
+            version=version,
             peers=peers_of[rank],
+            on_update=_ShardCheckpointer(prepared, rank, master, optimizer),
             **server_options,
         )
         local_server.start()
@@ -257,6 +260,55 @@ def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
 def _version_schedule(prepared: Prepared):
     """The learning rate for the server's n-th update (epochs counted in updates)."""
     return lambda version: learning_rate(prepared.config, version // prepared.steps_per_epoch)
+
+
+SHARDS_DIR = "shards"
+
+
+class _ShardCheckpointer:
+    """Each owner of a sharded server saves its master tensors and optimizer state.
+
+    Synchronous owners update in lockstep, so their files share a version; rank 0 also writes
+    ``checkpoint.pt`` with the position. Asynchronous owners' files are each their own latest state.
+    """
+
+    def __init__(self, prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer) -> None:
+        self.prepared, self.rank, self.master, self.optimizer = prepared, rank, master, optimizer
+        (prepared.config.out / SHARDS_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, version: int) -> None:
+        prepared, config = self.prepared, self.prepared.config
+        epoch, batch = divmod(version, prepared.steps_per_epoch)
+        if version % config.checkpoint_every and batch and version != prepared.total_steps:
+            return
+        shard = {
+            "version": version,
+            "master": [p.detach() for p in self.master],
+            "optimizer": self.optimizer.state_dict(),
+        }
+        atomic_save(shard, config.out / SHARDS_DIR / f"rank-{self.rank}.pt")
+        if self.rank == 0:
+            position = Position(epoch=epoch, batch=batch, step=version)
+            payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+            atomic_save(payload, config.out / CHECKPOINT_NAME)
+
+
+def _restore_shard(
+    prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool
+) -> int:
+    """Load this owner's shard file on ``--resume``; returns the version to continue from."""
+    path = prepared.config.out / SHARDS_DIR / f"rank-{rank}.pt"
+    shard = load_checkpoint(path)
+    if synchronous and shard["version"] != prepared.position.step:
+        raise ConfigError(
+            f"shard checkpoint {path} is at update {shard['version']} but checkpoint.pt at "
+            f"{prepared.position.step} (a run stopped while writing them); start afresh"
+        )
+    with torch.no_grad():
+        for parameter, saved in zip(master, shard["master"], strict=True):
+            parameter.copy_(saved)
+    optimizer.load_state_dict(shard["optimizer"])
+    return shard["version"]
 
 
 class _ServerObserver:

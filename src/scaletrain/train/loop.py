@@ -334,7 +334,10 @@ class Trainer:
         return self.workload.evaluate(self.model, self.data)
 
     def save_checkpoint(self) -> None:
-        payload = checkpoint_payload(self.prepared, self.model, self.optimizer, self.position, self.state)
+        # A worker's carried state (an LSTM's hidden state) covers only its own rows; a distributed
+        # run restarts it from zeros when resumed.
+        state = self.state if self.role.plan == WorkerPlan() else None
+        payload = checkpoint_payload(self.prepared, self.model, self.optimizer, self.position, state)
         atomic_save(payload, self.config.out / CHECKPOINT_NAME)
 
     def stats(self) -> WorkerStats:
