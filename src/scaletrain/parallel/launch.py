@@ -43,6 +43,7 @@ __all__ = ["RunFailed", "launch_local"]
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
+CAUSE_SETTLE_SECONDS = 0.3
 LOGS_DIR = "logs"
 
 
@@ -136,11 +137,23 @@ def _watch(children: list[_Child], layout: Layout) -> None:
             if code is None:
                 running = True
             elif code != 0 and not (asynchronous and child.role != SERVER):
+                cause = _first_cause(children)
                 _stop(children)
-                raise RunFailed(_failure_message(child, code))
+                raise RunFailed(_failure_message(cause, cause.process.returncode))
         if not running:
             return
         time.sleep(POLL_SECONDS)
+
+
+def _first_cause(children: list[_Child]) -> _Child:
+    """The process that failed first, not one that failed because it lost its peer.
+
+    The peers of a killed process notice within moments and exit with an error too; a process
+    killed by a signal is the cause, otherwise the lowest rank that failed.
+    """
+    time.sleep(CAUSE_SETTLE_SECONDS)
+    failed = [child for child in children if child.process.poll() not in (None, 0)]
+    return min(failed, key=lambda child: (child.process.returncode >= 0, child.rank))
 
 
 def _failure_message(child: _Child, code: int) -> str:
