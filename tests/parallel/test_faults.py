@@ -150,28 +150,20 @@ def test_workers_die_with_a_killed_launcher(data: Path, tmp_path: Path) -> None:
     assert_no_survivors(out)
 
 
+def run_rank_zero_alone(data: Path, tmp_path: Path, port: int) -> subprocess.CompletedProcess:
+    """Rank 0 of a two-process node-file job whose rendezvous is 127.0.0.1:``port``; rank 1 never comes."""
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port}\n")
+    extra = ["--workers", "2", "--nodefile", str(nodefile), "--index", "0", "--timeout", "4"]
+    return run_cli(*train_args(data, tmp_path / "run", *extra), timeout=120)
+
+
 def test_a_taken_port_is_a_clear_error(data: Path, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        nodefile = tmp_path / "nodes"
-        nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port + 1}\n")
-        result = run_cli(
-            *train_args(
-                data,
-                tmp_path / "run",
-                "--workers",
-                "2",
-                "--nodefile",
-                str(nodefile),
-                "--index",
-                "0",
-                "--timeout",
-                "5",
-            ),
-            timeout=120,
-        )
+        result = run_rank_zero_alone(data, tmp_path, port)
     assert result.returncode == 2, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr and "port is free" in result.stderr
 
@@ -180,24 +172,8 @@ def test_a_peer_that_never_arrives_times_out(data: Path, tmp_path: Path) -> None
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    nodefile = tmp_path / "nodes"
-    nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port}\n")
     started = time.monotonic()
-    result = run_cli(
-        *train_args(
-            data,
-            tmp_path / "run",
-            "--workers",
-            "2",
-            "--nodefile",
-            str(nodefile),
-            "--index",
-            "0",
-            "--timeout",
-            "4",
-        ),
-        timeout=120,
-    )
+    result = run_rank_zero_alone(data, tmp_path, port)
     assert result.returncode == 2, result.stderr
     assert time.monotonic() - started < 60
     assert "could not join the other 1 processes" in result.stderr
