@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                     bare.append(run_bare(data, args.steps, args.batch_size, Path(tmp)))
                 else:
                     ours.append(
-                        run_scaletrain(
-                            workload, args.steps, args.batch_size, args.threads, Path(tmp) / f"run{repeat}"
-                        )
+                        run_scaletrain(workload, args.steps, args.batch_size, args.threads, Path(tmp) / f"run{repeat}")
                     )
     counts = {"steps": args.steps - WARMUP, "window": args.steps - LOG_EVERY, "e2e": args.steps}
     rates = {

@@ -37,8 +37,6 @@ def tiny_ptb(tmp_path: Path) -> Path:
     folder = tmp_path / "ptb"
     folder.mkdir()
     for split, lines in (("train", 120), ("valid", 40), ("test", 40)):
-        text = "".join(
-            " " + " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) + " \n" for _ in range(lines)
-        )
+        text = "".join(" " + " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) + " \n" for _ in range(lines))
         (folder / f"ptb.{split}.txt").write_text(text)
     return folder

@@ -9,9 +9,7 @@ from scaletrain.errors import ConfigError
 
 def test_precedence_defaults_then_file_then_flags(tmp_path: Path) -> None:
     config_file = tmp_path / "run.toml"
-    config_file.write_text(
-        "batch-size = 64\nlr = 0.5\nepochs = 3\n[options]\nnum_steps = 35\ndropout = 0.1\n"
-    )
+    config_file.write_text("batch-size = 64\nlr = 0.5\nepochs = 3\n[options]\nnum_steps = 35\ndropout = 0.1\n")
     config = make_config("ptb-lstm", config_file=config_file, lr=0.1, options={"dropout": "0.2"})
     assert config.batch_size == 64  # from the file
     assert config.lr == 0.1  # flag beats file

@@ -21,18 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from scaletrain.config import TrainConfig, load_toml, merge, resolve
 from scaletrain.errors import ConfigError
+from scaletrain.measure.bench import compare_results, preset_config, run_bench
+from scaletrain.measure.sweep import SweepConfig
 from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.train.loop import run_training
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
-__all__ = ["list_workloads", "make_config", "train"]
+__all__ = ["bench", "compare", "list_workloads", "make_config", "train"]
 
 
 def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
@@ -72,20 +75,52 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
             "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
         )
     if config.out is None:
-        config = dataclasses.replace(
-            config, out=resolve(config, create_workload(config.workload).defaults).out
-        )
+        config = dataclasses.replace(config, out=resolve(config, create_workload(config.workload).defaults).out)
     return launch_local(config, layout)
 
 
 def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
     """This process is one of several started by someone else (torchrun, a node file on each machine)."""
     if config.out is None:
-        raise ConfigError(
-            "give --out when another launcher starts the processes, so they share one folder name"
-        )
+        raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
     summary = run_process(config, rendezvous, workload)
     return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}
+
+
+def bench(
+    workload: str | None = None,
+    *,
+    preset: str | None = None,
+    quick: bool = False,
+    out: Path | None = None,
+    **sweep: Any,
+) -> dict[str, Any]:
+    """Sweep workers × strategies × batch sizes with real runs; write results, pictures and report.md.
+
+    ``sweep`` holds :class:`~scaletrain.measure.sweep.SweepConfig` fields (``workers``,
+    ``strategies``, ``batch_sizes``, ``steps``, ``repeats``, ``network`` …); ``None`` values count as
+    not given. Returns the rows, notes and the paths written.
+
+    >>> result = bench("lenet", workers=(1, 2), strategies=("allreduce-join",), steps=50)  # doctest: +SKIP
+    >>> result["report"]  # doctest: +SKIP
+    PosixPath('bench-results/lenet-…/report.md')
+    """
+    given = {key: value for key, value in sweep.items() if value is not None}
+    name = preset or workload
+    if name is None:
+        raise ConfigError("name a workload or a preset")
+    out = out or Path("bench-results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if preset is not None:
+        config = preset_config(preset, out, quick=quick, **given)
+        if workload is not None and workload != config.workload:
+            raise ConfigError(f"preset {preset} trains {config.workload}, not {workload}")
+        return run_bench(config, title=f"Scaling of {config.workload} ({preset})")
+    return run_bench(SweepConfig(workload=workload, out=out, **given))
+
+
+def compare(sources: list[Path], *, out: Path, names: list[str] | None = None) -> dict[str, Any]:
+    """Overlay two or more bench result sets in the same pictures and one report."""
+    return compare_results([Path(source) for source in sources], Path(out), names=names)
 
 
 def list_workloads() -> list[dict[str, Any]]:

@@ -127,9 +127,7 @@ class TrainConfig:
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if (self.nodefile is None) != (self.index is None):
-            raise ConfigError(
-                "--nodefile and --index go together: the file lists every process, --index is this one"
-            )
+            raise ConfigError("--nodefile and --index go together: the file lists every process, --index is this one")
         if not isinstance(self.options, dict):
             raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
 

@@ -75,9 +75,7 @@ def corrupt(folder: Path, how: str) -> None:
 def test_bad_fashion_mnist_exits_2_with_a_message(how: str, message: str, tmp_path: Path) -> None:
     folder = make_fashion_mnist(tmp_path / "data")
     corrupt(folder, how)
-    result = run_cli(
-        "train", "lenet", "--data-dir", str(folder), "--out", str(tmp_path / "run"), "--steps", "1"
-    )
+    result = run_cli("train", "lenet", "--data-dir", str(folder), "--out", str(tmp_path / "run"), "--steps", "1")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("scaletrain: error:")
     assert "Traceback" not in result.stderr

@@ -223,16 +223,12 @@ def test_find_fashion_mnist_downloads_into_the_cache(server: Server, tmp_path: P
 
     # The second search finds the cache and, even offline, fetches nothing.
     server.requests.clear()
-    again = find_fashion_mnist(
-        None, environ={**environ, ENV_OFFLINE: "1"}, system_dirs=[], checksums=checksums
-    )
+    again = find_fashion_mnist(None, environ={**environ, ENV_OFFLINE: "1"}, system_dirs=[], checksums=checksums)
     assert again == found
     assert server.requests == []
 
 
-def test_failed_fashion_download_names_the_fixes_and_leaves_no_partial_file(
-    server: Server, tmp_path: Path
-) -> None:
+def test_failed_fashion_download_names_the_fixes_and_leaves_no_partial_file(server: Server, tmp_path: Path) -> None:
     checksums = _serve_fashion(server.root)
     checksums["t10k-images-idx3-ubyte.gz"] = "0" * 64
     environ = {"XDG_CACHE_HOME": str(tmp_path / "cache"), ENV_FASHION_MNIST_URL: server.url.rstrip("/")}

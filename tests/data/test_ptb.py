@@ -179,9 +179,7 @@ def test_load_ptb_empty_file(tmp_path: Path) -> None:
         load_ptb(folder)
 
 
-@pytest.mark.skipif(
-    not (REAL_PTB / "ptb.valid.txt").is_file(), reason=f"real PTB text not found in {REAL_PTB}"
-)
+@pytest.mark.skipif(not (REAL_PTB / "ptb.valid.txt").is_file(), reason=f"real PTB text not found in {REAL_PTB}")
 def test_real_ptb_validation_and_test_text() -> None:
     valid = read_words(REAL_PTB / "ptb.valid.txt")
     test = read_words(REAL_PTB / "ptb.test.txt")

@@ -126,7 +126,5 @@ def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, t
     scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
     for strategy, server in (("allreduce", "central"), ("ps", "central")):
         out = tmp_path / f"{strategy}-{server}"
-        scaletrain.train(
-            "ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings
-        )
+        scaletrain.train("ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings)
         assert_close(weights(out), weights(tmp_path / "local"))

@@ -11,9 +11,7 @@ import scaletrain
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
-def test_async_lenet_with_two_workers_reaches_80_percent_in_two_epochs(
-    real_fmnist: Path, tmp_path: Path
-) -> None:
+def test_async_lenet_with_two_workers_reaches_80_percent_in_two_epochs(real_fmnist: Path, tmp_path: Path) -> None:
     summary = scaletrain.train(
         "lenet",
         data_dir=real_fmnist,

@@ -15,9 +15,7 @@ def tiny_disk(tmp_path: Path):
     """A 1 MiB tmpfs, to run out of space for real (needs root, as in CI)."""
     mount_point = tmp_path / "disk"
     mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True
-    )
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True)
     if result.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
     yield mount_point

@@ -107,24 +107,16 @@ def test_resume_mid_epoch_reproduces_an_uninterrupted_run(
         checkpoint_every=1000,
     )
     straight = scaletrain.train(workload, out=tmp_path / "straight", **settings)
-    stopped = scaletrain.train(
-        workload, out=tmp_path / "split", steps=straight["steps_per_epoch"] + 3, **settings
-    )
+    stopped = scaletrain.train(workload, out=tmp_path / "split", steps=straight["steps_per_epoch"] + 3, **settings)
     assert stopped["steps"] == straight["steps_per_epoch"] + 3  # stopped inside the second epoch
     resumed = scaletrain.train(workload, out=tmp_path / "split", resume=True, **settings)
     assert resumed["resumed_from_step"] == stopped["steps"] and resumed["steps"] == straight["steps"]
-    assert_same_weights(
-        load_weights(tmp_path / "straight/model.pt"), load_weights(tmp_path / "split/model.pt")
-    )
-    steps_logged = [
-        json.loads(line)["step"] for line in (tmp_path / "split/metrics.jsonl").read_text().splitlines()
-    ]
+    assert_same_weights(load_weights(tmp_path / "straight/model.pt"), load_weights(tmp_path / "split/model.pt"))
+    steps_logged = [json.loads(line)["step"] for line in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
     assert steps_logged == sorted(steps_logged)  # no record twice after the resume
 
 
-def test_existing_run_is_not_overwritten_and_resume_needs_a_checkpoint(
-    tiny_fmnist: Path, tmp_path: Path
-) -> None:
+def test_existing_run_is_not_overwritten_and_resume_needs_a_checkpoint(tiny_fmnist: Path, tmp_path: Path) -> None:
     small_lenet(tiny_fmnist, tmp_path / "run", steps=3, tensorboard=False)
     before = (tmp_path / "run/checkpoint.pt").read_bytes()
     with pytest.raises(ConfigError, match="already holds a run.*--resume"):

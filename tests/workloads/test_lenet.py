@@ -21,8 +21,7 @@ def test_batches_follow_one_permutation_and_parts_slice_it(tiny_fmnist: Path) ->
     data = workload.load_data(tiny_fmnist, download=False)
     whole = list(workload.train_batches(data, epoch=1, batch_size=16, seed=3))
     halves = [
-        list(workload.train_batches(data, epoch=1, batch_size=16, seed=3, part=Part(index, 2)))
-        for index in (0, 1)
+        list(workload.train_batches(data, epoch=1, batch_size=16, seed=3, part=Part(index, 2))) for index in (0, 1)
     ]
     assert len(whole) == workload.batches_per_epoch(data, 16) == 256 // 16
     for number, (inputs, labels) in enumerate(whole):

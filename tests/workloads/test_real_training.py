@@ -14,9 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_lenet_reaches_85_percent_in_two_epochs(real_fmnist: Path, tmp_path: Path) -> None:
     # The documented configuration: the workload defaults (SGD, momentum 0.9, lr 0.01, batch 32).
-    summary = scaletrain.train(
-        "lenet", data_dir=real_fmnist, out=tmp_path / "run", progress="off", tensorboard=False
-    )
+    summary = scaletrain.train("lenet", data_dir=real_fmnist, out=tmp_path / "run", progress="off", tensorboard=False)
     assert summary["epochs"] == 2.0 and summary["batch_size"] == 32
     assert summary["test_accuracy"] >= 0.85
 

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from scaletrain.cli import train, workloads
+from scaletrain.cli import bench, compare, train, workloads
 from scaletrain.errors import ScaletrainError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = (train, workloads)
+SUBCOMMANDS = (train, workloads, bench, compare)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,9 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         # Every flag defaults to None so that only the flags actually given override the config file.
         argument_default=None,
     )
-    parser.add_argument(
-        "workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)"
-    )
+    parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)")
     parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
     parser.add_argument("--epochs", type=int, help="epochs to train")
     parser.add_argument("--steps", type=int, help="stop after this many optimizer steps in total")
@@ -33,9 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--momentum", type=float, help="SGD momentum (0 = plain SGD)")
     parser.add_argument("--weight-decay", type=float, help="L2 weight decay")
     parser.add_argument("--clip-norm", type=float, help="clip the gradient norm to this (0 = off)")
-    parser.add_argument(
-        "--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start"
-    )
+    parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
     parser.add_argument("--seed", type=int, help="random seed (same seed and settings ⇒ identical weights)")
     parser.add_argument("--threads", type=int, help="torch threads")
@@ -43,13 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, help="output folder (default: runs/WORKLOAD-DATE-TIME)")
     parser.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
     parser.add_argument("--log-every", type=int, help="steps between metrics.jsonl records")
-    parser.add_argument(
-        "--checkpoint-every", type=int, help="steps between checkpoints (also at each epoch end)"
-    )
+    parser.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (also at each epoch end)")
     parser.add_argument("--warmup-steps", type=int, help="first steps left out of the throughput")
-    parser.add_argument(
-        "--progress", choices=PROGRESS_MODES, help="progress display (auto: bar on a terminal)"
-    )
+    parser.add_argument("--progress", choices=PROGRESS_MODES, help="progress display (auto: bar on a terminal)")
     parser.add_argument(
         "--no-tensorboard",
         dest="tensorboard",
@@ -67,21 +59,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("local", "allreduce", "ps"),
         help="local (1 worker), allreduce (default for >1), ps",
     )
-    group.add_argument(
-        "--server", choices=("central", "sharded", "distributed"), help="parameter server type"
-    )
-    group.add_argument(
-        "--sync", choices=("join", "split", "async", "none"), help="update mode (default join)"
-    )
+    group.add_argument("--server", choices=("central", "sharded", "distributed"), help="parameter server type")
+    group.add_argument("--sync", choices=("join", "split", "async", "none"), help="update mode (default join)")
     group.add_argument(
         "--ps-admission",
         choices=("none", "exclusive"),
         help="exclusive: one transfer at a time per direction",
     )
     group.add_argument("--async-lr", choices=("constant", "staleness"), help="staleness: lr / staleness")
-    group.add_argument(
-        "--timeout", type=float, help="seconds any wait for another process may take (default 60)"
-    )
+    group.add_argument("--timeout", type=float, help="seconds any wait for another process may take (default 60)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
     group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")
     parser.add_argument(

@@ -112,9 +112,7 @@ def download(url: str, destination: Path, sha256: str, *, timeout: float = 60.0)
 
     temp_path: Path | None = None
     try:
-        descriptor, temp_name = tempfile.mkstemp(
-            dir=destination.parent, prefix=f".{destination.name}.", suffix=".part"
-        )
+        descriptor, temp_name = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".part")
         temp_path = Path(temp_name)
         with os.fdopen(descriptor, "wb") as target, urllib.request.urlopen(url, timeout=timeout) as response:
             promised = response.headers.get("Content-Length")

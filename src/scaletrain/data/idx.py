@@ -198,9 +198,7 @@ def write_idx(path: Path, array: np.ndarray) -> None:
         os.replace(temp_name, path)
         temp_name = None
     except OSError as exc:
-        raise DataError(
-            f"{path}: cannot write ({exc.strerror or exc}); check the folder and free space"
-        ) from exc
+        raise DataError(f"{path}: cannot write ({exc.strerror or exc}); check the folder and free space") from exc
     finally:
         if temp_name is not None:
             Path(temp_name).unlink(missing_ok=True)

@@ -172,8 +172,7 @@ def find_fashion_mnist(
                 _download(f"{base_url.rstrip('/')}/{name}", cache / name, sha256, timeout=timeout)
         except DataError as exc:
             raise DataError(
-                f"Fashion-MNIST not found (searched {places}) and the download failed: {exc}. "
-                f"{_fashion_fixes(cache)}"
+                f"Fashion-MNIST not found (searched {places}) and the download failed: {exc}. {_fashion_fixes(cache)}"
             ) from exc
         still_missing = missing_fashion_mnist_files(cache)
         if not still_missing:

@@ -66,17 +66,14 @@ def read_words(path: Path) -> list[str]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise DataError(
-            f"{path}: file not found; {_ARCHIVE_HINT}; pass their folder with --data-dir"
-        ) from None
+        raise DataError(f"{path}: file not found; {_ARCHIVE_HINT}; pass their folder with --data-dir") from None
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror or exc}); check its permissions") from exc
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(
-            f"{path}: not UTF-8 text (bad byte at offset {exc.start}); this is not Mikolov's PTB text, "
-            f"{_ARCHIVE_HINT}"
+            f"{path}: not UTF-8 text (bad byte at offset {exc.start}); this is not Mikolov's PTB text, {_ARCHIVE_HINT}"
         ) from exc
     words: list[str] = []
     # Only "\n" ends a sentence; str.splitlines would also split on form feeds and similar characters.
@@ -178,9 +175,7 @@ class PennTreebank:
     vocabulary: Vocabulary
 
 
-def load_ptb(
-    directory: Path, *, train_split: str = "train", vocab_size: int = PTB_VOCABULARY_SIZE
-) -> PennTreebank:
+def load_ptb(directory: Path, *, train_split: str = "train", vocab_size: int = PTB_VOCABULARY_SIZE) -> PennTreebank:
     """Load ``ptb.{train,valid,test}.txt`` from ``directory`` and encode them with one vocabulary.
 
     ``train_split`` chooses the training text: ``"train"`` (the 929k-word ``ptb.train.txt``) or
@@ -214,9 +209,7 @@ def load_ptb(
     vocabulary = build_vocabulary(texts, vocab_size)
     valid = vocabulary.encode(valid_words)
     if train_split == "valid":
-        return PennTreebank(
-            train=valid, valid=None, test=vocabulary.encode(test_words), vocabulary=vocabulary
-        )
+        return PennTreebank(train=valid, valid=None, test=vocabulary.encode(test_words), vocabulary=vocabulary)
     assert train_words is not None  # train_split == "train" was checked above
     return PennTreebank(
         train=vocabulary.encode(train_words),

@@ -30,9 +30,7 @@ class AllReduceExchange(GradientExchange):
         with torch.no_grad():
             unflatten_into(weights, list(model.parameters()))
 
-    def step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
-    ) -> ExchangeTimes:
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         parameters = [p for p in model.parameters() if p.grad is not None]
         begin = now()
         # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it

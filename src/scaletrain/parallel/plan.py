@@ -44,9 +44,7 @@ class Layout:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if self.server not in SERVERS:
-            raise ConfigError(
-                f"unknown server {self.server!r}; choose central or sharded (alias distributed)"
-            )
+            raise ConfigError(f"unknown server {self.server!r}; choose central or sharded (alias distributed)")
         if self.sync not in SYNC_MODES:
             raise ConfigError(f"unknown sync mode {self.sync!r}; choose join, split or async (alias none)")
         if self.workers < 1:
@@ -57,9 +55,7 @@ class Layout:
                 "--strategy allreduce or --strategy ps"
             )
         if self.strategy == "allreduce" and self.sync == "async":
-            raise ConfigError(
-                "all-reduce is synchronous; for asynchronous updates use --strategy ps --sync async"
-            )
+            raise ConfigError("all-reduce is synchronous; for asynchronous updates use --strategy ps --sync async")
 
     @property
     def has_server_process(self) -> bool:

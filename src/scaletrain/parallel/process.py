@@ -54,9 +54,7 @@ def layout_of(config: TrainConfig) -> Layout:
     return Layout(config.strategy, config.workers, config.server, config.sync)
 
 
-def run_process(
-    config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None = None
-) -> dict[str, Any] | None:
+def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None = None) -> dict[str, Any] | None:
     """Run this process's part; rank 0 returns the summary, the others ``None``."""
     layout = layout_of(config)
     if rendezvous.world_size != layout.world_size:
@@ -108,9 +106,7 @@ def _train(prepared: Prepared, role: Role, store: dist.Store) -> Trainer:
     return trainer
 
 
-def _parameter_server(
-    prepared: Prepared, layout: Layout, rank: int, store: dist.Store
-) -> dict[str, Any] | None:
+def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
     config = prepared.config
     parameters = list(prepared.model.parameters())
     workers = layout.worker_ranks()
@@ -126,8 +122,7 @@ def _parameter_server(
         pairs = [(a, b) for a in workers for b in workers if a < b]
     groups = pair_groups(layout.world_size, pairs)
     peers_of = {
-        r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)}
-        for r in range(layout.world_size)
+        r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)} for r in range(layout.world_size)
     }
     learning_rate_at = _version_schedule(prepared)
     server_options = dict(
@@ -191,9 +186,7 @@ def _parameter_server(
     for owner in owners:
         shard = [p for p, o in zip(parameters, owner_of, strict=True) if o == owner]
         buffer = (
-            flatten([p.detach() for p in local_server.master])
-            if owner == rank
-            else flatten(shard).detach().clone()
+            flatten([p.detach() for p in local_server.master]) if owner == rank else flatten(shard).detach().clone()
         )
         dist.broadcast(buffer, src=owner)
         with torch.no_grad():
@@ -228,9 +221,7 @@ def _finish_central(
     )
 
 
-def _server_extra(
-    stats: ServerStats, layout: Layout, prepared: Prepared, synchronous: bool
-) -> dict[str, Any]:
+def _server_extra(stats: ServerStats, layout: Layout, prepared: Prepared, synchronous: bool) -> dict[str, Any]:
     extra: dict[str, Any] = {"server_updates": stats.updates, "ps_admission": prepared.config.ps_admission}
     if not synchronous:
         extra["staleness"] = stats.staleness_summary()
@@ -293,9 +284,7 @@ class _ShardCheckpointer:
             atomic_save(payload, config.out / CHECKPOINT_NAME)
 
 
-def _restore_shard(
-    prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool
-) -> int:
+def _restore_shard(prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool) -> int:
     """Load this owner's shard file on ``--resume``; returns the version to continue from."""
     path = prepared.config.out / SHARDS_DIR / f"rank-{rank}.pt"
     shard = load_checkpoint(path)
@@ -322,9 +311,7 @@ class _ServerObserver:
         self.prepared, self.config = prepared, prepared.config
         resumed = prepared.resumed_from
         self.metrics = MetricsLog(self.config.out, resume_step=resumed)
-        self.tensorboard = TensorBoardLog(
-            self.config.out, enabled=self.config.tensorboard, purge_step=resumed
-        )
+        self.tensorboard = TensorBoardLog(self.config.out, enabled=self.config.tensorboard, purge_step=resumed)
         self.progress = Progress(prepared.total_steps, mode=self.config.progress)
         self._window = (now(), prepared.position.step)
 

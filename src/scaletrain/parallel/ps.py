@@ -110,8 +110,7 @@ class ShardServer:
         self._receiving = threading.Semaphore(1) if exclusive else None
         self._sending = threading.Semaphore(1) if exclusive else None
         self._threads = [
-            threading.Thread(target=self._serve, args=(peer,), name=f"serve-{peer}", daemon=True)
-            for peer in peers
+            threading.Thread(target=self._serve, args=(peer,), name=f"serve-{peer}", daemon=True) for peer in peers
         ]
 
     def start(self) -> None:
@@ -190,9 +189,7 @@ class ShardServer:
             elif not self._condition.wait_for(
                 lambda: self._round != my_round or self._failure is not None, timeout=self.timeout
             ):
-                raise PeerLost(
-                    f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone"
-                )
+                raise PeerLost(f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone")
             if self._failure is not None and self._round == my_round:
                 peer, reason = self._failure
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
@@ -206,9 +203,7 @@ class ShardServer:
         unflatten_into(gradient, [p.grad for p in self.master])
         if self.clip_norm:
             nn.utils.clip_grad_norm_(self.master, self.clip_norm)
-        rate = (
-            self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
-        )
+        rate = self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
         for group in self.optimizer.param_groups:
             group["lr"] = rate * scale
         self.optimizer.step()
@@ -257,10 +252,8 @@ class PSExchange(GradientExchange):
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         for owner in self.owners:
-            if owner == self.rank:
-                weights = self.local_server.weights()
-            else:
-                weights = self._receive_reply(model, owner)[1]
+            local = owner == self.rank
+            weights = self.local_server.weights() if local else self._receive_reply(model, owner)[1]
             with torch.no_grad():
                 unflatten_into(weights, self._owned(model, owner))
 
@@ -275,15 +268,11 @@ class PSExchange(GradientExchange):
         self.versions[owner] = int(header[0])
         return waited, weights
 
-    def step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
-    ) -> ExchangeTimes:
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         begin = now()
         waited = 0.0
         self.batches_done += 1
-        gradients = {
-            owner: flatten([_gradient(p) for p in self._owned(model, owner)]) for owner in self.owners
-        }
+        gradients = {owner: flatten([_gradient(p) for p in self._owned(model, owner)]) for owner in self.owners}
         for owner in self.owners:
             if owner == self.rank:
                 continue

@@ -67,9 +67,7 @@ class Rendezvous:
         1
         """
         env = os.environ if environ is None else environ
-        missing = [
-            name for name in (ENV_RANK, ENV_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT) if name not in env
-        ]
+        missing = [name for name in (ENV_RANK, ENV_WORLD_SIZE, ENV_MASTER_ADDR, ENV_MASTER_PORT) if name not in env]
         if missing:
             raise ConfigError(
                 f"environment variables {', '.join(missing)} are not set; start the processes with torchrun "
@@ -100,9 +98,7 @@ class Rendezvous:
         if not nodes:
             raise ConfigError(f"node file {path} lists no processes; write one host:port per line")
         if not 0 <= index < len(nodes):
-            raise ConfigError(
-                f"--index {index} is outside node file {path}, which lists {len(nodes)} processes"
-            )
+            raise ConfigError(f"--index {index} is outside node file {path}, which lists {len(nodes)} processes")
         host, sep, port = nodes[0].rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ConfigError(f"node file {path}: first line {nodes[0]!r} must look like host:port")

@@ -43,17 +43,14 @@ def atomic_save(obj: Any, path: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise ScaletrainError(
-            f"could not write {path}: {exc}; {kept}. Free disk space and use --resume"
-        ) from exc
+        raise ScaletrainError(f"could not write {path}: {exc}; {kept}. Free disk space and use --resume") from exc
 
 
 def refuse_overwrite(out: Path, *, resume: bool) -> None:
     """A run folder that holds a checkpoint is only ever continued (``--resume``), never overwritten."""
     if not resume and (Path(out) / CHECKPOINT_NAME).exists():
         raise ConfigError(
-            f"{out} already holds a run (checkpoint.pt); pass --resume to continue it, "
-            "or choose another --out"
+            f"{out} already holds a run (checkpoint.pt); pass --resume to continue it, or choose another --out"
         )
 
 

@@ -30,9 +30,7 @@ class GradientExchange(ABC):
         """Bring every worker to the same initial weights."""
 
     @abstractmethod
-    def step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
-    ) -> ExchangeTimes:
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         """Apply one update from the gradients now in ``model``'s parameters."""
 
     def finish(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
@@ -48,8 +46,6 @@ def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm:
 class LocalExchange(GradientExchange):
     """One process: clip and step."""
 
-    def step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
-    ) -> ExchangeTimes:
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         clip_and_step(model, optimizer, clip_norm)
         return ExchangeTimes()

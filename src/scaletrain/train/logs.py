@@ -100,9 +100,7 @@ class Progress:
         self.total = total_steps
         self._last_draw = 0.0
 
-    def update(
-        self, step: int, epoch: int, loss: float | None, rate: float | None, *, periodic: bool
-    ) -> None:
+    def update(self, step: int, epoch: int, loss: float | None, rate: float | None, *, periodic: bool) -> None:
         """Report step ``step``; plain mode only prints when ``periodic`` (every ``log_every`` steps)."""
         text = f"epoch {epoch + 1} step {step}/{self.total}"
         if loss is not None:

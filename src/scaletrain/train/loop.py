@@ -138,9 +138,7 @@ def prepare(
 
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
     """SGD with the run's rate, momentum and weight decay."""
-    return torch.optim.SGD(
-        parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay
-    )
+    return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
 def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[str, Any]:
@@ -158,9 +156,7 @@ def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[
         quality = trainer.final_quality()
     finally:
         trainer.close()
-    return write_summary(
-        prepared, quality, [trainer.stats()], layout_fields={"strategy": "local", "workers": 1}
-    )
+    return write_summary(prepared, quality, [trainer.stats()], layout_fields={"strategy": "local", "workers": 1})
 
 
 def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
@@ -318,9 +314,7 @@ class Trainer:
             quality = self.workload.evaluate(self.model, self.data)
             self.last_quality = (self.position.step, quality)
             record.update(quality)
-            self.tensorboard.scalars(
-                {f"quality/{key}": value for key, value in quality.items()}, self.position.step
-            )
+            self.tensorboard.scalars({f"quality/{key}": value for key, value in quality.items()}, self.position.step)
             message += "".join(f", {key} {value:.4f}" for key, value in quality.items())
         self.metrics.write(record)
         self.progress.message(message)

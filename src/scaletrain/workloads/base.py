@@ -56,9 +56,7 @@ def parse_options(options_type: type, given: dict[str, Any]) -> Any:
     for key, raw in given.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise ConfigError(
-                f"unknown workload option {key!r}; valid options: {', '.join(sorted(known)) or 'none'}"
-            )
+            raise ConfigError(f"unknown workload option {key!r}; valid options: {', '.join(sorted(known)) or 'none'}")
         kind = type(getattr(options_type(), name))
         try:
             values[name] = _convert(raw, kind)
@@ -137,9 +135,7 @@ class Workload(ABC):
         return None
 
     @abstractmethod
-    def training_loss(
-        self, model: nn.Module, batch: Any, state: Any
-    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    def training_loss(self, model: nn.Module, batch: Any, state: Any) -> tuple[torch.Tensor, torch.Tensor, Any]:
         """Return ``(objective, loss_for_logging, next_state)`` for one batch.
 
         ``objective`` is what is differentiated; ``loss_for_logging`` is the per-sample (or per-word)

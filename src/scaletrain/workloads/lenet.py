@@ -58,6 +58,4 @@ class LeNetWorkload(ClassificationWorkload):
     def load_data(self, data_dir: Path | None, *, download: bool = True) -> ClassificationData:
         directory = find_fashion_mnist(data_dir, download=download)
         fmnist = load_fashion_mnist(directory)
-        return ClassificationData(
-            fmnist.train_images, fmnist.train_labels, fmnist.test_images, fmnist.test_labels
-        )
+        return ClassificationData(fmnist.train_images, fmnist.train_labels, fmnist.test_images, fmnist.test_labels)

@@ -54,9 +54,7 @@ class PTBOptions:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"workload option dropout must be in [0, 1), got {self.dropout}")
         if self.train_split not in ("train", "valid"):
-            raise ValueError(
-                f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}"
-            )
+            raise ValueError(f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}")
 
 
 class LSTMLanguageModel(nn.Module):
@@ -101,9 +99,7 @@ class PTBLSTMWorkload(Workload):
         return LSTMLanguageModel(o.vocab_size, o.hidden_size, o.layers, o.dropout)
 
     def load_data(self, data_dir: Path | None, *, download: bool = True) -> PennTreebank:
-        return load_ptb(
-            find_ptb(data_dir), train_split=self.options.train_split, vocab_size=self.options.vocab_size
-        )
+        return load_ptb(find_ptb(data_dir), train_split=self.options.train_split, vocab_size=self.options.vocab_size)
 
     def batches_per_epoch(self, data: PennTreebank, batch_size: int) -> int:
         return (len(data.train) // batch_size - 1) // self.options.num_steps
@@ -162,9 +158,7 @@ class PTBLSTMWorkload(Workload):
             targets = streams[:, begin + 1 : begin + 1 + steps]
             inputs = inputs[:, : targets.shape[1]]
             logits, state = model(inputs, state)
-            total += F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
-            ).item()
+            total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
             count += targets.numel()
         model.train(was_training)
         return math.exp(total / count)

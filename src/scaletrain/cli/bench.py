@@ -1,0 +1,95 @@
+"""``scaletrain bench WORKLOAD``: sweep workers × strategies × batch sizes; results, pictures, report."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scaletrain.api import bench
+from scaletrain.cli.train import parse_options
+from scaletrain.errors import ConfigError
+from scaletrain.measure.presets import PRESETS
+from scaletrain.workloads import WORKLOADS
+
+__all__ = ["add_parser", "run"]
+
+
+def _numbers(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not values:
+        raise argparse.ArgumentTypeError("the list is empty")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    presets = "; ".join(f"{name}: {preset.description}" for name, preset in PRESETS.items())
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure throughput and speedup over workers, strategies and batch sizes",
+        description=(
+            "Run real training runs over a grid and write results.csv, results.jsonl, throughput.png, "
+            f"speedup.png, time.png, split.png and report.md. Presets — {presets}."
+        ),
+    )
+    parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="workload (or give --preset)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a sweep from the thesis (see above)")
+    parser.add_argument("--quick", action="store_true", help="with --preset: 10 steps per run, one repeat")
+    parser.add_argument("--workers", type=_numbers, help="worker counts, e.g. 1,2,5,10 (default 1,2)")
+    parser.add_argument(
+        "--strategies",
+        type=_names,
+        help="strategy specs: local, allreduce-join, allreduce-split, ps-central-join, ps-sharded-async, …",
+    )
+    parser.add_argument("--batch-sizes", type=_numbers, help="batch sizes (default: the workload's)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run (default 100)")
+    parser.add_argument("--epochs", type=int, help="epochs per run instead of --steps")
+    parser.add_argument("--repeats", type=int, help="runs per configuration (default 1)")
+    parser.add_argument("--warmup-steps", type=int, help="first steps of each process left out of throughput")
+    parser.add_argument("--threads-per-worker", type=int, help="torch threads per process (default 1)")
+    parser.add_argument("--max-workers", type=int, help="leave out worker counts above this")
+    parser.add_argument("--network", help="emulated network rate for every link, e.g. 1gbit, 100mbit (root)")
+    parser.add_argument("--lr", type=float, help="learning rate for every run")
+    parser.add_argument("--momentum", type=float, help="SGD momentum for every run")
+    parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
+    parser.add_argument("--out", type=Path, help="output folder (default bench-results/WORKLOAD-DATE-TIME)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workload is None and args.preset is None:
+        raise ConfigError("name a workload (e.g. scaletrain bench lenet) or a --preset")
+    if args.quick and args.preset is None:
+        raise ConfigError("--quick shortens a --preset; for a workload use --steps")
+    result = bench(
+        args.workload,
+        preset=args.preset,
+        quick=args.quick,
+        out=args.out,
+        workers=args.workers,
+        strategies=args.strategies,
+        batch_sizes=args.batch_sizes,
+        steps=args.steps,
+        epochs=args.epochs,
+        repeats=args.repeats,
+        warmup_steps=args.warmup_steps,
+        threads_per_worker=args.threads_per_worker,
+        max_workers=args.max_workers,
+        network=args.network,
+        data_dir=args.data_dir,
+        options=parse_options(args.option) or None,
+        settings={key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
+        or None,
+    )
+    failed = sum(1 for row in result["rows"] if row.get("status") != "ok")
+    print(f"{len(result['rows'])} runs ({failed} failed); report: {result['report']}")
+    for note in result["notes"]:
+        print(f"note: {note}")
+    return 1 if failed == len(result["rows"]) else 0

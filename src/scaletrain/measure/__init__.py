@@ -1,0 +1,1 @@
+"""Measuring how training scales: sweeps over workers, strategies and batch sizes, results, plots, reports."""

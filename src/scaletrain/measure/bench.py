@@ -1,0 +1,82 @@
+"""A whole benchmark: sweep, results files, pictures and report; and comparing result sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError
+from scaletrain.measure.plots import plot_all
+from scaletrain.measure.presets import PRESETS
+from scaletrain.measure.report import write_report
+from scaletrain.measure.results import add_speedups, group_rows, read_results, write_results
+from scaletrain.measure.sweep import SweepConfig, run_sweep
+
+__all__ = ["compare_results", "preset_config", "run_bench"]
+
+
+def preset_config(name: str, out: Path, *, quick: bool = False, **overrides: Any) -> SweepConfig:
+    """The sweep of a preset, with worker counts capped to this machine's cores.
+
+    ``quick`` shortens every run to 10 steps and one repeat (for CI and a first look).
+    """
+    try:
+        preset = PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    settings = dict(preset.settings)
+    epochs = settings.pop("epochs", None)
+    config = SweepConfig(
+        workload=preset.workload,
+        out=out,
+        workers=preset.workers,
+        strategies=preset.strategies,
+        batch_sizes=preset.batch_sizes,
+        epochs=None if quick else epochs,
+        steps=10 if quick else None,
+        options=dict(preset.options),
+        settings=settings,
+        max_workers=os.cpu_count() or 1,
+    )
+    given = {key: value for key, value in overrides.items() if value is not None}
+    return dataclasses.replace(config, **given)
+
+
+def run_bench(config: SweepConfig, *, title: str | None = None) -> dict[str, Any]:
+    """Run the sweep and write results.csv/.jsonl, the PNGs and report.md into ``config.out``."""
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+
+    def keep(row: dict[str, Any]) -> None:
+        rows.append(row)
+        write_results(add_speedups(rows), out)  # after every run: an interrupted sweep keeps its rows
+
+    _, notes = run_sweep(config, on_row=keep)
+    add_speedups(rows)
+    write_results(rows, out)
+    pictures = plot_all({"results": group_rows(rows)}, out) if group_rows(rows) else []
+    report = write_report(rows, notes, out, title=title or f"Scaling of {config.workload}", pictures=pictures)
+    return {"rows": rows, "notes": notes, "report": report, "pictures": pictures, "out": out}
+
+
+def compare_results(sources: list[Path], out: Path, *, names: list[str] | None = None) -> dict[str, Any]:
+    """Overlay result sets (e.g. two networks or two machines) in the same pictures and one report."""
+    if len(sources) < 2:
+        raise ConfigError("compare needs at least two result sets")
+    names = names or [Path(source).name or str(source) for source in sources]
+    if len(set(names)) != len(names):
+        names = [f"{index + 1}:{name}" for index, name in enumerate(names)]
+    sets = {}
+    all_rows = []
+    for name, source in zip(names, sources, strict=True):
+        rows = add_speedups(read_results(Path(source)))
+        sets[name] = group_rows(rows)
+        all_rows += [{**row, "strategy": f"{row['strategy']} [{name}]"} for row in rows]
+    out.mkdir(parents=True, exist_ok=True)
+    pictures = plot_all(sets, out)
+    notes = [f"set {name}: {source}" for name, source in zip(names, sources, strict=True)]
+    report = write_report(all_rows, notes, out, title="Comparison of scaling results", pictures=pictures)
+    return {"report": report, "pictures": pictures, "out": out}

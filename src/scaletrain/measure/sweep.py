@@ -1,0 +1,218 @@
+"""``scaletrain bench``: real training runs over a grid of workers × strategies × batch sizes.
+
+Every configuration runs through :func:`scaletrain.train`, the same code as ``scaletrain train``,
+in its own folder under ``OUT/runs/``. Rows are appended to ``results.jsonl`` as runs finish, so an
+interrupted sweep keeps what it measured; a run that fails is recorded with its error and the sweep
+goes on.
+
+>>> parse_strategy("ps-distributed-none")
+('ps', 'sharded', 'async')
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.measure.machine import machine_info
+from scaletrain.parallel.plan import ALIASES, SERVERS, SYNC_MODES, Layout
+
+__all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_sweep"]
+
+DEFAULT_STEPS = 100
+
+
+def parse_strategy(spec: str) -> tuple[str, str, str]:
+    """``local``, ``allreduce-SYNC``, ``ps-SERVER-SYNC`` → (strategy, server, sync)."""
+    parts = spec.strip().lower().split("-")
+    try:
+        if parts == ["local"]:
+            return "local", "central", "join"
+        if parts[0] == "allreduce" and len(parts) == 2:
+            sync = ALIASES.get(parts[1], parts[1])
+            Layout("allreduce", 2, "central", sync)
+            return "allreduce", "central", sync
+        if parts[0] == "ps" and len(parts) == 3:
+            server, sync = ALIASES.get(parts[1], parts[1]), ALIASES.get(parts[2], parts[2])
+            Layout("ps", 2, server, sync)
+            return "ps", server, sync
+    except ConfigError as exc:
+        raise ConfigError(f"strategy spec {spec!r}: {exc}") from None
+    raise ConfigError(
+        f"strategy spec {spec!r} is not one of: local, allreduce-{{join,split}}, "
+        f"ps-{{{','.join(SERVERS)}}}-{{{','.join(SYNC_MODES)}}}"
+    )
+
+
+def label(strategy: str, server: str, sync: str) -> str:
+    return Layout(strategy, 1, server, sync).label
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The grid and the settings every run of a sweep shares."""
+
+    workload: str
+    out: Path
+    workers: tuple[int, ...] = (1, 2)
+    strategies: tuple[str, ...] = ("allreduce-join",)
+    batch_sizes: tuple[int, ...] | None = None  # None: the workload's default batch
+    steps: int | None = None
+    epochs: int | None = None
+    repeats: int = 1
+    warmup_steps: int = 5
+    threads_per_worker: int = 1
+    network: str | None = None
+    data_dir: Path | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (lr, momentum, ...)
+    max_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be ≥ 1, got {self.repeats}")
+        if not self.workers or min(self.workers) < 1:
+            raise ConfigError(f"--workers needs whole numbers ≥ 1, got {self.workers}")
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError("give --steps or --epochs, not both")
+        for spec in self.strategies:
+            parse_strategy(spec)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration and repeat of a sweep."""
+
+    strategy: str
+    server: str
+    sync: str
+    workers: int
+    batch_size: int | None
+    repeat: int
+
+    @property
+    def label(self) -> str:
+        return label(self.strategy, self.server, self.sync)
+
+    def folder(self) -> str:
+        batch = self.batch_size if self.batch_size is not None else "default"
+        return f"{self.label}-b{batch}-w{self.workers}-r{self.repeat}"
+
+
+def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
+    """Every run of the sweep, repeats interleaved (so slow drift spreads over all configurations),
+    and notes on what was left out (``local`` beyond one worker, counts over ``max_workers``)."""
+    notes = []
+    workers = sorted(set(config.workers))
+    if config.max_workers is not None and max(workers) > config.max_workers:
+        dropped = [n for n in workers if n > config.max_workers]
+        workers = [n for n in workers if n <= config.max_workers]
+        notes.append(
+            f"worker counts {', '.join(map(str, dropped))} left out: this machine runs at most "
+            f"{config.max_workers} (one process per core, as the thesis's one-vCPU nodes; change with --max-workers)"
+        )
+    batches = config.batch_sizes or (None,)
+    runs = []
+    for repeat in range(config.repeats):
+        for spec, batch, count in itertools.product(config.strategies, batches, workers):
+            strategy, server, sync = parse_strategy(spec)
+            if strategy == "local" and count > 1:
+                continue
+            runs.append(Run(strategy, server, sync, count, batch, repeat))
+    if "local" in config.strategies and any(n > 1 for n in workers):
+        notes.append("local runs only at 1 worker")
+    return runs, notes
+
+
+def run_sweep(
+    config: SweepConfig, *, on_row: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Run every configuration; returns the result rows (without speedups) and the notes."""
+    import scaletrain  # the API; imported here because it imports this package's users
+
+    runs, notes = plan_runs(config)
+    machine = machine_info(config.network)
+    steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
+    rows = []
+    for run in runs:
+        folder = config.out / "runs" / run.folder()
+        settings = {
+            **config.settings,
+            "workers": run.workers,
+            "strategy": run.strategy,
+            "server": run.server,
+            "sync": run.sync,
+            "batch_size": run.batch_size,
+            "steps": steps,
+            "epochs": config.epochs,
+            "warmup_steps": config.warmup_steps,
+            "threads": config.threads_per_worker,
+            "network": config.network,
+            "data_dir": config.data_dir,
+            "options": dict(config.options),
+            "out": folder,
+            "progress": "off",
+            "tensorboard": False,
+            # A sweep run again in the same folder continues: finished runs are kept, an interrupted
+            # one resumes from its checkpoint.
+            "resume": (folder / "checkpoint.pt").exists(),
+        }
+        try:
+            if (folder / "summary.json").exists():
+                summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+            else:
+                summary = scaletrain.train(config.workload, **settings)
+            row = _row(config, run, summary, machine)
+        except ScaletrainError as exc:
+            row = {**_identity(config, run, machine), "status": "failed", "error": str(exc)}
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows, notes
+
+
+def _identity(config: SweepConfig, run: Run, machine: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "workload": config.workload,
+        "strategy": run.label,
+        "strategy_kind": run.strategy,
+        "server": run.server if run.strategy == "ps" else "",
+        "sync": run.sync,
+        "workers": run.workers,
+        "batch_size": run.batch_size,
+        "repeat": run.repeat,
+        "threads_per_worker": config.threads_per_worker,
+        **machine,
+        "run_dir": str(config.out / "runs" / run.folder()),
+    }
+
+
+def _row(config: SweepConfig, run: Run, summary: dict[str, Any], machine: dict[str, Any]) -> dict[str, Any]:
+    identity = _identity(config, run, machine)
+    identity["batch_size"] = summary["batch_size"]
+    metric = summary["metric"]
+    # One epoch in samples: a join step consumes a global batch of workers × batch_size.
+    join = run.sync == "join" and run.strategy != "local"
+    epoch_samples = summary["steps_per_epoch"] * summary["batch_size"] * (run.workers if join else 1)
+    rate = summary["samples_per_second"]
+    return {
+        **identity,
+        "status": "ok",
+        "batches_per_second": summary["batches_per_second"],
+        "samples_per_second": summary["samples_per_second"],
+        "compute_seconds_per_step": summary.get("compute_seconds_per_step"),
+        "communication_seconds_per_step": summary.get("communication_seconds_per_step"),
+        "wait_seconds_per_step": summary.get("wait_seconds_per_step"),
+        "train_seconds": summary.get("train_seconds"),
+        "wall_seconds": summary["wall_seconds"],
+        "steps": summary["steps"],
+        "steps_per_epoch": summary["steps_per_epoch"],
+        "epoch_seconds": epoch_samples / rate if rate else None,
+        "metric": metric,
+        "quality": summary[metric],
+    }
