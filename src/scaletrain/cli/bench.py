@@ -40,7 +40,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="workload (or give --preset)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a sweep from the thesis (see above)")
-    parser.add_argument("--quick", action="store_true", help="with --preset: 10 steps per run, one repeat")
+    parser.add_argument("--quick", action="store_true", help="with --preset: 16 steps per run (2 of them warm-up)")
     parser.add_argument("--workers", type=_numbers, help="worker counts, e.g. 1,2,5,10 (default 1,2)")
     parser.add_argument(
         "--strategies",

@@ -16,11 +16,13 @@ from scaletrain.measure.sweep import SweepConfig, run_sweep
 
 __all__ = ["compare_results", "preset_config", "run_bench"]
 
+QUICK_STEPS, QUICK_WARMUP = 16, 2
+
 
 def preset_config(name: str, out: Path, *, quick: bool = False, **overrides: Any) -> SweepConfig:
     """The sweep of a preset, with worker counts capped to this machine's cores.
 
-    ``quick`` shortens every run to 10 steps and one repeat (for CI and a first look).
+    ``quick`` shortens every run to 16 optimizer steps with 2 warm-up steps (for CI and a first look).
     """
     try:
         preset = PRESETS[name]
@@ -35,7 +37,8 @@ def preset_config(name: str, out: Path, *, quick: bool = False, **overrides: Any
         strategies=preset.strategies,
         batch_sizes=preset.batch_sizes,
         epochs=None if quick else epochs,
-        steps=10 if quick else None,
+        steps=QUICK_STEPS if quick else None,
+        warmup_steps=QUICK_WARMUP if quick else 5,
         options=dict(preset.options),
         settings=settings,
         max_workers=os.cpu_count() or 1,

@@ -168,6 +168,9 @@ def run_sweep(
             else:
                 summary = scaletrain.train(config.workload, **settings)
             row = _row(config, run, summary, machine)
+            if row["batches_per_second"] is None:
+                row["status"] = "failed"
+                row["error"] = "every step was a warm-up step; raise --steps or lower --warmup-steps"
         except ScaletrainError as exc:
             row = {**_identity(config, run, machine), "status": "failed", "error": str(exc)}
         rows.append(row)
