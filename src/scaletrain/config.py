@@ -59,7 +59,8 @@ class TrainConfig:
     (``central``/``sharded``), ``sync`` (``join``/``split``/``async``), ``ps_admission``
     (``none``/``exclusive``), ``async_lr`` (``constant``, or ``staleness``: the rate divided by the
     staleness of each gradient), ``timeout`` (seconds any wait for another process may take), and
-    ``nodefile`` + ``index`` for runs across machines.
+    ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
+    local process in its own network namespace behind links of that rate (root only).
     """
 
     workload: str
@@ -93,6 +94,7 @@ class TrainConfig:
     timeout: float = 60.0
     nodefile: Path | None = None
     index: int | None = None
+    network: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -128,6 +130,10 @@ class TrainConfig:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if (self.nodefile is None) != (self.index is None):
             raise ConfigError("--nodefile and --index go together: the file lists every process, --index is this one")
+        if self.network is not None:
+            from scaletrain.netem.network import parse_rate  # checks the rate early, with the accepted forms
+
+            parse_rate(self.network)
         if not isinstance(self.options, dict):
             raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
 

@@ -68,6 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     group.add_argument("--async-lr", choices=("constant", "staleness"), help="staleness: lr / staleness")
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take (default 60)")
+    group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
     group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")
     parser.add_argument(

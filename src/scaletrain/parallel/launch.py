@@ -27,6 +27,7 @@ from typing import IO, Any
 import scaletrain
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ScaletrainError
+from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
@@ -71,21 +72,27 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
     config_path = out / "launch-config.json"
     config_path.write_text(json.dumps(to_json_dict(config), indent=2), encoding="utf-8")
     port = _free_port()
-    children = []
-    try:
-        for rank in range(layout.world_size):
-            children.append(_start(rank, layout, config_path, port, out))
-        _watch(children, layout)
-    except BaseException:
-        _stop(children)
-        raise
-    finally:
-        for child in children:
-            child.log_file.close()
+    children: list[_Child] = []
+    with contextlib.ExitStack() as stack:
+        network = None
+        if config.network is not None:
+            network = stack.enter_context(EmulatedNetwork(layout.world_size, parse_rate(config.network)))
+        try:
+            for rank in range(layout.world_size):
+                children.append(_start(rank, layout, config_path, port, out, network))
+            _watch(children, layout)
+        except BaseException:
+            _stop(children)
+            raise
+        finally:
+            for child in children:
+                child.log_file.close()
     return json.loads((out / SUMMARY_NAME).read_text(encoding="utf-8"))
 
 
-def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -> _Child:
+def _start(
+    rank: int, layout: Layout, config_path: Path, port: int, out: Path, network: EmulatedNetwork | None
+) -> _Child:
     logs = out / LOGS_DIR
     logs.mkdir(exist_ok=True)
     log = logs / f"rank-{rank}.log"
@@ -95,16 +102,19 @@ def _start(rank: int, layout: Layout, config_path: Path, port: int, out: Path) -
         **os.environ,
         ENV_RANK: str(rank),
         ENV_WORLD_SIZE: str(layout.world_size),
-        ENV_MASTER_ADDR: "127.0.0.1",
+        ENV_MASTER_ADDR: network.address(0) if network else "127.0.0.1",
         ENV_MASTER_PORT: str(port),
         ENV_LOCAL_RANK: str(rank),
         ENV_LOCAL_WORLD_SIZE: str(layout.world_size),
         # The children import the same scaletrain as this process, installed or not.
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+        **(network.environment(rank) if network else {}),
     }
+    # With an emulated network each process lives in its own namespace behind a rate-limited link.
+    prefix = network.command_prefix(rank) if network else []
     # Rank 0 reports progress on this terminal (and in its log); the others write to their logs.
     process = subprocess.Popen(
-        [sys.executable, "-m", "scaletrain.parallel.worker", str(config_path)],
+        [*prefix, sys.executable, "-m", "scaletrain.parallel.worker", str(config_path)],
         env=environment,
         stdout=log_file,
         stderr=subprocess.PIPE if rank == 0 else log_file,
