@@ -82,7 +82,9 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
 def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
     """This process is one of several started by someone else (torchrun, a node file on each machine)."""
     if config.network is not None:
-        raise ConfigError("--network emulates a network for processes started here; drop it with --nodefile or torchrun")
+        raise ConfigError(
+            "--network emulates a network for processes started here; drop it with --nodefile or torchrun"
+        )
     if config.out is None:
         raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
     summary = run_process(config, rendezvous, workload)
