@@ -5,10 +5,13 @@
 ['lenet', 'ptb-lstm']
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+# ``train`` the function, not the ``scaletrain.train`` subpackage: importing the API first loads the
+# subpackage, and this import then binds the name to the function.
+from scaletrain.api import bench, compare, list_workloads, make_config, train
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError, DataError, ScaletrainError
+from scaletrain.workloads import WORKLOADS, Workload, create_workload
+from scaletrain.workloads.classification import ClassificationWorkload
 
 __all__ = [
     "WORKLOADS",
@@ -26,31 +29,3 @@ __all__ = [
     "train",
 ]
 __version__ = "0.1.0"
-
-# Names are imported on first use: every worker process imports this package, and most of them
-# need neither the plotting nor the benchmarking code (matplotlib alone costs a noticeable start-up).
-_HOMES = {
-    "bench": "scaletrain.api",
-    "compare": "scaletrain.api",
-    "list_workloads": "scaletrain.api",
-    "make_config": "scaletrain.api",
-    "train": "scaletrain.api",
-    "TrainConfig": "scaletrain.config",
-    "ConfigError": "scaletrain.errors",
-    "DataError": "scaletrain.errors",
-    "ScaletrainError": "scaletrain.errors",
-    "WORKLOADS": "scaletrain.workloads",
-    "Workload": "scaletrain.workloads",
-    "create_workload": "scaletrain.workloads",
-    "ClassificationWorkload": "scaletrain.workloads.classification",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'scaletrain' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
