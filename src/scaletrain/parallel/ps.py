@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.parallel.sharding import flatten, unflatten_into
+from scaletrain.parallel.sharding import flatten
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange
 from scaletrain.train.meter import now
 
@@ -102,10 +102,18 @@ class ShardServer:
         self.version = version
         self.stats = ServerStats()
         self._condition = threading.Condition()
-        self._sum = torch.zeros(sum(t.numel() for t in self.master))
+        # The master tensors become views of one flat buffer, so a reply sends it as it is; gradients
+        # arrive in flat buffers whose views are handed to the optimizer as .grad. Nothing is packed
+        # or unpacked per update (the one copy left: an async reply's snapshot).
+        self._flat = flatten([p.detach() for p in self.master])
+        with torch.no_grad():
+            for parameter, view in zip(self.master, views_of(self._flat, self.master), strict=True):
+                parameter.data = view
+        self._sum = torch.zeros_like(self._flat)
+        self._sum_views = views_of(self._sum, self.master)
         self._arrived = 0
         self._round = 0
-        self._snapshot = flatten([p.detach() for p in self.master])
+        self._snapshot = self._flat if synchronous else self._flat.clone()
         self._failure: tuple[int, str] | None = None
         self._receiving = threading.Semaphore(1) if exclusive else None
         self._sending = threading.Semaphore(1) if exclusive else None
@@ -123,7 +131,7 @@ class ShardServer:
 
     def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor]:
         """The owner's own worker adds its gradient; returns the new version and weights."""
-        return self._apply(gradient, version, source=None)
+        return self._apply(gradient, views_of(gradient, self.master), version)
 
     def join(self, deadline_seconds: float | None = None) -> ServerStats:
         """Wait for every peer to finish; in synchronous mode a lost peer is an error."""
@@ -139,6 +147,7 @@ class ShardServer:
         group = self.peers[peer]
         header = torch.zeros(3, dtype=torch.int64)
         gradient = torch.zeros_like(self._sum)
+        gradient_views = views_of(gradient, self.master)
         try:
             self._reply(peer, group, self.version, self.weights())
             while True:
@@ -153,7 +162,7 @@ class ShardServer:
                     self.stats.batches_done[peer] = batches_done
                 if kind == DONE:
                     return
-                new_version, weights = self._apply(gradient, version, source=peer)
+                new_version, weights = self._apply(gradient, gradient_views, version)
                 self._reply(peer, group, new_version, weights)
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -169,19 +178,19 @@ class ShardServer:
             dist.send(weights, dst=peer, group=group, tag=REPLY)
 
     # -- updates --------------------------------------------------------------------------------
-    def _apply(self, gradient: torch.Tensor, version: int, source: int | None) -> tuple[int, torch.Tensor]:
+    def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor]:
         with self._condition:
             if not self.synchronous:
                 self.stats.staleness[self.version - version] += 1
                 scale = 1.0 / max(1, self.version - version) if self.staleness_aware else 1.0
-                self._update(gradient, scale)
+                self._update(views, scale)
                 return self.version, self._snapshot
             self._sum += gradient
             self._arrived += 1
             my_round = self._round
             if self._arrived == self.contributors:
                 self._sum /= self.contributors
-                self._update(self._sum, 1.0)
+                self._update(self._sum_views, 1.0)
                 self._sum.zero_()
                 self._arrived = 0
                 self._round += 1
@@ -195,12 +204,10 @@ class ShardServer:
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
             return self.version, self._snapshot
 
-    def _update(self, gradient: torch.Tensor, scale: float) -> None:
-        """One optimizer step on the master tensors (caller holds the lock)."""
-        for parameter in self.master:
-            if parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-        unflatten_into(gradient, [p.grad for p in self.master])
+    def _update(self, gradients: list[torch.Tensor], scale: float) -> None:
+        """One optimizer step on the master tensors with these gradients (caller holds the lock)."""
+        for parameter, gradient in zip(self.master, gradients, strict=True):
+            parameter.grad = gradient
         if self.clip_norm:
             nn.utils.clip_grad_norm_(self.master, self.clip_norm)
         rate = self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
@@ -209,7 +216,9 @@ class ShardServer:
         self.optimizer.step()
         self.version += 1
         self.stats.updates += 1
-        self._snapshot = flatten([p.detach() for p in self.master])
+        # Synchronous replies go out before the next update can start (it needs every worker's next
+        # gradient), so they may send the live buffer; asynchronous ones need a copy of this version.
+        self._snapshot = self._flat if self.synchronous else self._flat.clone()
         if self.on_update is not None:
             self.on_update(self.version)
 
@@ -230,7 +239,11 @@ class _held:
 
 
 class PSExchange(GradientExchange):
-    """A worker's side: push each owner its share of the gradient, pull that owner's new weights."""
+    """A worker's side: push each owner its share of the gradient, pull that owner's new weights.
+
+    The model's tensors become views of one flat weight buffer per owner, so weights are received
+    straight into the model; gradients are packed into a reused flat buffer per owner.
+    """
 
     def __init__(
         self,
@@ -246,55 +259,58 @@ class PSExchange(GradientExchange):
         self.owners = sorted(set(owner_of))
         self.versions = dict.fromkeys(self.owners, 0)
         self.batches_done = 0
-
-    def _owned(self, model: nn.Module, owner: int) -> list[torch.Tensor]:
-        return [p for p, o in zip(model.parameters(), self.owner_of, strict=True) if o == owner]
+        self._owned: dict[int, list[nn.Parameter]] = {}
+        self._weights: dict[int, torch.Tensor] = {}
+        self._gradients: dict[int, torch.Tensor] = {}
+        self._header = torch.zeros(1, dtype=torch.int64)
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        parameters = list(model.parameters())
         for owner in self.owners:
-            local = owner == self.rank
-            weights = self.local_server.weights() if local else self._receive_reply(model, owner)[1]
+            owned = [p for p, o in zip(parameters, self.owner_of, strict=True) if o == owner]
+            self._owned[owner] = owned
+            self._weights[owner] = flatten([p.detach() for p in owned])
+            self._gradients[owner] = torch.zeros_like(self._weights[owner])
             with torch.no_grad():
-                unflatten_into(weights, self._owned(model, owner))
+                for parameter, view in zip(owned, views_of(self._weights[owner], owned), strict=True):
+                    parameter.data = view
+            if owner == self.rank:
+                self._weights[owner].copy_(self.local_server.weights())
+            else:
+                self._receive_reply(owner)
 
-    def _receive_reply(self, model: nn.Module, owner: int) -> tuple[float, torch.Tensor]:
-        """Receive ``[version]`` + weights from ``owner``; returns the wait for the header and the weights."""
-        header = torch.zeros(1, dtype=torch.int64)
-        weights = torch.zeros(sum(p.numel() for p in self._owned(model, owner)))
+    def _receive_reply(self, owner: int) -> float:
+        """Receive ``[version]`` + weights from ``owner`` into the model; returns the wait for the header."""
         begin = now()
-        dist.recv(header, src=owner, group=self.groups[owner], tag=REPLY)
+        dist.recv(self._header, src=owner, group=self.groups[owner], tag=REPLY)
         waited = now() - begin
-        dist.recv(weights, src=owner, group=self.groups[owner], tag=REPLY)
-        self.versions[owner] = int(header[0])
-        return waited, weights
+        dist.recv(self._weights[owner], src=owner, group=self.groups[owner], tag=REPLY)
+        self.versions[owner] = int(self._header[0])
+        return waited
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         begin = now()
         waited = 0.0
         self.batches_done += 1
-        gradients = {owner: flatten([_gradient(p) for p in self._owned(model, owner)]) for owner in self.owners}
+        for owner in self.owners:
+            gradients = [_gradient(p) for p in self._owned[owner]]
+            torch.cat([g.reshape(-1) for g in gradients], out=self._gradients[owner])
         for owner in self.owners:
             if owner == self.rank:
                 continue
             waited += self._await_grant(owner)
             header = torch.tensor([GRADIENT, self.versions[owner], self.batches_done], dtype=torch.int64)
             dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
-            dist.send(gradients[owner], dst=owner, group=self.groups[owner], tag=REQUEST)
-        new_weights = {}
-        if self.rank in gradients:
+            dist.send(self._gradients[owner], dst=owner, group=self.groups[owner], tag=REQUEST)
+        if self.rank in self._owned:
             arrive = now()
-            version, new_weights[self.rank] = self.local_server.contribute(
-                gradients[self.rank], self.versions[self.rank]
-            )
+            version, weights = self.local_server.contribute(self._gradients[self.rank], self.versions[self.rank])
+            self._weights[self.rank].copy_(weights)
             self.versions[self.rank] = version
             waited += now() - arrive
         for owner in self.owners:
             if owner != self.rank:
-                header_wait, new_weights[owner] = self._receive_reply(model, owner)
-                waited += header_wait
-        with torch.no_grad():
-            for owner, weights in new_weights.items():
-                unflatten_into(weights, self._owned(model, owner))
+                waited += self._receive_reply(owner)
         return ExchangeTimes(communication=now() - begin - waited, wait=waited)
 
     def _await_grant(self, owner: int) -> float:
@@ -312,6 +328,15 @@ class PSExchange(GradientExchange):
             self._await_grant(owner)
             header = torch.tensor([DONE, self.versions[owner], self.batches_done], dtype=torch.int64)
             dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
+
+
+def views_of(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like ``like``, back to back (the layout of :func:`flatten`)."""
+    views, offset = [], 0
+    for tensor in like:
+        views.append(flat[offset : offset + tensor.numel()].view_as(tensor))
+        offset += tensor.numel()
+    return views
 
 
 def _gradient(parameter: torch.Tensor) -> torch.Tensor:
