@@ -31,15 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
 from scaletrain.api import train  # = scaletrain.train, which the train/ subpackage can shadow
-from scaletrain.data.idx import write_idx
 from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.synthetic import write_synthetic_fashion_mnist
 from scaletrain.errors import DataError, ScaletrainError
 from scaletrain.parallel.ps import PSExchange, ShardServer, pair_groups
 from scaletrain.parallel.rendezvous import Rendezvous, connect
@@ -59,27 +58,12 @@ FIXED = {"threads": 1, "tensorboard": False, "progress": "off", "download": Fals
 LR, MOMENTUM, PASS_RATIO = 0.01, 0.9, 2.0
 
 
-def synthetic_fashion_mnist(folder: Path, train: int = 6000, test: int = 1000) -> Path:
-    """Fashion-MNIST-shaped IDX files: noise plus one bright square per class (learnable)."""
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, count in (("train", train), ("t10k", test)):
-        labels = rng.permutation(np.arange(count) % 10).astype(np.uint8)
-        images = rng.integers(0, 40, size=(count, 28, 28), dtype=np.uint8)
-        for index, label in enumerate(labels):
-            row, col = divmod(int(label), 5)
-            images[index, 4 + row * 12 : 12 + row * 12, 1 + col * 5 : 5 + col * 5] = 250
-        write_idx(folder / f"{split}-images-idx3-ubyte.gz", images)
-        write_idx(folder / f"{split}-labels-idx1-ubyte.gz", labels)
-    return folder
-
-
 def run_strategies(args: argparse.Namespace, scratch: Path) -> tuple[dict[str, Any], str]:
     """Table A: every configuration ``args.repeats`` times, interleaved round-robin."""
     try:
         data_dir, data = None, f"Fashion-MNIST from {find_fashion_mnist(None, download=False)}"
     except DataError:
-        data_dir = synthetic_fashion_mnist(scratch / "synthetic")
+        data_dir = write_synthetic_fashion_mnist(scratch / "synthetic", train=6000, test=1000)
         data = f"SYNTHETIC Fashion-MNIST look-alike (real set not found) in {data_dir}"
     fixed = {"steps": args.steps, "batch_size": args.batch_size, "data_dir": data_dir, **FIXED}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in args.configs}

@@ -7,9 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
-from scaletrain.data.idx import write_idx
+from scaletrain.data.synthetic import write_synthetic_fashion_mnist
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_PTB = REPO.parent / "shared" / "datasets" / "ptb"
@@ -17,22 +15,8 @@ SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 def make_fashion_mnist(folder: Path, *, train: int = 256, test: int = 64, seed: int = 0) -> Path:
-    """Write a tiny Fashion-MNIST look-alike: each class is a bright square at its own place.
-
-    A network can learn it, which is what the training tests need.
-    """
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, count in (("train", train), ("t10k", test)):
-        labels = (np.arange(count) % 10).astype(np.uint8)
-        rng.shuffle(labels)
-        images = rng.integers(0, 40, size=(count, 28, 28), dtype=np.uint8)
-        for index, label in enumerate(labels):
-            row, col = divmod(int(label), 5)
-            images[index, 4 + row * 12 : 12 + row * 12, 1 + col * 5 : 5 + col * 5] = 250
-        write_idx(folder / f"{split}-images-idx3-ubyte.gz", images)
-        write_idx(folder / f"{split}-labels-idx1-ubyte.gz", labels)
-    return folder
+    """A tiny learnable Fashion-MNIST look-alike in the real IDX format (see scaletrain.data.synthetic)."""
+    return write_synthetic_fashion_mnist(folder, train=train, test=test, seed=seed)
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):
