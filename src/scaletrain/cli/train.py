@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import fields
 from pathlib import Path
 
 from scaletrain.api import train
 from scaletrain.config import PROGRESS_MODES, TrainConfig
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.rendezvous import ENV_RANK
+from scaletrain.parallel.worker import exit_now
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "run"]
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     summary = train(args.workload, config_file=args.config, options=options or None, **settings)
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher
         print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
-        return 0
+        exit_now(0)
     metric = summary["metric"]
     rate = summary["batches_per_second"]
     print(
@@ -113,4 +116,6 @@ def run(args: argparse.Namespace) -> int:
         + (f"{rate:.1f} batches/s, " if rate else "")
         + f"outputs in {summary['out']}"
     )
+    if args.nodefile is not None or ENV_RANK in os.environ:
+        exit_now(0)  # this process was a member of a process group started elsewhere
     return 0

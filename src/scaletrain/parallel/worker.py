@@ -7,6 +7,7 @@ environment variables the launcher sets.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,5 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """Leave without running C++ destructors: c10d/gloo background threads can abort a process
+    (``terminate called without an active exception``) when the interpreter tears them down after
+    the work is done. Every output file is closed by then; flush the streams and go."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
