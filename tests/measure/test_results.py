@@ -84,3 +84,9 @@ def test_plan_caps_workers_and_interleaves_repeats(tmp_path: Path) -> None:
     assert {run.workers for run in runs} == {1, 2}
     assert [run.repeat for run in runs] == [0, 0, 0, 1, 1, 1]  # all configurations, then again
     assert any("5 left out" in note for note in notes) and any("local runs only at 1 worker" in n for n in notes)
+
+
+def test_a_single_worker_count_says_nothing_about_scaling() -> None:
+    assert scaling_limits(group_rows([row("local", 1, 10.0), row("a", 1, 10.0), row("a", 2, 19.0)])) == {
+        "a b32": (2, True)
+    }

@@ -30,13 +30,15 @@ def best_per_worker_count(groups: list[Group]) -> dict[int, Group]:
 
 
 def scaling_limits(groups: list[Group]) -> dict[str, tuple[int, bool]]:
-    """For each series (strategy, batch): the worker count where throughput stopped growing by
-    ≥ 5 %, and whether it was still growing at the largest count measured."""
+    """For each series (strategy, batch) measured at two or more worker counts: the count where
+    throughput stopped growing by ≥ 5 %, and whether it was still growing at the largest one."""
     by_series = defaultdict(list)
     for group in groups:
         by_series[group.series].append(group)
     limits = {}
     for series, items in sorted(by_series.items()):
+        if len(items) < 2:
+            continue  # one worker count says nothing about scaling
         items.sort(key=lambda g: g.workers)
         stop, growing = items[0].workers, True
         for previous, current in itertools.pairwise(items):
