@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from scaletrain.data.files import read_dataset_bytes
 from scaletrain.errors import DataError
 
 __all__ = [
@@ -89,12 +90,7 @@ _HOW_TO_GET = (
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found; {_HOW_TO_GET}") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc}); check its permissions") from exc
+    raw = read_dataset_bytes(path, when_missing=_HOW_TO_GET)
     if not raw.startswith(_GZIP_MAGIC):
         return raw
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from scaletrain.data.files import read_dataset_bytes
 from scaletrain.errors import ConfigError, DataError
 
 __all__ = [
@@ -63,12 +64,7 @@ def read_words(path: Path) -> list[str]:
         ['a', 'b', '<eos>', 'c', '<eos>']
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found; {_ARCHIVE_HINT}; pass their folder with --data-dir") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror or exc}); check its permissions") from exc
+    raw = read_dataset_bytes(path, when_missing=f"{_ARCHIVE_HINT}; pass their folder with --data-dir")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
