@@ -269,8 +269,7 @@ class _ShardCheckpointer:
 
     def __call__(self, version: int) -> None:
         prepared, config = self.prepared, self.prepared.config
-        epoch, batch = divmod(version, prepared.steps_per_epoch)
-        if version % config.checkpoint_every and batch and version != prepared.total_steps:
+        if not _checkpoint_due(prepared, version):
             return
         shard = {
             "version": version,
@@ -279,9 +278,21 @@ class _ShardCheckpointer:
         }
         atomic_save(shard, config.out / SHARDS_DIR / f"rank-{self.rank}.pt")
         if self.rank == 0:
-            position = Position(epoch=epoch, batch=batch, step=version)
-            payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
-            atomic_save(payload, config.out / CHECKPOINT_NAME)
+            _save_checkpoint_at(prepared, version)
+
+
+def _checkpoint_due(prepared: Prepared, version: int) -> bool:
+    """After update ``version``: every ``checkpoint_every`` updates, at each epoch's end, and at the end."""
+    every, last = prepared.config.checkpoint_every, prepared.total_steps
+    return version % every == 0 or version % prepared.steps_per_epoch == 0 or version == last
+
+
+def _save_checkpoint_at(prepared: Prepared, version: int) -> None:
+    """``checkpoint.pt`` from ``prepared``'s model and optimizer after ``version`` updates."""
+    epoch, batch = divmod(version, prepared.steps_per_epoch)
+    position = Position(epoch=epoch, batch=batch, step=version)
+    payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+    atomic_save(payload, prepared.config.out / CHECKPOINT_NAME)
 
 
 def _restore_shard(prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool) -> int:
@@ -317,7 +328,7 @@ class _ServerObserver:
 
     def __call__(self, version: int) -> None:
         prepared, config = self.prepared, self.config
-        epoch, batch = divmod(version, prepared.steps_per_epoch)
+        epoch = version // prepared.steps_per_epoch
         periodic = version % config.log_every == 0 or version == prepared.total_steps
         if periodic:
             began, first = self._window
@@ -328,10 +339,8 @@ class _ServerObserver:
             self.metrics.write({**record, "time": time.time()})
             self.tensorboard.scalars({"throughput/updates_per_second": rate}, version)
         self.progress.update(version, epoch, None, None, periodic=periodic)
-        if version % config.checkpoint_every == 0 or batch == 0 or version == prepared.total_steps:
-            position = Position(epoch=epoch, batch=batch, step=version)
-            payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
-            atomic_save(payload, config.out / CHECKPOINT_NAME)
+        if _checkpoint_due(prepared, version):
+            _save_checkpoint_at(prepared, version)
 
     def close(self) -> None:
         self.progress.close()
