@@ -7,12 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import SHARED_PTB, SYSTEM_FASHION_MNIST, make_fashion_mnist
+from tests.helpers import SHARED_PTB, SYSTEM_FASHION_MNIST, make_fashion_mnist, make_image_folder
 
 
 @pytest.fixture
 def tiny_fmnist(tmp_path: Path) -> Path:
     return make_fashion_mnist(tmp_path / "fmnist")
+
+
+@pytest.fixture
+def tiny_images(tmp_path: Path) -> Path:
+    """Three classes of four small images each (see tests.helpers.make_image_folder)."""
+    return make_image_folder(tmp_path / "256_ObjectCategories")
 
 
 @pytest.fixture

@@ -7,16 +7,50 @@ import subprocess
 import sys
 from pathlib import Path
 
+from PIL import Image
+
 from scaletrain.data.synthetic import write_synthetic_fashion_mnist
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_PTB = REPO.parent / "shared" / "datasets" / "ptb"
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+IMAGE_CLASSES = ("001.ak47", "002.bat", "003.cat")
+#: The one greyscale image of :func:`make_image_folder`: (class, index) and its grey level.
+GREY_IMAGE = (1, 0, 128)
 
 
 def make_fashion_mnist(folder: Path, *, train: int = 256, test: int = 64, seed: int = 0) -> Path:
     """A tiny learnable Fashion-MNIST look-alike in the real IDX format (see scaletrain.data.synthetic)."""
     return write_synthetic_fashion_mnist(folder, train=train, test=test, seed=seed)
+
+
+def image_colour(label: int, index: int) -> tuple[int, int, int]:
+    """The solid colour of image ``index`` of class ``label`` in :func:`make_image_folder`."""
+    return (30 + 50 * index, 40 + 60 * label, 100)
+
+
+def make_image_folder(root: Path, *, per_class: int = 4) -> Path:
+    """A Caltech256-like folder: 3 classes of solid-colour PNG (even index) and JPEG (odd index) images.
+
+    Sizes differ from any size a test asks for, one image is greyscale (:data:`GREY_IMAGE`), and
+    each class folder also holds a non-image file and the first a nested folder, both to be ignored.
+    """
+    for label, name in enumerate(IMAGE_CLASSES):
+        folder = root / name
+        folder.mkdir(parents=True)
+        for index in range(per_class):
+            stem = folder / f"{label + 1:03d}_{index + 1:04d}"
+            if (label, index) == GREY_IMAGE[:2]:
+                Image.new("L", (48, 36), GREY_IMAGE[2]).save(stem.with_suffix(".jpg"), quality=95)
+            elif index % 2:
+                Image.new("RGB", (48, 36), image_colour(label, index)).save(stem.with_suffix(".jpg"), quality=95)
+            else:
+                Image.new("RGB", (30, 50), image_colour(label, index)).save(stem.with_suffix(".png"))
+        (folder / "RENAME2").write_text("not an image")
+    nested = root / IMAGE_CLASSES[0] / "nested"
+    nested.mkdir()
+    Image.new("RGB", (8, 8)).save(nested / "ignored.png")
+    return root
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):

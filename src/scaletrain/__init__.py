@@ -2,12 +2,12 @@
 
 >>> import scaletrain
 >>> sorted(scaletrain.WORKLOADS)
-['lenet', 'ptb-lstm']
+['googlenet', 'lenet', 'ptb-lstm', 'resnet34', 'squeezenet', 'vgg16e']
 """
 
 # ``train`` the function, not the ``scaletrain.train`` subpackage: importing the API first loads the
 # subpackage, and this import then binds the name to the function.
-from scaletrain.api import bench, compare, list_workloads, make_config, train
+from scaletrain.api import bench, compare, estimate, list_workloads, make_config, profile, recommend, train, validate
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
@@ -24,8 +24,12 @@ __all__ = [
     "bench",
     "compare",
     "create_workload",
+    "estimate",
     "list_workloads",
     "make_config",
+    "profile",
+    "recommend",
     "train",
+    "validate",
 ]
 __version__ = "0.1.0"

@@ -27,7 +27,11 @@ from typing import Any
 
 from scaletrain.config import TrainConfig, load_toml, merge, resolve
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.recommend import recommend as _recommend
+from scaletrain.estimate.validate import ValidationConfig, run_validation
 from scaletrain.measure.bench import compare_results, preset_config, run_bench
+from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.process import layout_of, run_process
@@ -35,7 +39,7 @@ from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.train.loop import run_training
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
-__all__ = ["bench", "compare", "list_workloads", "make_config", "train"]
+__all__ = ["bench", "compare", "estimate", "list_workloads", "make_config", "profile", "recommend", "train", "validate"]
 
 
 def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
@@ -131,6 +135,74 @@ def list_workloads() -> list[dict[str, Any]]:
     """Name, dataset, metric and parameter count of every registered workload.
 
     >>> [w["name"] for w in list_workloads()]
-    ['lenet', 'ptb-lstm']
+    ['lenet', 'ptb-lstm', 'vgg16e', 'googlenet', 'squeezenet', 'resnet34']
     """
     return [create_workload(name).describe() for name in WORKLOADS]
+
+
+def profile(workload: str, *, out: Path | None = None, **settings: Any) -> Profile:
+    """Measure t_grad, t_comm and the refined model's inputs for a workload; write JSON to ``out`` if given.
+
+    ``settings`` are :class:`~scaletrain.measure.profile.ProfileConfig` fields (``batch_size``,
+    ``network``, ``split_workers``, ``options`` …); ``None`` values count as not given.
+
+    >>> measured = scaletrain.profile("lenet", batch_size=512, split_workers=(2,))  # doctest: +SKIP
+    >>> measured.t_grad, measured.t_comm  # doctest: +SKIP
+    (0.159, 0.00069)
+    """
+    given = {key: value for key, value in settings.items() if value is not None}
+    return run_profile(ProfileConfig(workload, **given), out=out)
+
+
+def estimate(
+    *,
+    t_grad: float | None = None,
+    t_comm: float | None = None,
+    profile: Profile | None = None,
+    kind: str = "sync-join",
+    server: str = "central",
+    strategy: str = "ps",
+    workers: int = 1,
+    batches: float = 128,
+    case: str = "mean",
+    model: str = "thesis",
+    cores: int | None = None,
+) -> list[float]:
+    """Predicted speedups for 1..``workers`` workers (Šlampa's ``estimate.py`` interface).
+
+    Give ``t_grad`` and ``t_comm`` (seconds), or a measured ``profile`` (which the refined model
+    uses in full). ``kind``: async, sync-join, sync-split; ``server``: central, distributed
+    (sharded); ``strategy="allreduce"`` for the all-reduce strategy.
+
+    >>> [round(s, 3) for s in estimate(t_grad=0.758, t_comm=0.033, server="distributed", workers=3)]
+    [1.0, 1.917, 2.835]
+    """
+    if profile is None:
+        if t_grad is None or t_comm is None:
+            raise ConfigError("give --t-grad and --t-comm, a --profile file, or a workload to profile")
+        profile = Profile(workload="(given times)", batch_size=0, t_grad=t_grad, t_comm=t_comm)
+    configuration = Configuration.from_thesis(kind, server, strategy)
+    return [
+        predicted_speedup(model, profile, configuration, n, batches=batches, cores=cores, case=case)
+        for n in range(1, workers + 1)
+    ]
+
+
+def recommend(profile: Profile, *, max_workers: int, **settings: Any) -> dict[str, dict[str, Any]]:
+    """Best worker count, strategy, server and sync mode with the predicted speedup, under each model.
+
+    >>> advice = recommend(Profile("toy", 32, t_grad=0.758, t_comm=0.033), max_workers=8)
+    >>> advice["thesis"]["workers"], advice["thesis"]["configuration"]
+    (8, 'ps-sharded-join')
+    """
+    return _recommend(profile, max_workers=max_workers, **settings)
+
+
+def validate(workload: str, *, out: Path, **settings: Any) -> dict[str, Any]:
+    """Profile, predict with both models, run the real sweep and compare (see :mod:`scaletrain.estimate.validate`).
+
+    ``settings`` are :class:`~scaletrain.estimate.validate.ValidationConfig` fields (``workers``,
+    ``strategies``, ``batch_size``, ``steps``, ``repeats``, ``network`` …).
+    """
+    given = {key: value for key, value in settings.items() if value is not None}
+    return run_validation(ValidationConfig(workload, Path(out), **given))

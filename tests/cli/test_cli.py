@@ -21,6 +21,9 @@ def test_workloads_lists_parameter_counts() -> None:
     rows = {row["name"]: row for row in json.loads(result.stdout)}
     assert rows["lenet"]["parameters"] == 431_080 and "Fashion-MNIST" in rows["lenet"]["dataset"]
     assert rows["ptb-lstm"]["parameters"] == 4_653_200 and "Penn Treebank" in rows["ptb-lstm"]["dataset"]
+    # The image networks are listed with their defaults: 257 classes (74,461,224 at 1000 less 743 outputs).
+    assert rows["vgg16e"]["parameters"] == 74_461_224 - 743 * (4096 + 1) and "Caltech256" in rows["vgg16e"]["dataset"]
+    assert {"googlenet", "squeezenet", "resnet34"} <= rows.keys()
 
 
 def test_train_with_a_config_file_and_overriding_flag(tiny_fmnist: Path, tmp_path: Path) -> None:

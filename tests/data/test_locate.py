@@ -1,4 +1,4 @@
-"""Search order and error messages for locating Fashion-MNIST and Penn Treebank."""
+"""Search order and error messages for locating Fashion-MNIST, Penn Treebank and image folders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from scaletrain.data.locate import (
     ENV_OFFLINE,
     cache_dir,
     find_fashion_mnist,
+    find_image_folder,
     find_ptb,
+    image_cache_dir,
     is_offline,
 )
 from scaletrain.errors import DataError
@@ -190,3 +192,40 @@ def test_ptb_needs_valid_and_test(tmp_path: Path, environ: dict[str, str]) -> No
     assert str(folder) in message
     assert "Mikolov" in message
     assert "--data-dir" in message
+
+
+def test_image_folder_prefers_the_caltech_subfolder_then_takes_the_folder_itself(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "caltech256" / "256_ObjectCategories").mkdir(parents=True)
+    assert find_image_folder(data) == data / "caltech256" / "256_ObjectCategories"
+    (data / "256_ObjectCategories").mkdir()
+    assert find_image_folder(data) == data / "256_ObjectCategories"
+    own = tmp_path / "my-images"
+    own.mkdir()
+    assert find_image_folder(own) == own  # any folder of class folders
+
+
+def test_image_folder_from_the_environment_then_the_cache(tmp_path: Path, environ: dict[str, str]) -> None:
+    cached = cache_dir(environ) / "caltech256"
+    cached.mkdir(parents=True)
+    assert find_image_folder(None, environ=environ) == cached
+    (cached / "256_ObjectCategories").mkdir()
+    assert find_image_folder(None, environ=environ) == cached / "256_ObjectCategories"
+    shared = tmp_path / "shared"
+    (shared / "256_ObjectCategories").mkdir(parents=True)
+    assert find_image_folder(None, environ={**environ, ENV_DATA: str(shared)}) == shared / "256_ObjectCategories"
+    assert image_cache_dir(environ) == cache_dir(environ) / "image-folder"
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_missing_image_folder_says_where_to_get_caltech256(
+    tmp_path: Path, environ: dict[str, str], given: bool
+) -> None:
+    with pytest.raises(DataError) as caught:
+        find_image_folder(tmp_path / "nowhere" if given else None, environ=environ)
+    message = str(caught.value)
+    assert "https://data.caltech.edu/records/nyy15-4j048" in message and "256_ObjectCategories.tar" in message
+    assert "tar -xf 256_ObjectCategories.tar -C DIR" in message and "--data-dir DIR" in message
+    assert "-o data=synthetic" in message
+    assert (f"--data-dir {tmp_path / 'nowhere'}" in message) == given
+    assert str(cache_dir(environ) / "caltech256") in message  # a place searched

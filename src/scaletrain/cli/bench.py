@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from scaletrain.api import bench
-from scaletrain.cli.train import parse_options
+from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
 from scaletrain.workloads import WORKLOADS
@@ -60,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default bench-results/WORKLOAD-DATE-TIME)")
+    add_model_flags(parser)
     parser.set_defaults(handler=run)
 
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         network=args.network,
         data_dir=args.data_dir,
-        options=parse_options(args.option) or None,
+        options=workload_options(args) or None,
         settings={key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
         or None,
     )

@@ -14,7 +14,10 @@ from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.worker import exit_now
 from scaletrain.workloads import WORKLOADS
 
-__all__ = ["add_parser", "run"]
+__all__ = ["MODEL_FLAGS", "add_model_flags", "add_parser", "parse_options", "run", "workload_options"]
+
+#: Workload options that have a flag of their own: option name → flag.
+MODEL_FLAGS = {"num_classes": "--num-classes", "image_size": "--image-size"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -82,7 +85,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="workload option, e.g. -o num_steps=35 -o train_split=valid for ptb-lstm",
     )
+    add_model_flags(parser)
     parser.set_defaults(handler=run)
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """``--num-classes`` and ``--image-size``: the image networks' options as flags; see :func:`workload_options`."""
+    group = parser.add_argument_group("image networks (vgg16e, googlenet, squeezenet, resnet34)")
+    group.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="network outputs; at least the class folders (default 257: Caltech256 with its clutter class)",
+    )
+    group.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="images are resized to this many pixels square, ≥ 32 (default 224; 128 for vgg16e)",
+    )
 
 
 def parse_options(pairs: list[str]) -> dict[str, str]:
@@ -96,6 +117,28 @@ def parse_options(pairs: list[str]) -> dict[str, str]:
     return options
 
 
+def workload_options(args: argparse.Namespace) -> dict[str, str]:
+    """The ``-o KEY=VALUE`` pairs with the flags of :func:`add_model_flags` added; a flag wins over ``-o``.
+
+    A flag that the named workload has no option for is an error that says which workloads take it.
+
+    >>> args = argparse.Namespace(workload="resnet34", option=["data=synthetic"], num_classes=10, image_size=None)
+    >>> workload_options(args)
+    {'data': 'synthetic', 'num_classes': '10'}
+    """
+    options = parse_options(getattr(args, "option", None) or [])
+    workload = getattr(args, "workload", None)
+    for name, flag in MODEL_FLAGS.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        takers = [key for key, kind in WORKLOADS.items() if name in {f.name for f in fields(kind.options_type)}]
+        if workload is not None and workload not in takers:
+            raise ConfigError(f"{flag}: workload {workload} has no option {name}; it applies to {', '.join(takers)}")
+        options[name] = str(value)
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     # Every flag named like a TrainConfig field is a setting; None means "not given".
     settings = {
@@ -103,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         for f in fields(TrainConfig)
         if f.name not in ("workload", "options") and hasattr(args, f.name)
     }
-    options = parse_options(args.option)
+    options = workload_options(args)
     summary = train(args.workload, config_file=args.config, options=options or None, **settings)
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher
         print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")

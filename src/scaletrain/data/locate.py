@@ -6,7 +6,8 @@ This is the only module of :mod:`scaletrain.data` that reads the environment; ev
 Search order for Fashion-MNIST: ``--data-dir`` (then only there), ``$SCALETRAIN_DATA``, Debian's
 ``dataset-fashion-mnist`` package folder, the user cache; then a verified download into the cache
 unless ``SCALETRAIN_OFFLINE=1``. Each folder is also tried with a ``fashion-mnist`` (or ``ptb``)
-subfolder, except the system and cache folders, which already are dataset folders.
+subfolder, except the system and cache folders, which already are dataset folders. Image folders
+(Caltech256) are looked for in the same places but never downloaded: see :func:`find_image_folder`.
 
 Example::
 
@@ -26,6 +27,8 @@ from scaletrain.data.idx import FASHION_MNIST_FILES, FASHION_MNIST_URL, missing_
 from scaletrain.errors import DataError
 
 __all__ = [
+    "CALTECH256_PAGE",
+    "CALTECH256_SUBDIRS",
     "ENV_DATA",
     "ENV_FASHION_MNIST_URL",
     "ENV_OFFLINE",
@@ -35,7 +38,9 @@ __all__ = [
     "SYSTEM_FASHION_MNIST_DIRS",
     "cache_dir",
     "find_fashion_mnist",
+    "find_image_folder",
     "find_ptb",
+    "image_cache_dir",
     "is_offline",
 ]
 
@@ -51,6 +56,12 @@ ENV_XDG_CACHE_HOME = "XDG_CACHE_HOME"
 SYSTEM_FASHION_MNIST_DIRS: tuple[Path, ...] = (Path("/usr/share/datasets/fashion-mnist"),)
 FASHION_MNIST_SUBDIR = "fashion-mnist"
 PTB_SUBDIR = "ptb"
+
+#: Where Caltech256's official archive (``256_ObjectCategories.tar``) is published.
+CALTECH256_PAGE = "https://data.caltech.edu/records/nyy15-4j048"
+#: Subfolders of a data folder tried, in this order, for an image folder.
+CALTECH256_SUBDIRS = ("256_ObjectCategories", "caltech256/256_ObjectCategories", "caltech256")
+_IMAGE_CACHE_SUBDIR = "image-folder"
 
 _PTB_REQUIRED = ("ptb.valid.txt", "ptb.test.txt")
 _PTB_TRAIN = "ptb.train.txt"
@@ -229,4 +240,56 @@ def find_ptb(
         f"{', '.join(str(folder) for folder in candidates)}. The files ptb.train.txt, ptb.valid.txt and "
         f"ptb.test.txt come from the data/ folder of Mikolov's simple-examples archive ({_PTB_ARCHIVE}); "
         f"put them in a folder and pass it with --data-dir (or set {ENV_DATA})"
+    )
+
+
+def image_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where decoded image folders are cached: ``cache_dir()/image-folder``.
+
+    Example::
+
+        >>> image_cache_dir({"XDG_CACHE_HOME": "/tmp/cache"})
+        PosixPath('/tmp/cache/scaletrain/image-folder')
+    """
+    return cache_dir(environ) / _IMAGE_CACHE_SUBDIR
+
+
+def find_image_folder(data_dir: Path | None, *, environ: Mapping[str, str] | None = None) -> Path:
+    """Return the folder of class folders to train on: Caltech256's ``256_ObjectCategories`` or your own.
+
+    With ``data_dir`` the first existing of its subfolders :data:`CALTECH256_SUBDIRS` wins, else
+    ``data_dir`` itself (any folder with one sub-folder of images per class). Without it, the same
+    subfolders of ``$SCALETRAIN_DATA``, then ``cache_dir()/caltech256/256_ObjectCategories`` and
+    ``cache_dir()/caltech256``. Nothing is downloaded (the archive is 1.2 GB); the
+    :class:`DataError` says where to get it and how to time the networks without it.
+
+    Example::
+
+        >>> import tempfile
+        >>> data = Path(tempfile.mkdtemp())
+        >>> (data / "256_ObjectCategories").mkdir()
+        >>> find_image_folder(data) == data / "256_ObjectCategories"
+        True
+    """
+    env = _environ(environ)
+    cache = cache_dir(env) / "caltech256"
+    if data_dir is not None:
+        base = Path(data_dir).expanduser()
+        candidates = [base / subdir for subdir in CALTECH256_SUBDIRS] + [base]
+    else:
+        candidates = []
+        if env.get(ENV_DATA):
+            candidates += [Path(env[ENV_DATA]).expanduser() / subdir for subdir in CALTECH256_SUBDIRS]
+        candidates += [cache / "256_ObjectCategories", cache]
+    for folder in candidates:
+        if folder.is_dir():
+            return folder
+    flag = f"--data-dir {data_dir}" if data_dir is not None else "image folder"
+    raise DataError(
+        f"{flag}: no image folder found; searched {', '.join(str(folder) for folder in candidates)}. "
+        f"Caltech256: download 256_ObjectCategories.tar from the official Caltech DATA page {CALTECH256_PAGE}, "
+        "unpack it with `tar -xf 256_ObjectCategories.tar -C DIR` (this makes "
+        "DIR/256_ObjectCategories/001.ak47/001_0001.jpg …) and pass --data-dir DIR (or set "
+        f"{ENV_DATA}=DIR, or unpack it into {cache}); any folder with one sub-folder of images per class "
+        "works the same way. To time a network without any data, use -o data=synthetic"
     )

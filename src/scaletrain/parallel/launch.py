@@ -40,7 +40,7 @@ from scaletrain.parallel.rendezvous import (
 from scaletrain.train.checkpoint import refuse_overwrite
 from scaletrain.train.summary import SUMMARY_NAME
 
-__all__ = ["RunFailed", "launch_local"]
+__all__ = ["RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -71,7 +71,7 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
     (out / SUMMARY_NAME).unlink(missing_ok=True)
     config_path = out / "launch-config.json"
     config_path.write_text(json.dumps(to_json_dict(config), indent=2), encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     children: list[_Child] = []
     with contextlib.ExitStack() as stack:
         network = None
@@ -97,32 +97,57 @@ def _start(
     logs.mkdir(exist_ok=True)
     log = logs / f"rank-{rank}.log"
     log_file = log.open("wb")
-    package_root = str(Path(scaletrain.__file__).resolve().parents[1])
-    environment = {
-        **os.environ,
-        ENV_RANK: str(rank),
-        ENV_WORLD_SIZE: str(layout.world_size),
-        ENV_MASTER_ADDR: network.address(0) if network else "127.0.0.1",
-        ENV_MASTER_PORT: str(port),
-        ENV_LOCAL_RANK: str(rank),
-        ENV_LOCAL_WORLD_SIZE: str(layout.world_size),
-        # The children import the same scaletrain as this process, installed or not.
-        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
-        **(network.environment(rank) if network else {}),
-    }
-    # With an emulated network each process lives in its own namespace behind a rate-limited link.
-    prefix = network.command_prefix(rank) if network else []
     # Rank 0 reports progress on this terminal (and in its log); the others write to their logs.
-    process = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "scaletrain.parallel.worker", str(config_path)],
-        env=environment,
+    process = spawn_rank(
+        rank,
+        layout.world_size,
+        port,
+        ["scaletrain.parallel.worker", str(config_path)],
+        network=network,
         stdout=log_file,
         stderr=subprocess.PIPE if rank == 0 else log_file,
-        preexec_fn=_die_with_parent,
     )
     if rank == 0:
         threading.Thread(target=_tee, args=(process.stderr, log_file), daemon=True).start()
     return _Child(rank, layout.role(rank), process, log, log_file)
+
+
+def spawn_rank(
+    rank: int,
+    world_size: int,
+    port: int,
+    module_args: list[str],
+    *,
+    network: EmulatedNetwork | None,
+    stdout: IO[bytes] | int | None,
+    stderr: IO[bytes] | int | None,
+) -> subprocess.Popen:
+    """Start ``python -m MODULE ARGS`` as ``rank`` of ``world_size`` with the torchrun variables set.
+
+    With an emulated network the process lives in its own namespace behind a rate-limited link;
+    either way it dies with this process.
+    """
+    package_root = str(Path(scaletrain.__file__).resolve().parents[1])
+    environment = {
+        **os.environ,
+        ENV_RANK: str(rank),
+        ENV_WORLD_SIZE: str(world_size),
+        ENV_MASTER_ADDR: network.address(0) if network else "127.0.0.1",
+        ENV_MASTER_PORT: str(port),
+        ENV_LOCAL_RANK: str(rank),
+        ENV_LOCAL_WORLD_SIZE: str(world_size),
+        # The children import the same scaletrain as this process, installed or not.
+        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+        **(network.environment(rank) if network else {}),
+    }
+    prefix = network.command_prefix(rank) if network else []
+    return subprocess.Popen(
+        [*prefix, sys.executable, "-m", *module_args],
+        env=environment,
+        stdout=stdout,
+        stderr=stderr,
+        preexec_fn=_die_with_parent,
+    )
 
 
 def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
@@ -182,21 +207,25 @@ def _failure_message(child: _Child, code: int) -> str:
 
 
 def _stop(children: list[_Child]) -> None:
-    """SIGTERM every child still running, then SIGKILL whatever is left after a grace period."""
-    for child in children:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
+    stop_processes([child.process for child in children])
+
+
+def stop_processes(processes: list[subprocess.Popen]) -> None:
+    """SIGTERM every process still running, then SIGKILL whatever is left after a grace period."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
-    for child in children:
+    for process in processes:
         remaining = max(0.0, deadline - time.monotonic())
         try:
-            child.process.wait(remaining)
+            process.wait(remaining)
         except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
+            process.kill()
+            process.wait()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]

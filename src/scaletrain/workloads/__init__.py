@@ -6,14 +6,22 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.workloads.base import Part, Workload
+from scaletrain.workloads.googlenet import GoogLeNetWorkload
 from scaletrain.workloads.lenet import LeNetWorkload
 from scaletrain.workloads.ptb_lstm import PTBLSTMWorkload
+from scaletrain.workloads.resnet34 import ResNet34Workload
+from scaletrain.workloads.squeezenet import SqueezeNetWorkload
+from scaletrain.workloads.vgg16e import VGG16EWorkload
 
 __all__ = ["WORKLOADS", "Part", "Workload", "create_workload"]
 
 WORKLOADS: dict[str, type[Workload]] = {
     LeNetWorkload.name: LeNetWorkload,
     PTBLSTMWorkload.name: PTBLSTMWorkload,
+    VGG16EWorkload.name: VGG16EWorkload,
+    GoogLeNetWorkload.name: GoogLeNetWorkload,
+    SqueezeNetWorkload.name: SqueezeNetWorkload,
+    ResNet34Workload.name: ResNet34Workload,
 }
 
 

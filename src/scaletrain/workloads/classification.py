@@ -1,4 +1,4 @@
-"""Image (or any) classification on in-memory tensors: the base of ``lenet`` and of user workloads.
+"""Image (or any) classification: the base of ``lenet``, of the image networks and of user workloads.
 
 Train your own model with the same loop, metrics and outputs as the built-in workloads::
 
@@ -64,6 +64,7 @@ class ClassificationWorkload(Workload):
     """
 
     metric: str = "test_accuracy"
+    eval_batch_size: int = EVAL_BATCH  # test samples per forward pass
 
     @classmethod
     def from_tensors(
@@ -83,12 +84,29 @@ class ClassificationWorkload(Workload):
         defaults = WorkloadDefaults(epochs=epochs, batch_size=batch_size, lr=lr, momentum=momentum)
         return _TensorClassification(name, model_factory, data, defaults)
 
-    def batches_per_epoch(self, data: ClassificationData, batch_size: int) -> int:
-        return len(data.train_inputs) // batch_size
+    def batches_per_epoch(self, data: Any, batch_size: int) -> int:
+        return self.train_size(data) // batch_size
+
+    # The three hooks below are all that a subclass with its own kind of data (uint8 images
+    # normalised per batch, images generated on demand) overrides; order, parts and metrics stay here.
+
+    def train_size(self, data: ClassificationData) -> int:
+        """Number of training samples."""
+        return len(data.train_inputs)
+
+    def train_samples(self, data: ClassificationData, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model inputs and labels of the training samples at ``indices``."""
+        return data.train_inputs[indices], data.train_labels[indices]
+
+    def test_batches(self, data: ClassificationData) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The test set as ``(inputs, labels)`` batches of at most :attr:`eval_batch_size` samples."""
+        for begin in range(0, len(data.test_inputs), self.eval_batch_size):
+            end = begin + self.eval_batch_size
+            yield data.test_inputs[begin:end], data.test_labels[begin:end]
 
     def train_batches(
         self,
-        data: ClassificationData,
+        data: Any,
         *,
         epoch: int,
         batch_size: int,
@@ -96,11 +114,11 @@ class ClassificationWorkload(Workload):
         part: Part = Part(),
         numbers: range | None = None,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = epoch_permutation(len(data.train_inputs), seed=seed, epoch=epoch)
+        order = epoch_permutation(self.train_size(data), seed=seed, epoch=epoch)
         share = part.slice(batch_size)
         for number in numbers or range(self.batches_per_epoch(data, batch_size)):
             indices = order[number * batch_size : (number + 1) * batch_size][share]
-            yield data.train_inputs[indices], data.train_labels[indices]
+            yield self.train_samples(data, indices)
 
     def training_loss(
         self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], state: Any
@@ -110,18 +128,16 @@ class ClassificationWorkload(Workload):
         return loss, loss.detach(), None
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, data: ClassificationData) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, data: Any) -> dict[str, float]:
         was_training = model.training
         model.eval()
-        correct, total_loss = 0, 0.0
-        for begin in range(0, len(data.test_inputs), EVAL_BATCH):
-            inputs = data.test_inputs[begin : begin + EVAL_BATCH]
-            labels = data.test_labels[begin : begin + EVAL_BATCH]
+        correct, total_loss, count = 0, 0.0, 0
+        for inputs, labels in self.test_batches(data):
             logits = model(inputs)
             total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += (logits.argmax(dim=1) == labels).sum().item()
+            count += len(labels)
         model.train(was_training)
-        count = len(data.test_inputs)
         return {"test_accuracy": correct / count, "test_loss": total_loss / count}
 
 

@@ -1,0 +1,88 @@
+"""``scaletrain profile WORKLOAD``: measure t_grad, t_comm and the refined model's inputs; print and write JSON."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from scaletrain.api import profile
+from scaletrain.cli.bench import _numbers
+from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.measure.profile import Profile
+from scaletrain.workloads import WORKLOADS
+
+__all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
+
+
+def add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that say what to profile (shared with ``scaletrain estimate WORKLOAD``)."""
+    group = parser.add_argument_group("profiling")
+    group.add_argument("--batch-size", type=int, help="batch size (default: the workload's)")
+    group.add_argument("--network", help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")
+    group.add_argument("--split-workers", type=_numbers, help="also t_grad at batch/N for these N, e.g. 2,4")
+    group.add_argument("--concurrency", type=int, help="measure contention up to this many processes (default: cores)")
+    group.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1, as bench)")
+    group.add_argument("--repeats", type=int, default=10, help="timed gradients per batch size (default 10)")
+    group.add_argument("--round-trips", type=int, default=10, help="timed push+pull round trips (default 10)")
+    group.add_argument("--timeout", type=float, default=600.0, help="seconds each measurement may take")
+    group.add_argument("--data-dir", type=Path, help="folder with the dataset files")
+    group.add_argument("--no-download", dest="download", action="store_false", help="never download datasets")
+    group.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
+    add_model_flags(parser)
+
+
+def profile_settings(args: argparse.Namespace) -> dict:
+    """:class:`~scaletrain.measure.profile.ProfileConfig` fields from the flags of :func:`add_profile_flags`."""
+    return {
+        "batch_size": args.batch_size,
+        "network": args.network,
+        "split_workers": args.split_workers or (),
+        "concurrency": args.concurrency,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "round_trips": args.round_trips,
+        "timeout": args.timeout,
+        "data_dir": args.data_dir,
+        "download": args.download,
+        "options": workload_options(args),
+    }
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure t_grad and t_comm (and the refined model's inputs) for a workload",
+        description=(
+            "Measure forward+backward time of one batch (t_grad, median after warm-up), the optimizer step, "
+            "t_grad with several processes at once (contention), and the transfer of all weights between two "
+            "real processes over the parameter server's transport (t_comm, latency, bandwidth)."
+        ),
+    )
+    parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to profile")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default profiles/WORKLOAD-bBATCH[-RATE].json)")
+    add_profile_flags(parser)
+    parser.set_defaults(handler=run)
+
+
+def describe(result: Profile) -> str:
+    """The profile in a few lines a person reads."""
+    parts = ", ".join(f"batch/{n}: {t * 1000:.2f} ms" for n, t in sorted(result.t_grad_parts.items()))
+    contention = ", ".join(f"{k} processes ×{v:.3f}" for k, v in sorted(result.contention.items()) if k > 1)
+    return "\n".join(
+        [
+            f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
+            f"({result.weight_bytes:,} bytes), {result.threads} thread(s), {result.network or 'loopback'}",
+            f"t_grad   {result.t_grad * 1000:10.2f} ms" + (f"   ({parts})" if parts else ""),
+            f"t_update {result.t_update * 1000:10.2f} ms",
+            f"t_comm   {result.t_comm * 1000:10.2f} ms   latency {result.latency * 1e6:.0f} µs, "
+            f"bandwidth {result.bytes_per_second * 8 / 1e6:,.0f} Mbit/s",
+        ]
+        + ([f"contention: {contention}"] if contention else [])
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    result = profile(args.workload, **profile_settings(args))
+    print(describe(result))
+    print(f"written to {result.save(args.out or result.default_path())}")
+    return 0

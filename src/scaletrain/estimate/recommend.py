@@ -1,0 +1,66 @@
+"""Advice: the worker count and configuration with the highest predicted speedup, under each model.
+
+The thesis model chooses among its own six configurations (central/distributed server × async,
+sync-join, sync-split); the refined model also among all-reduce join/split. A ``join`` run trains
+with an N-times larger effective batch, so its speedup in batches per second may cost accuracy
+per batch; the advice says so.
+
+>>> from scaletrain.measure.profile import Profile
+>>> best = recommend(Profile("toy", 32, t_grad=0.8, t_comm=5.0), max_workers=4)
+>>> best["thesis"]["workers"]  # transfers dwarf the gradient: one worker alone
+1
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup, thesis_configurations
+from scaletrain.estimate.refined import CONFIGURATIONS
+from scaletrain.measure.profile import Profile
+
+__all__ = ["recommend"]
+
+JOIN_NOTE = "join trains N batches per step (an N-times larger effective batch); check accuracy per epoch"
+
+
+def recommend(
+    profile: Profile,
+    *,
+    max_workers: int,
+    batches: float = 128,
+    cores: int | None = None,
+    case: str = "mean",
+    models: tuple[str, ...] = MODELS,
+) -> dict[str, dict[str, Any]]:
+    """Per model: the best ``workers``, ``configuration`` label, ``speedup``, and the runner-up per worker count.
+
+    One worker alone (speedup 1 by definition) is the fallback when no configuration beats it.
+    """
+    if max_workers < 1:
+        raise ConfigError(f"--max-workers must be ≥ 1, got {max_workers}")
+    advice = {}
+    for model in models:
+        candidates = thesis_configurations() if model == "thesis" else _refined_configurations()
+        best = {"workers": 1, "configuration": "local", "speedup": 1.0}
+        per_workers = {}
+        for workers in range(1, max_workers + 1):
+            scored = [
+                (predicted_speedup(model, profile, c, workers, batches=batches, cores=cores, case=case), c.label)
+                for c in candidates
+            ]
+            speedup, label = max(scored)
+            per_workers[workers] = {"configuration": label, "speedup": speedup}
+            if speedup > best["speedup"]:
+                best = {"workers": workers, "configuration": label, "speedup": speedup}
+        note = JOIN_NOTE if best["configuration"].endswith("-join") else ""
+        advice[model] = {**best, "note": note, "by_workers": per_workers}
+    return advice
+
+
+def _refined_configurations() -> list[Configuration]:
+    return [
+        Configuration.parse(f"allreduce-{sync}" if strategy == "allreduce" else f"ps-{server}-{sync}")
+        for strategy, server, sync in CONFIGURATIONS
+    ]

@@ -1,0 +1,222 @@
+"""Validation: predict with both models from a profile, then run the real sweep and compare.
+
+The profile is measured first and the predictions are fixed before any validation run starts, so
+no constant is fitted to the runs a model is judged on. The runs are ``scaletrain bench`` runs (the
+same code as ``scaletrain train``) with ``local`` at one worker as the reference: measured speedup =
+median batches/s of the configuration / median batches/s of ``local``, the quantity both models
+predict (eq. 4.23: D·t_grad / t_train). Error = |predicted − measured| / measured.
+
+Writes into ``out``: ``profile.json``, ``bench/`` (runs, results, report), ``validation.csv``,
+``validation.json``, ``validation.md`` and ``validation.png``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
+from scaletrain.estimate.plots import plot_curves
+from scaletrain.measure.bench import run_bench
+from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
+from scaletrain.measure.sweep import SweepConfig
+
+__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "run_validation"]
+
+DEFAULT_STRATEGIES = (
+    "allreduce-join",
+    "ps-central-join",
+    "ps-central-split",
+    "ps-central-async",
+    "ps-sharded-join",
+    "ps-sharded-async",
+)
+COLUMNS = (
+    "workload",
+    "network",
+    "strategy",
+    "workers",
+    "runs",
+    "measured_batches_per_second",
+    "measured_speedup",
+    "thesis_speedup",
+    "refined_speedup",
+    "thesis_error_percent",
+    "refined_error_percent",
+)
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """The sweep to validate against (workers share this machine's cores)."""
+
+    workload: str
+    out: Path
+    workers: tuple[int, ...] = (1, 2)
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    batch_size: int | None = None
+    steps: int = 40
+    warmup_steps: int = 5
+    repeats: int = 3
+    network: str | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)  # lr, momentum for the runs
+    data_dir: Path | None = None
+    threads_per_worker: int = 1
+
+    def __post_init__(self) -> None:
+        for spec in self.strategies:
+            Configuration.parse(spec)
+        if self.steps <= self.warmup_steps:
+            raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
+
+
+def run_validation(config: ValidationConfig) -> dict[str, Any]:
+    """Profile, predict, run the sweep, compare; returns the table rows and both models' errors."""
+    out = config.out
+    out.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    splits = tuple(n for n in config.workers if n > 1)
+    profile = run_profile(
+        ProfileConfig(
+            config.workload,
+            batch_size=config.batch_size,
+            options=dict(config.options),
+            split_workers=splits,
+            concurrency=min(max(config.workers), cores),
+            network=config.network,
+            threads=config.threads_per_worker,
+            lr=config.settings.get("lr"),
+            momentum=config.settings.get("momentum"),
+            data_dir=config.data_dir,
+        ),
+        out=out / "profile.json",
+    )
+    bench = run_bench(
+        SweepConfig(
+            workload=config.workload,
+            out=out / "bench",
+            workers=config.workers,
+            strategies=("local", *config.strategies),
+            batch_sizes=(profile.batch_size,),
+            steps=config.steps,
+            warmup_steps=config.warmup_steps,
+            repeats=config.repeats,
+            threads_per_worker=config.threads_per_worker,
+            network=config.network,
+            data_dir=config.data_dir,
+            options=dict(config.options),
+            settings=dict(config.settings),
+        ),
+        title=f"Validation runs of {config.workload}",
+    )
+    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=config.network or "loopback")
+    return write_validation(profile, rows, config.strategies, out)
+
+
+def compare(
+    profile: Profile, results: list[dict[str, Any]], *, steps: int, cores: int | None, network: str
+) -> list[dict[str, Any]]:
+    """Table rows: measured speedup (vs the median ``local`` run) beside both models' predictions."""
+    rates: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for row in results:
+        if row.get("status") == "ok":
+            rates[(row["strategy"], int(row["workers"]))].append(float(row["batches_per_second"]))
+    if not rates.get(("local", 1)):
+        raise ConfigError("no successful local run to compare against; see the bench report for the failures")
+    reference = statistics.median(rates[("local", 1)])
+    table = []
+    for (label, workers), values in sorted(rates.items()):
+        if label == "local":
+            continue
+        configuration = Configuration.parse(label)
+        measured = statistics.median(values) / reference
+        batches = steps * (workers if configuration.sync == "join" else 1)
+        row = {
+            "workload": profile.workload,
+            "network": network,
+            "strategy": label,
+            "workers": workers,
+            "runs": len(values),
+            "measured_batches_per_second": statistics.median(values),
+            "measured_speedup": measured,
+        }
+        for model in MODELS:
+            predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
+            row[f"{model}_speedup"] = predicted
+            row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
+        table.append(row)
+    return table
+
+
+def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Mean absolute percentage error of each model over the rows."""
+    return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
+
+
+def write_validation(
+    profile: Profile, rows: list[dict[str, Any]], strategies: tuple[str, ...], out: Path
+) -> dict[str, Any]:
+    errors = mean_errors(rows)
+    with (out / "validation.csv").open("w", newline="", encoding="utf-8") as file:
+        writer = csv.DictWriter(file, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    result = {"rows": rows, "mean_absolute_percentage_error": errors, "profile": profile.to_json()}
+    (out / "validation.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    measured = {(row["strategy"], row["workers"]): row["measured_speedup"] for row in rows}
+    max_workers = max((row["workers"] for row in rows), default=1)
+    cores = os.cpu_count() or 1
+
+    def predict(model: str, label: str, workers: int) -> float:
+        batches = 128
+        return predicted_speedup(model, profile, Configuration.parse(label), workers, batches=batches, cores=cores)
+
+    picture = plot_curves(
+        out / "validation.png",
+        labels=list(strategies),
+        max_workers=max_workers,
+        predict=predict,
+        measured=measured,
+        title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}: predicted vs measured",
+    )
+    (out / "validation.md").write_text(_markdown(profile, rows, errors), encoding="utf-8")
+    return {**result, "picture": picture, "out": out}
+
+
+def _markdown(profile: Profile, rows: list[dict[str, Any]], errors: dict[str, float | None]) -> str:
+    lines = [
+        f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
+        f"{profile.network or 'loopback'}",
+        "",
+        f"Profile: t_grad {profile.t_grad * 1000:.1f} ms, t_update {profile.t_update * 1000:.2f} ms, "
+        f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
+        f"{profile.latency * 1e6:.0f} µs, contention "
+        + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
+        + ".",
+        "",
+        "| strategy | workers | runs | measured | thesis | error | refined | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['strategy']} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
+            f"{row['thesis_speedup']:.3f} | {row['thesis_error_percent']:.1f} % | {row['refined_speedup']:.3f} | "
+            f"{row['refined_error_percent']:.1f} % |"
+        )
+    lines += [
+        "",
+        "Mean absolute percentage error: "
+        + ", ".join(f"{model} {value:.1f} %" for model, value in errors.items() if value is not None),
+        "",
+        "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""One process of a profile measurement, started by :mod:`scaletrain.measure.profile`.
+
+``python -m scaletrain.measure.probe JOB.json RESULT.json`` with the torchrun variables set. Two jobs:
+
+- ``grad``: every rank times forward+backward (t_grad) and the optimizer step (t_update) of its
+  own copy of the model on a real batch of the workload, all ranks at the same time after a
+  barrier, so ``world_size`` ranks measure t_grad while that many processes compete for the cores.
+- ``transfer``: rank 0 plays the parameter server and rank 1 a worker, over a two-process gloo group
+  with the same calls and message shapes the parameter server uses (``[header]`` then one flat
+  float32 buffer, tags per direction): round trips of push(gradient) + pull(weights) per size.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from scaletrain.parallel.ps import REPLY, REQUEST
+from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.train.meter import now
+from scaletrain.workloads import Part, create_workload
+
+__all__ = ["main", "time_gradient", "time_transfers"]
+
+
+def _synchronize(model: torch.nn.Module) -> None:
+    """Wait for queued GPU work before reading a clock (CUDA runs asynchronously); a no-op on CPU."""
+    parameter = next(model.parameters(), None)
+    if parameter is not None and parameter.is_cuda:
+        torch.cuda.synchronize(parameter.device)
+
+
+def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
+    """Median-able samples of t_grad per batch size and of t_update, after ``job['warmup']`` rounds."""
+    torch.set_num_threads(job["threads"])
+    workload = create_workload(job["workload"], job["options"])
+    data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
+    torch.manual_seed(0)
+    model = workload.build_model()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    batch_size = job["batch_size"]
+    grads: dict[str, list[float]] = {}
+    updates: list[float] = []
+    for parts in job["parts"]:  # 1 = the whole batch; n = the 1/n share a split worker computes
+        batch = next(iter(workload.train_batches(data, epoch=0, batch_size=batch_size, seed=0, part=Part(0, parts))))
+        samples = []
+        if barrier is not None:
+            barrier()  # every rank starts this batch size together
+        for round_number in range(job["warmup"] + job["repeats"]):
+            state = workload.initial_state(model, batch_size // parts)
+            optimizer.zero_grad(set_to_none=True)
+            _synchronize(model)
+            begin = now()
+            objective, _, _ = workload.training_loss(model, batch, state)
+            objective.backward()
+            _synchronize(model)
+            middle = now()
+            optimizer.step()
+            _synchronize(model)
+            end = now()
+            if round_number >= job["warmup"]:
+                samples.append(middle - begin)
+                if parts == 1:
+                    updates.append(end - middle)
+        grads[str(parts)] = samples
+    return {"t_grad": grads, "t_update": updates}
+
+
+def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank 1 pushes a buffer of each size to rank 0 and pulls one back; round trips timed on rank 1,
+    each direction timed on its receiver from the header's arrival to the buffer's."""
+    group = dist.new_group([0, 1])
+    header = torch.zeros(3, dtype=torch.int64)
+    results: dict[str, dict[str, list[float]]] = {}
+    for size in job["sizes"]:
+        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        round_trips, one_way = [], []
+        for round_number in range(job["warmup"] + job["repeats"]):
+            if rank == 1:
+                begin = now()
+                dist.send(header, dst=0, group=group, tag=REQUEST)
+                dist.send(buffer, dst=0, group=group, tag=REQUEST)
+                dist.recv(header, src=0, group=group, tag=REPLY)
+                arrived = now()
+                dist.recv(buffer, src=0, group=group, tag=REPLY)
+                end = now()
+                sample = (end - begin, end - arrived)
+            else:
+                dist.recv(header, src=1, group=group, tag=REQUEST)
+                arrived = now()
+                dist.recv(buffer, src=1, group=group, tag=REQUEST)
+                received = now()
+                dist.send(header, dst=1, group=group, tag=REPLY)
+                dist.send(buffer, dst=1, group=group, tag=REPLY)
+                sample = (0.0, received - arrived)
+            if round_number >= job["warmup"]:
+                round_trips.append(sample[0])
+                one_way.append(sample[1])
+        results[str(buffer.numel() * 4)] = {"round_trip": round_trips, "one_way": one_way}
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
+    job = json.loads(Path(job_path).read_text(encoding="utf-8"))
+    rendezvous = Rendezvous.from_env()
+    connect(rendezvous, timeout=job["timeout"])
+    if job["kind"] == "grad":
+        result = time_gradient(job, barrier=dist.barrier if rendezvous.world_size > 1 else None)
+    else:
+        result = time_transfers(job, rendezvous.rank)
+    dist.barrier()
+    Path(result_path).write_text(json.dumps({"rank": rendezvous.rank, **result}), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    from scaletrain.parallel.worker import exit_now
+
+    code = main()
+    sys.stdout.flush()
+    exit_now(code)  # skip c10d's teardown, which can abort at interpreter exit

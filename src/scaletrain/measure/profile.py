@@ -1,0 +1,285 @@
+"""``scaletrain profile``: the measured inputs of the speedup estimators (Šlampa 2017, §6.2).
+
+- **t_grad**: forward + backward of one batch on one worker, median after warm-up (clocks read
+  after a GPU synchronisation when the model is on a GPU); also at 1/n of the batch for the
+  workers of a ``split`` run (``split_workers``), and the optimizer step (**t_update**).
+- **contention**: t_grad while k processes compute at once on this machine, divided by t_grad
+  alone, for k = 2..``concurrency`` (what workers sharing cores cost each other).
+- **t_comm**: one transfer of all weights between two real processes over the transport the
+  parameter server uses (gloo point-to-point, header + flat buffer, both directions): half the
+  median push + pull round trip. **latency**: the same for a 4-byte buffer; **bandwidth**: the
+  weight bytes over (t_comm − latency). With ``network`` the two processes talk across an emulated
+  link of that rate.
+
+Every measurement runs in fresh processes started like training processes (torchrun variables,
+1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
+
+>>> profile = Profile.from_json({"workload": "toy", "batch_size": 8, "t_grad": 0.1, "t_comm": 0.02})
+>>> profile.t_grad_at(2), profile.contention_at(2, cores=None)
+(0.05, 1.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.measure.machine import machine_info
+from scaletrain.netem.network import EmulatedNetwork, parse_rate
+from scaletrain.parallel.launch import free_port, spawn_rank, stop_processes
+from scaletrain.workloads import create_workload
+
+__all__ = ["Profile", "ProfileConfig", "ProfileError", "run_profile"]
+
+POLL_SECONDS = 0.05
+SMALL_BYTES = 4
+
+
+class ProfileError(ScaletrainError):
+    """A measuring process failed or did not finish in time."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What to measure and how often."""
+
+    workload: str
+    batch_size: int | None = None  # None: the workload's default
+    options: dict[str, str] = field(default_factory=dict)
+    split_workers: tuple[int, ...] = ()  # also t_grad at batch/n for these n
+    concurrency: int | None = None  # contention up to this many processes; None: this machine's cores
+    network: str | None = None
+    threads: int = 1
+    repeats: int = 10
+    warmup: int = 3
+    round_trips: int = 10
+    lr: float | None = None
+    momentum: float | None = None
+    data_dir: Path | None = None
+    download: bool = True
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.round_trips < 1 or self.warmup < 0:
+            raise ConfigError("--repeats and --round-trips must be ≥ 1 and --warmup ≥ 0")
+        if self.threads < 1:
+            raise ConfigError(f"--threads must be ≥ 1, got {self.threads}")
+        if any(n < 1 for n in self.split_workers):
+            raise ConfigError(f"split worker counts must be ≥ 1, got {self.split_workers}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
+        if self.network is not None:
+            parse_rate(self.network)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Measured times of one workload at one batch size (seconds, bytes, bytes per second).
+
+    Only ``t_grad`` and ``t_comm`` are needed (the thesis's inputs); the rest refine the estimate
+    and default to "not measured".
+    """
+
+    workload: str
+    batch_size: int
+    t_grad: float
+    t_comm: float
+    t_grad_parts: dict[int, float] = field(default_factory=dict)  # n → t_grad of batch/n
+    t_update: float = 0.0
+    latency: float = 0.0
+    bandwidth: float | None = None  # None: weight_bytes / t_comm
+    weight_bytes: int | None = None
+    tensor_bytes: tuple[int, ...] = ()
+    contention: dict[int, float] = field(default_factory=dict)  # k processes → t_grad factor
+    cores: int | None = None
+    threads: int = 1
+    network: str | None = None
+    parameters: int | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def t_grad_at(self, parts: int) -> float:
+        """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
+        return self.t_grad_parts.get(parts, self.t_grad / parts)
+
+    def contention_at(self, processes: int, *, cores: int | None) -> float:
+        """How much slower t_grad is with ``processes`` computing on ``cores`` shared cores.
+
+        ``cores`` None: every worker has its own machine (factor 1). Measured factors are used as
+        they are; beyond them the factor grows with processes per core.
+        """
+        if cores is None or processes <= 1:
+            return 1.0
+        if processes in self.contention:
+            return self.contention[processes]
+        known = max((k for k in self.contention if k <= processes), default=1)
+        base = self.contention.get(known, 1.0)
+        return base * max(1.0, processes / max(known, cores))
+
+    @property
+    def bytes_per_second(self) -> float:
+        if self.bandwidth:
+            return self.bandwidth
+        size = self.weight_bytes or 1
+        return size / max(self.t_comm - self.latency, 1e-12)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Profile:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
+        given = dict(data)
+        for key in ("t_grad_parts", "contention"):
+            if key in given:
+                given[key] = {int(k): float(v) for k, v in given[key].items()}
+        if "tensor_bytes" in given:
+            given["tensor_bytes"] = tuple(given["tensor_bytes"])
+        try:
+            return cls(**given)
+        except TypeError as exc:
+            raise ConfigError(f"profile is missing a field: {exc}") from None
+
+    def save(self, path: Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2), encoding="utf-8")
+        return path
+
+    def default_path(self) -> Path:
+        """``profiles/WORKLOAD-bBATCH[-RATE].json``"""
+        network = f"-{self.network}" if self.network else ""
+        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}.json"
+
+    @classmethod
+    def load(cls, path: Path) -> Profile:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read profile {path}: {exc}; write one with `scaletrain profile`") from None
+
+
+def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
+    """Measure everything :class:`Profile` holds; write it as JSON to ``out`` when given.
+
+    >>> profile = run_profile(ProfileConfig("lenet", batch_size=64))  # doctest: +SKIP
+    >>> profile.t_grad, profile.t_comm  # doctest: +SKIP
+    (0.021, 0.0006)
+    """
+    workload = create_workload(config.workload, config.options)
+    defaults = workload.defaults
+    batch_size = config.batch_size or defaults.batch_size
+    for parts in config.split_workers:
+        if batch_size % parts:
+            raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
+    # Load the data here first: a missing dataset is one clear error before any process starts.
+    workload.load_data(config.data_dir, download=config.download)
+    tensors = [p.numel() * p.element_size() for p in workload.build_model().parameters() if p.requires_grad]
+    weight_bytes = sum(tensors)
+    job = {
+        "workload": config.workload,
+        "options": config.options,
+        "batch_size": batch_size,
+        "threads": config.threads,
+        "repeats": config.repeats,
+        "warmup": config.warmup,
+        "lr": config.lr if config.lr is not None else defaults.lr,
+        "momentum": config.momentum if config.momentum is not None else defaults.momentum,
+        "data_dir": str(config.data_dir) if config.data_dir else None,
+        "download": config.download,
+        "timeout": config.timeout,
+    }
+    parts = sorted({1, *config.split_workers})
+    alone = _run_probes({**job, "kind": "grad", "parts": parts}, 1, None, config.timeout)[0]
+    t_grad_parts = {n: statistics.median(alone["t_grad"][str(n)]) for n in parts}
+    t_grad = t_grad_parts.pop(1)
+    cores = os.cpu_count() or 1
+    contention = {1: 1.0}
+    for processes in range(2, (config.concurrency or cores) + 1):
+        ranks = _run_probes({**job, "kind": "grad", "parts": [1]}, processes, None, config.timeout)
+        contention[processes] = statistics.median(statistics.median(r["t_grad"]["1"]) for r in ranks) / t_grad
+    transfer_job = {**job, "kind": "transfer", "sizes": [SMALL_BYTES, weight_bytes], "repeats": config.round_trips}
+    transfer_job["warmup"] = max(1, min(config.warmup, 2))
+    worker = _run_probes(transfer_job, 2, config.network, config.timeout)[1]
+    latency = statistics.median(worker[str(SMALL_BYTES)]["round_trip"]) / 2
+    t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
+    profile = Profile(
+        workload=config.workload,
+        batch_size=batch_size,
+        t_grad=t_grad,
+        t_comm=t_comm,
+        t_grad_parts=t_grad_parts,
+        t_update=statistics.median(alone["t_update"]),
+        latency=latency,
+        bandwidth=weight_bytes / (t_comm - latency) if t_comm > latency else None,
+        weight_bytes=weight_bytes,
+        tensor_bytes=tuple(tensors),
+        contention=contention,
+        cores=cores,
+        threads=config.threads,
+        network=config.network,
+        parameters=weight_bytes // 4,
+        options=dict(config.options),
+        samples={"t_grad": alone["t_grad"]["1"], "round_trip": worker[str(weight_bytes)]["round_trip"]},
+        machine=machine_info(config.network),
+    )
+    if out is not None:
+        profile.save(out)
+    return profile
+
+
+def _run_probes(job: dict[str, Any], world_size: int, network: str | None, timeout: float) -> list[dict[str, Any]]:
+    """Start ``world_size`` probe processes (in an emulated network if asked); their results by rank."""
+    with tempfile.TemporaryDirectory(prefix="scaletrain-profile-") as scratch, contextlib.ExitStack() as stack:
+        folder = Path(scratch)
+        (folder / "job.json").write_text(json.dumps(job), encoding="utf-8")
+        emulated = stack.enter_context(EmulatedNetwork(world_size, parse_rate(network))) if network else None
+        port = free_port()
+        processes, logs = [], []
+        try:
+            for rank in range(world_size):
+                log = stack.enter_context((folder / f"rank-{rank}.log").open("wb"))
+                logs.append(folder / f"rank-{rank}.log")
+                command = ["scaletrain.measure.probe", str(folder / "job.json"), str(folder / f"result-{rank}.json")]
+                processes.append(
+                    spawn_rank(rank, world_size, port, command, network=emulated, stdout=log, stderr=subprocess.STDOUT)
+                )
+            _wait(processes, logs, job["kind"], timeout)
+        finally:
+            stop_processes(processes)
+        return [json.loads((folder / f"result-{rank}.json").read_text(encoding="utf-8")) for rank in range(world_size)]
+
+
+def _wait(processes: list[subprocess.Popen], logs: list[Path], kind: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [process.poll() for process in processes]
+        for rank, code in enumerate(codes):
+            if code not in (None, 0):
+                lines = [line for line in logs[rank].read_text(errors="replace").splitlines() if line.strip()]
+                last = lines[-1] if lines else f"exit code {code}"
+                raise ProfileError(f"the {kind} measurement failed in process {rank}: {last}")
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            raise ProfileError(
+                f"the {kind} measurement took longer than {timeout:.0f} s; lower --repeats or --round-trips, "
+                "or raise --timeout"
+            )
+        time.sleep(POLL_SECONDS)

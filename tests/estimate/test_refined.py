@@ -1,0 +1,126 @@
+"""The refined model against hand-computed values for a made-up profile whose numbers are easy to follow.
+
+Profile: t_grad 0.1 s (0.06 s at half the batch), t_update 0.01 s, latency 1 ms, 1 MB of weights in
+two tensors (600 kB, 400 kB) over 10 MB/s (so one full transfer is 0.1 s + 1 ms), and 2 processes
+computing at once are 1.1× slower. The sequential reference is t_grad + t_update = 0.11 s per batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.recommend import recommend
+from scaletrain.estimate.refined import mean_value_throughput, predict
+from scaletrain.measure.profile import Profile
+
+PROFILE = Profile(
+    "made-up",
+    64,
+    t_grad=0.1,
+    t_comm=0.101,
+    t_grad_parts={2: 0.06},
+    t_update=0.01,
+    latency=0.001,
+    bandwidth=1e7,
+    weight_bytes=10**6,
+    tensor_bytes=(600_000, 400_000),
+    contention={1: 1.0, 2: 1.1},
+)
+SEQUENTIAL = 0.11
+
+
+def speedup(strategy, sync, workers, server="central", cores=None):
+    return predict(PROFILE, strategy=strategy, server=server, sync=sync, workers=workers, cores=cores).speedup
+
+
+def test_allreduce_ring_cost():
+    # 2 workers: 2(N−1) latencies + 2(N−1)/N of the bytes = 0.002 + 0.1; step = 0.1 + 0.102 + 0.01.
+    assert speedup("allreduce", "join", 2) == pytest.approx(2 / 0.212 * SEQUENTIAL)
+
+
+def test_split_uses_measured_half_batch_gradient_and_contention():
+    # t_grad(batch/2) = 0.06, × 1.1 for two processes sharing two cores.
+    step = 0.06 * 1.1 + 0.102 + 0.01
+    assert speedup("allreduce", "split", 2, cores=2) == pytest.approx(SEQUENTIAL / step)
+    # On their own machines there is no contention.
+    assert speedup("allreduce", "split", 2) == pytest.approx(SEQUENTIAL / (0.06 + 0.102 + 0.01))
+
+
+def test_central_server_link_is_shared_by_synchronised_workers():
+    # Two pushes share the server's downlink (2 MB → 0.2 s), two replies its uplink.
+    step = 0.1 + 2 * (0.001 + 0.2) + 0.01
+    assert speedup("ps", "join", 2) == pytest.approx(2 / step * SEQUENTIAL)
+    one = 0.1 + 2 * (0.001 + 0.1) + 0.01
+    assert speedup("ps", "join", 1) == pytest.approx(SEQUENTIAL / one)
+
+
+def test_sharded_server_follows_the_real_shard_sizes():
+    # Greedy ownership: 600 kB → owner 0, 400 kB → owner 1; the busiest link carries 60 % each phase.
+    phase = 0.001 + 0.6 * 0.1
+    step = 0.1 + 2 * phase + 0.6 * 0.01
+    assert speedup("ps", "join", 2, server="sharded") == pytest.approx(2 / step * SEQUENTIAL)
+    assert speedup("ps", "join", 1, server="sharded") == pytest.approx(1.0)  # nothing crosses a link
+
+
+def test_async_central_by_mean_value_analysis_by_hand():
+    think = 0.1 + 2 * 0.001
+    demands = [0.1, 0.01, 0.1]
+    one = 1 / (think + sum(demands))
+    queues = [one * d for d in demands]
+    two = 2 / (think + sum(d * (1 + q) for d, q in zip(demands, queues, strict=True)))
+    assert speedup("ps", "async", 1) == pytest.approx(one * SEQUENTIAL)
+    assert speedup("ps", "async", 2) == pytest.approx(two * SEQUENTIAL)
+    assert two * SEQUENTIAL == pytest.approx(0.584448, abs=1e-6)
+
+
+def test_async_sharded_by_hand():
+    # With two workers every link carries half the bytes per cycle on average: 0.05 s.
+    demands = [0.05, 0.05, 0.006, 0.05, 0.05, 0.004]
+    think = 0.1 + 2 * 0.001
+    total = sum(demands) + sum(d * d for d in demands) / (think + sum(demands))
+    assert speedup("ps", "async", 2, server="sharded") == pytest.approx(2 / (think + total) * SEQUENTIAL)
+
+
+def test_mean_value_analysis_limits():
+    # Light load: as many jobs as fit without queueing; heavy load: the bottleneck's rate.
+    assert mean_value_throughput(1, 9.0, [1.0]) == pytest.approx(0.1)
+    assert mean_value_throughput(200, 1.0, [0.5, 0.1]) == pytest.approx(2.0, rel=1e-3)
+    assert mean_value_throughput(2, 1.0, [0.0]) == pytest.approx(2.0)
+
+
+def test_contention_extrapolates_with_processes_per_core():
+    assert PROFILE.contention_at(2, cores=2) == 1.1
+    assert PROFILE.contention_at(4, cores=2) == pytest.approx(2.2)
+    assert PROFILE.contention_at(8, cores=None) == 1.0
+
+
+def test_models_agree_without_latency_update_or_contention_where_the_thesis_is_exact():
+    """The thesis's distributed-server formula = the refined sharded one for equal shards and no extras."""
+    plain = Profile("plain", 8, t_grad=0.5, t_comm=0.2, weight_bytes=1000, tensor_bytes=(500, 500))
+    sharded = Configuration.parse("ps-sharded-join")
+    for n in (1, 2):
+        assert predicted_speedup("refined", plain, sharded, n, batches=64) == pytest.approx(
+            predicted_speedup("thesis", plain, sharded, n, batches=64)
+        )
+
+
+def test_unknown_configuration_is_refused():
+    with pytest.raises(ConfigError, match="allreduce join/split"):
+        predict(PROFILE, strategy="allreduce", sync="async", workers=2)
+
+
+def test_recommend_picks_the_highest_predicted_speedup():
+    advice = recommend(PROFILE, max_workers=4)
+    for model in ("thesis", "refined"):
+        best = advice[model]
+        per_workers = advice[model]["by_workers"]
+        assert best["speedup"] == max(max(v["speedup"] for v in per_workers.values()), 1.0)
+    # SqueezeNet's times from 003 Table 6.1: the thesis found 8 workers with a distributed server best.
+    squeezenet = Profile("squeezenet", 0, t_grad=0.758, t_comm=0.033)
+    best = recommend(squeezenet, max_workers=8, models=("thesis",))["thesis"]
+    assert (best["workers"], best["configuration"]) == (8, "ps-sharded-join")
+    # VGG16E: nothing beats one worker.
+    vgg = Profile("vgg16e", 0, t_grad=0.719, t_comm=5.153)
+    assert recommend(vgg, max_workers=4, models=("thesis",))["thesis"]["configuration"] == "local"

@@ -1,0 +1,75 @@
+"""Validation: the comparison arithmetic, and one tiny real run end to end."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+
+import pytest
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.validate import ValidationConfig, compare, mean_errors, run_validation
+from scaletrain.measure.profile import Profile
+
+PROFILE = Profile("lenet", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,))
+
+
+def rows(label, workers, rates):
+    return [{"status": "ok", "strategy": label, "workers": workers, "batches_per_second": r} for r in rates]
+
+
+def test_measured_speedup_is_against_the_median_local_run():
+    results = [
+        *rows("local", 1, [10.0, 9.0, 11.0]),
+        *rows("allreduce-join", 2, [18.0, 19.0, 30.0]),
+        {"status": "failed", "strategy": "allreduce-join", "workers": 2},
+    ]
+    table = compare(PROFILE, results, steps=20, cores=None, network="loopback")
+    assert len(table) == 1
+    row = table[0]
+    assert row["runs"] == 3
+    assert row["measured_speedup"] == pytest.approx(19.0 / 10.0)
+    for model in ("thesis", "refined"):
+        predicted = predicted_speedup(model, PROFILE, Configuration.parse("allreduce-join"), 2, batches=40)
+        assert row[f"{model}_speedup"] == pytest.approx(predicted)
+        assert row[f"{model}_error_percent"] == pytest.approx(abs(predicted - 1.9) / 1.9 * 100)
+    assert mean_errors(table)["thesis"] == pytest.approx(table[0]["thesis_error_percent"])
+
+
+def test_no_local_run_means_no_reference():
+    with pytest.raises(ConfigError, match="no successful local run"):
+        compare(PROFILE, rows("allreduce-join", 2, [5.0]), steps=10, cores=None, network="loopback")
+
+
+def test_validation_config_refuses_local_and_too_few_steps(tmp_path):
+    with pytest.raises(ConfigError, match="reference"):
+        ValidationConfig("lenet", tmp_path, strategies=("local",))
+    with pytest.raises(ConfigError, match="--steps"):
+        ValidationConfig("lenet", tmp_path, steps=5, warmup_steps=5)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
+    config = ValidationConfig(
+        "lenet", tmp_path / "val", workers=(1, 2), strategies=("allreduce-join", "ps-central-async"),
+        batch_size=32, steps=8, warmup_steps=2, repeats=1, data_dir=tiny_fmnist,
+    )  # fmt: skip
+    result = run_validation(config)
+    out = tmp_path / "val"
+    table = list(csv.DictReader((out / "validation.csv").open()))
+    assert {(r["strategy"], r["workers"]) for r in table} == {
+        (label, n) for label in ("allreduce-join", "ps-central-async") for n in ("1", "2")
+    }
+    # The measured speedups are the bench's own rows divided by its local run.
+    bench = list(csv.DictReader((out / "bench" / "results.csv").open()))
+    local = statistics.median(float(r["batches_per_second"]) for r in bench if r["strategy"] == "local")
+    for row in table:
+        rate = [float(r["batches_per_second"]) for r in bench
+                if r["strategy"] == row["strategy"] and r["workers"] == row["workers"]]  # fmt: skip
+        assert float(row["measured_speedup"]) == pytest.approx(rate[0] / local)
+    assert set(result["mean_absolute_percentage_error"]) == {"thesis", "refined"}
+    assert (out / "validation.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Mean absolute percentage error" in (out / "validation.md").read_text()
+    assert Profile.load(out / "profile.json").batch_size == 32

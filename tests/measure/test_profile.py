@@ -1,0 +1,67 @@
+"""``scaletrain profile`` with real processes: t_grad, contention, and t_comm over gloo (and an emulated link)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from scaletrain.errors import DataError
+from scaletrain.measure.profile import Profile, ProfileConfig, ProfileError, run_profile
+
+pytestmark = [pytest.mark.multiprocess]
+
+LENET_FLOATS = 431_080
+
+
+def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, tmp_path):
+    out = tmp_path / "profile.json"
+    config = ProfileConfig(
+        "lenet", batch_size=32, split_workers=(2,), concurrency=2, repeats=3, warmup=1, round_trips=3,
+        data_dir=tiny_fmnist, download=False,
+    )  # fmt: skip
+    profile = run_profile(config, out=out)
+    assert profile.weight_bytes == LENET_FLOATS * 4 == sum(profile.tensor_bytes)
+    assert len(profile.tensor_bytes) == 8  # 4 layers × (weight, bias)
+    assert profile.t_grad > 0 and profile.t_grad_parts[2] > 0 and profile.t_update > 0
+    assert profile.t_grad_parts[2] < profile.t_grad  # half the batch is less work
+    assert set(profile.contention) == {1, 2} and profile.contention[2] > 0
+    assert 0 < profile.latency < profile.t_comm
+    assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / (profile.t_comm - profile.latency))
+    assert len(profile.samples["t_grad"]) == 3 and len(profile.samples["round_trip"]) == 3
+    assert Profile.load(out) == profile
+    assert json.loads(out.read_text())["batch_size"] == 32
+
+
+def test_missing_dataset_fails_before_any_process_starts(tmp_path):
+    with pytest.raises(DataError, match="Fashion-MNIST"):
+        run_profile(ProfileConfig("lenet", data_dir=tmp_path / "nothing", download=False))
+
+
+def test_a_measurement_that_overruns_its_timeout_is_stopped(tiny_fmnist):
+    with pytest.raises(ProfileError, match="longer than"):
+        run_profile(ProfileConfig("lenet", data_dir=tiny_fmnist, download=False, timeout=0.5))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="needs root and iproute2 (tc)")
+def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):
+    profile = run_profile(
+        ProfileConfig(
+            "lenet",
+            batch_size=32,
+            network="20mbit",
+            concurrency=1,
+            repeats=2,
+            warmup=1,
+            round_trips=3,
+            data_dir=tiny_fmnist,
+            download=False,
+        )
+    )
+    expected = LENET_FLOATS * 4 * 8 / 20e6 / 0.956  # TCP goodput is ~95.6 % of the link rate
+    assert expected * 0.9 < profile.t_comm < expected * 1.4
+    assert profile.network == "20mbit"
+    assert profile.bytes_per_second * 8 == pytest.approx(20e6, rel=0.2)
