@@ -65,7 +65,7 @@ def test_profile_then_refined_estimate_from_the_file(tiny_fmnist, tmp_path):
     saved = tmp_path / "lenet.json"
     profiled = run_cli(
         "profile", "lenet", "--batch-size", "32", "--data-dir", str(tiny_fmnist), "--repeats", "2",
-        "--round-trips", "2", "--concurrency", "2", "--split-workers", "2", "--out", str(saved),
+        "--round-trips", "2", "--launches", "1", "--concurrency", "2", "--split-workers", "2", "--out", str(saved),
     )  # fmt: skip
     assert profiled.returncode == 0, profiled.stderr
     assert "t_grad" in profiled.stdout and "t_comm" in profiled.stdout and str(saved) in profiled.stdout

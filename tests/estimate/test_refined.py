@@ -124,3 +124,16 @@ def test_recommend_picks_the_highest_predicted_speedup():
     # VGG16E: nothing beats one worker.
     vgg = Profile("vgg16e", 0, t_grad=0.719, t_comm=5.153)
     assert recommend(vgg, max_workers=4, models=("thesis",))["thesis"]["configuration"] == "local"
+
+
+def test_synchronous_steps_wait_for_the_slowest_worker():
+    """Samples 0.1, 0.1, 0.2 s: the mean is 0.1333 s, the expected slowest of two 0.1556 s (5/9·0.1 + …)."""
+    noisy = Profile("noisy", 8, t_grad=0.1, t_comm=0.0, weight_bytes=1000, samples={"t_grad": [0.1, 0.1, 0.2]})
+    mean, slowest_of_two = 0.4 / 3, 0.1 * (1 / 9 + 3 / 9) + 0.2 * (5 / 9)
+    assert noisy.slowest_of(1) == pytest.approx(mean / 0.1)
+    assert noisy.slowest_of(2) == pytest.approx(slowest_of_two / 0.1)
+    sync = predict(noisy, strategy="allreduce", sync="join", workers=2)
+    assert sync.batches_per_second == pytest.approx(2 / slowest_of_two)
+    assert sync.speedup == pytest.approx(2 / slowest_of_two * mean)
+    asynchronous = predict(noisy, strategy="ps", server="central", sync="async", workers=1)
+    assert asynchronous.speedup == pytest.approx(1.0)

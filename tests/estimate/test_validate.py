@@ -54,7 +54,7 @@ def test_validation_config_refuses_local_and_too_few_steps(tmp_path):
 def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
     config = ValidationConfig(
         "lenet", tmp_path / "val", workers=(1, 2), strategies=("allreduce-join", "ps-central-async"),
-        batch_size=32, steps=8, warmup_steps=2, repeats=1, data_dir=tiny_fmnist,
+        batch_size=32, steps=8, warmup_steps=2, repeats=1, data_dir=tiny_fmnist, launches=1,
     )  # fmt: skip
     result = run_validation(config)
     out = tmp_path / "val"

@@ -19,7 +19,7 @@ LENET_FLOATS = 431_080
 def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, tmp_path):
     out = tmp_path / "profile.json"
     config = ProfileConfig(
-        "lenet", batch_size=32, split_workers=(2,), concurrency=2, repeats=3, warmup=1, round_trips=3,
+        "lenet", batch_size=32, split_workers=(2,), concurrency=2, repeats=3, warmup=1, round_trips=3, launches=2,
         data_dir=tiny_fmnist, download=False,
     )  # fmt: skip
     profile = run_profile(config, out=out)
@@ -29,8 +29,10 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert profile.t_grad_parts[2] < profile.t_grad  # half the batch is less work
     assert set(profile.contention) == {1, 2} and profile.contention[2] > 0
     assert 0 < profile.latency < profile.t_comm
-    assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / (profile.t_comm - profile.latency))
-    assert len(profile.samples["t_grad"]) == 3 and len(profile.samples["round_trip"]) == 3
+    transfer = profile.t_comm - profile.latency if profile.t_comm > 2 * profile.latency else profile.t_comm
+    assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)
+    # Gradient times pooled over two fresh processes of three timed rounds each.
+    assert len(profile.samples["t_grad"]) == 6 and len(profile.samples["round_trip"]) == 3
     assert Profile.load(out) == profile
     assert json.loads(out.read_text())["batch_size"] == 32
 
@@ -57,6 +59,7 @@ def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):
             repeats=2,
             warmup=1,
             round_trips=3,
+            launches=1,
             data_dir=tiny_fmnist,
             download=False,
         )

@@ -132,7 +132,8 @@ def test_sync_failure_stops_every_process_with_one_message(
 
 def test_ctrl_c_stops_every_process_and_keeps_the_checkpoint(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = start_cli(*train_args(data, out, "--workers", "2", "--checkpoint-every", "5"))
+    # Many epochs, so the run cannot finish on its own before Ctrl-C arrives.
+    run = start_cli(*train_args(data, out, "--workers", "2", "--checkpoint-every", "5", "--epochs", "300"))
     wait_for_training(out, rank=1)
     run.send_signal(signal.SIGINT)
     _, stderr = run.communicate(timeout=60)

@@ -24,6 +24,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1, as bench)")
     group.add_argument("--repeats", type=int, default=10, help="timed gradients per batch size (default 10)")
     group.add_argument("--round-trips", type=int, default=10, help="timed push+pull round trips (default 10)")
+    group.add_argument("--launches", type=int, default=3, help="fresh processes each timing pools (default 3)")
     group.add_argument("--timeout", type=float, default=600.0, help="seconds each measurement may take")
     group.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     group.add_argument("--no-download", dest="download", action="store_false", help="never download datasets")
@@ -41,6 +42,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "threads": args.threads,
         "repeats": args.repeats,
         "round_trips": args.round_trips,
+        "launches": args.launches,
         "timeout": args.timeout,
         "data_dir": args.data_dir,
         "download": args.download,

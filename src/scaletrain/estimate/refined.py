@@ -8,6 +8,9 @@ none is fitted to the runs it is judged on):
 - **The measured t_grad at the split batch** (t_grad of batch/N, which is rarely t_grad/N).
 - **The optimizer step** (``t_update``) on the server or on every worker; the sequential reference
   is t_grad + t_update per batch, what a one-worker ``local`` run takes per step.
+- **Stragglers**: a synchronous step waits for the slowest of N workers, so t_grad × the expected
+  maximum of N draws from the measured gradient times (their mean for one worker and for
+  asynchronous workers, and for the sequential reference).
 - **CPU contention** when the workers share one machine's cores: t_grad × the slowdown measured
   with that many processes computing at once (``contention``).
 - **The shard sizes of the sharded server** (Algorithm 3.7's greedy assignment over the real
@@ -79,6 +82,8 @@ def predict(
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
     n = workers
     gradient = profile.t_grad_at(n if sync == "split" else 1) * profile.contention_at(n, cores=cores)
+    # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
+    gradient *= profile.slowest_of(n if sync != "async" else 1)
     if strategy == "allreduce":
         rate = _per_step(n, sync, gradient + _ring_allreduce(profile, n) + profile.t_update)
     elif sync == "async":
@@ -87,7 +92,7 @@ def predict(
         rate = _per_step(n, sync, gradient + _central_exchange(profile, n) + profile.t_update)
     else:
         rate = _per_step(n, sync, gradient + _sharded_exchange(profile, n))
-    sequential = profile.t_grad + profile.t_update
+    sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
     return Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
 
 

@@ -70,6 +70,7 @@ class ValidationConfig:
     settings: dict[str, Any] = field(default_factory=dict)  # lr, momentum for the runs
     data_dir: Path | None = None
     threads_per_worker: int = 1
+    launches: int = 3  # fresh processes the profile pools each timing over
 
     def __post_init__(self) -> None:
         for spec in self.strategies:
@@ -93,6 +94,7 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             concurrency=min(max(config.workers), cores),
             network=config.network,
             threads=config.threads_per_worker,
+            launches=config.launches,
             lr=config.settings.get("lr"),
             momentum=config.settings.get("momentum"),
             data_dir=config.data_dir,

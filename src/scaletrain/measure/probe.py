@@ -27,6 +27,8 @@ from scaletrain.workloads import Part, create_workload
 
 __all__ = ["main", "time_gradient", "time_transfers"]
 
+SMALL_LIMIT = 65536  # bytes
+
 
 def _synchronize(model: torch.nn.Module) -> None:
     """Wait for queued GPU work before reading a clock (CUDA runs asynchronously); a no-op on CPU."""
@@ -81,7 +83,9 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
     for size in job["sizes"]:
         buffer = torch.zeros(max(1, size // 4), dtype=torch.float32)
         round_trips, one_way = [], []
-        for round_number in range(job["warmup"] + job["repeats"]):
+        # Small messages are cheap and their times noisy (scheduling): many more rounds for them.
+        warmup, repeats = (job["warmup"], job["repeats"]) if size > SMALL_LIMIT else (5, max(job["repeats"], 50))
+        for round_number in range(warmup + repeats):
             if rank == 1:
                 begin = now()
                 dist.send(header, dst=0, group=group, tag=REQUEST)
@@ -99,7 +103,7 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
                 dist.send(header, dst=1, group=group, tag=REPLY)
                 dist.send(buffer, dst=1, group=group, tag=REPLY)
                 sample = (0.0, received - arrived)
-            if round_number >= job["warmup"]:
+            if round_number >= warmup:
                 round_trips.append(sample[0])
                 one_way.append(sample[1])
         results[str(buffer.numel() * 4)] = {"round_trip": round_trips, "one_way": one_way}

@@ -65,6 +65,7 @@ class ProfileConfig:
     repeats: int = 10
     warmup: int = 3
     round_trips: int = 10
+    launches: int = 3  # fresh processes each timing is pooled over
     lr: float | None = None
     momentum: float | None = None
     data_dir: Path | None = None
@@ -72,8 +73,8 @@ class ProfileConfig:
     timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.repeats < 1 or self.round_trips < 1 or self.warmup < 0:
-            raise ConfigError("--repeats and --round-trips must be ≥ 1 and --warmup ≥ 0")
+        if self.repeats < 1 or self.round_trips < 1 or self.launches < 1 or self.warmup < 0:
+            raise ConfigError("--repeats, --round-trips and --launches must be ≥ 1 and --warmup ≥ 0")
         if self.threads < 1:
             raise ConfigError(f"--threads must be ≥ 1, got {self.threads}")
         if any(n < 1 for n in self.split_workers):
@@ -115,6 +116,23 @@ class Profile:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
         return self.t_grad_parts.get(parts, self.t_grad / parts)
 
+    def slowest_of(self, workers: int) -> float:
+        """Expected slowest of ``workers`` gradient times over t_grad (the median), from the measured samples.
+
+        E[max of N draws] of the pooled samples' empirical distribution; for N = 1 the mean. A
+        synchronous step waits for the slowest worker (Chen et al. 2016 measured such stragglers
+        at scale). Without samples: 1.
+
+        >>> Profile("toy", 8, t_grad=1.0, t_comm=0.1, samples={"t_grad": [1.0, 1.0, 2.0]}).slowest_of(2)
+        1.555...
+        """
+        samples = sorted(self.samples.get("t_grad") or ())
+        if not samples:
+            return 1.0
+        count = len(samples)
+        expected = sum(x * ((i / count) ** workers - ((i - 1) / count) ** workers) for i, x in enumerate(samples, 1))
+        return expected / statistics.median(samples)
+
     def contention_at(self, processes: int, *, cores: int | None) -> float:
         """How much slower t_grad is with ``processes`` computing on ``cores`` shared cores.
 
@@ -134,7 +152,9 @@ class Profile:
         if self.bandwidth:
             return self.bandwidth
         size = self.weight_bytes or 1
-        return size / max(self.t_comm - self.latency, 1e-12)
+        # A latency measured at or above t_comm (noise on a loaded machine) says nothing about bandwidth.
+        transfer = self.t_comm - self.latency if self.t_comm > 2 * self.latency else self.t_comm
+        return size / max(transfer, 1e-12)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,14 +226,23 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         "timeout": config.timeout,
     }
     parts = sorted({1, *config.split_workers})
-    alone = _run_probes({**job, "kind": "grad", "parts": parts}, 1, None, config.timeout)[0]
-    t_grad_parts = {n: statistics.median(alone["t_grad"][str(n)]) for n in parts}
+    # A process's speed varies from launch to launch (±15 % here), so every timing is pooled over
+    # ``launches`` fresh processes rather than taken from one.
+    alone = [
+        _run_probes({**job, "kind": "grad", "parts": parts}, 1, None, config.timeout)[0] for _ in range(config.launches)
+    ]
+    pooled = {n: [x for result in alone for x in result["t_grad"][str(n)]] for n in parts}
+    t_grad_parts = {n: statistics.median(samples) for n, samples in pooled.items()}
     t_grad = t_grad_parts.pop(1)
     cores = os.cpu_count() or 1
     contention = {1: 1.0}
     for processes in range(2, (config.concurrency or cores) + 1):
-        ranks = _run_probes({**job, "kind": "grad", "parts": [1]}, processes, None, config.timeout)
-        contention[processes] = statistics.median(statistics.median(r["t_grad"]["1"]) for r in ranks) / t_grad
+        ranks = [
+            rank
+            for _ in range(config.launches)
+            for rank in _run_probes({**job, "kind": "grad", "parts": [1]}, processes, None, config.timeout)
+        ]
+        contention[processes] = statistics.median(x for rank in ranks for x in rank["t_grad"]["1"]) / t_grad
     transfer_job = {**job, "kind": "transfer", "sizes": [SMALL_BYTES, weight_bytes], "repeats": config.round_trips}
     transfer_job["warmup"] = max(1, min(config.warmup, 2))
     worker = _run_probes(transfer_job, 2, config.network, config.timeout)[1]
@@ -225,9 +254,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         t_grad=t_grad,
         t_comm=t_comm,
         t_grad_parts=t_grad_parts,
-        t_update=statistics.median(alone["t_update"]),
+        t_update=statistics.median(x for result in alone for x in result["t_update"]),
         latency=latency,
-        bandwidth=weight_bytes / (t_comm - latency) if t_comm > latency else None,
+        bandwidth=weight_bytes / (t_comm - latency) if t_comm > 2 * latency else None,
         weight_bytes=weight_bytes,
         tensor_bytes=tuple(tensors),
         contention=contention,
@@ -236,7 +265,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         network=config.network,
         parameters=weight_bytes // 4,
         options=dict(config.options),
-        samples={"t_grad": alone["t_grad"]["1"], "round_trip": worker[str(weight_bytes)]["round_trip"]},
+        samples={"t_grad": pooled[1], "round_trip": worker[str(weight_bytes)]["round_trip"]},
         machine=machine_info(config.network),
     )
     if out is not None:

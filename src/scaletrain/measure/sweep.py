@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from scaletrain.parallel.plan import ALIASES, SERVERS, SYNC_MODES, Layout
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_sweep"]
 
 DEFAULT_STEPS = 100
+CHILD_POLL_SECONDS = 0.5
 
 
 def parse_strategy(spec: str) -> tuple[str, str, str]:
@@ -133,8 +135,6 @@ def run_sweep(
     config: SweepConfig, *, on_row: Callable[[dict[str, Any]], None] | None = None
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """Run every configuration; returns the result rows (without speedups) and the notes."""
-    import scaletrain  # the API; imported here because it imports this package's users
-
     runs, notes = plan_runs(config)
     machine = machine_info(config.network)
     steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
@@ -166,7 +166,7 @@ def run_sweep(
             if (folder / "summary.json").exists():
                 summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
             else:
-                summary = scaletrain.train(config.workload, **settings)
+                summary = train_in_fresh_process(config.workload, settings)
             row = _row(config, run, summary, machine)
             if row["batches_per_second"] is None:
                 row["status"] = "failed"
@@ -177,6 +177,46 @@ def run_sweep(
         if on_row is not None:
             on_row(row)
     return rows, notes
+
+
+def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """``scaletrain.train`` in a new interpreter, so every run of a sweep starts alike.
+
+    A one-process run would otherwise train inside this long-lived process, measured 10–20 % slower
+    per step here than a fresh process, which made one-worker references look slow next to
+    multi-process runs (whose processes are always fresh).
+    """
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_train_child, args=(workload, settings, sender), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        while not receiver.poll(CHILD_POLL_SECONDS):
+            if not child.is_alive():
+                raise ScaletrainError(f"the training process died with exit code {child.exitcode}")
+        kind, payload = receiver.recv()
+    except EOFError:
+        raise ScaletrainError(f"the training process died with exit code {child.exitcode}") from None
+    finally:
+        child.join(CHILD_POLL_SECONDS * 10)
+        if child.is_alive():
+            child.kill()
+    if kind == "error":
+        raise ScaletrainError(payload)
+    return payload
+
+
+def _train_child(workload: str, settings: dict[str, Any], sender: Any) -> None:
+    import scaletrain  # the API; imported here because it imports this package's users
+
+    try:
+        sender.send(("ok", scaletrain.train(workload, **settings)))
+    except ScaletrainError as exc:
+        sender.send(("error", str(exc)))
+    except BaseException as exc:
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 def _identity(config: SweepConfig, run: Run, machine: dict[str, Any]) -> dict[str, Any]:
