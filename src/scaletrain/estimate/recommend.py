@@ -60,7 +60,4 @@ def recommend(
 
 
 def _refined_configurations() -> list[Configuration]:
-    return [
-        Configuration.parse(f"allreduce-{sync}" if strategy == "allreduce" else f"ps-{server}-{sync}")
-        for strategy, server, sync in CONFIGURATIONS
-    ]
+    return [Configuration(strategy, server, sync) for strategy, server, sync in CONFIGURATIONS]
