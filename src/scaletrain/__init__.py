@@ -7,7 +7,18 @@
 
 # ``train`` the function, not the ``scaletrain.train`` subpackage: importing the API first loads the
 # subpackage, and this import then binds the name to the function.
-from scaletrain.api import bench, compare, estimate, list_workloads, make_config, profile, recommend, train, validate
+from scaletrain.api import (
+    bench,
+    compare,
+    deploy_kubernetes,
+    estimate,
+    list_workloads,
+    make_config,
+    profile,
+    recommend,
+    train,
+    validate,
+)
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
@@ -24,6 +35,7 @@ __all__ = [
     "bench",
     "compare",
     "create_workload",
+    "deploy_kubernetes",
     "estimate",
     "list_workloads",
     "make_config",

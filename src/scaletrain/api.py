@@ -39,7 +39,18 @@ from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.train.loop import run_training
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
-__all__ = ["bench", "compare", "estimate", "list_workloads", "make_config", "profile", "recommend", "train", "validate"]
+__all__ = [
+    "bench",
+    "compare",
+    "deploy_kubernetes",
+    "estimate",
+    "list_workloads",
+    "make_config",
+    "profile",
+    "recommend",
+    "train",
+    "validate",
+]
 
 
 def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
@@ -206,3 +217,30 @@ def validate(workload: str, *, out: Path, **settings: Any) -> dict[str, Any]:
     """
     given = {key: value for key, value in settings.items() if value is not None}
     return run_validation(ValidationConfig(workload, Path(out), **given))
+
+
+def deploy_kubernetes(
+    workload: str,
+    *,
+    image: str,
+    out: Path | None = None,
+    config_file: Path | None = None,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """Kubernetes objects that run a training run on a cluster; written to ``out`` as a Kustomize base if given.
+
+    ``settings`` are the cluster settings of :class:`scaletrain.deploy.DeployConfig` (``operator``:
+    ``none`` for an Indexed Job, ``kubeflow``, ``jobset``; ``name``, ``cpus``, ``memory``, ``gpus``,
+    ``namespace`` …) and :class:`TrainConfig` fields (``workers``, ``strategy``, ``steps`` …);
+    ``None`` values count as not given. See :mod:`scaletrain.deploy`.
+
+    >>> objects = deploy_kubernetes("lenet", image="scaletrain:cpu", workers=2, operator="jobset")
+    >>> [obj["kind"] for obj in objects]
+    ['PersistentVolumeClaim', 'ConfigMap', 'JobSet', 'Deployment', 'Service']
+    """
+    from scaletrain.deploy import kubernetes, write_folder
+
+    objects = kubernetes(workload, image=image, config_file=config_file, **settings)
+    if out is not None:
+        write_folder(objects, Path(out))
+    return objects

@@ -10,12 +10,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from scaletrain.cli import bench, compare, estimate, profile, train, workloads
+from scaletrain.cli import bench, compare, deploy, estimate, profile, train, workloads
 from scaletrain.errors import ScaletrainError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate)
+SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate, deploy)
 
 
 def build_parser() -> argparse.ArgumentParser:

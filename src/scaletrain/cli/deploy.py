@@ -1,0 +1,117 @@
+"""``scaletrain deploy kubernetes WORKLOAD [train flags] --workers N --image IMG``: manifests to apply.
+
+The training flags are ``scaletrain train``'s own (its parser is the parent of this one); ``--out``
+here is where the manifests go (a Kustomize base) instead of the run folder, which is ``/runs/NAME``
+on the volume claim. Without ``--out`` the YAML goes to stdout for ``kubectl apply -f -``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from scaletrain.api import deploy_kubernetes
+from scaletrain.cli import train
+from scaletrain.config import TrainConfig
+from scaletrain.deploy.common import OPERATORS, PULL_POLICIES, to_yaml
+from scaletrain.errors import ConfigError
+
+__all__ = ["add_parser", "run"]
+
+
+def _train_parser() -> argparse.ArgumentParser:
+    holder = argparse.ArgumentParser(add_help=False).add_subparsers()
+    train.add_parser(holder)
+    return holder.choices["train"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("deploy", help="write manifests that run training on a cluster")
+    targets = parser.add_subparsers(dest="target", required=True, metavar="TARGET")
+    kube = targets.add_parser(
+        "kubernetes",
+        parents=[_train_parser()],
+        conflict_handler="resolve",  # --out names the manifests' folder here
+        argument_default=None,
+        help="Indexed Job, Kubeflow PyTorchJob or JobSet, with volume, ConfigMap and TensorBoard",
+        description="Render a training run as Kubernetes objects; the training flags are those of "
+        "`scaletrain train`. Apply with `kubectl apply -f -` (stdout) or `kubectl apply -k OUT`.",
+    )
+    group = kube.add_argument_group("cluster")
+    group.add_argument("--image", required=True, help="container image with scaletrain (scripts/build-image.sh)")
+    group.add_argument("--operator", choices=OPERATORS, default="none", help="none: Indexed Job (default)")
+    group.add_argument(
+        "--name", help="name of every object and of the run folder /runs/NAME (default scaletrain-WORKLOAD)"
+    )
+    group.add_argument(
+        "--out", type=Path, help="write one file per object and kustomization.yaml here (default stdout)"
+    )
+    group.add_argument("--namespace", help="namespace of every object")
+    group.add_argument("--service-account", help="service account of the pods")
+    group.add_argument("--pull-policy", choices=PULL_POLICIES, help="image pull policy (default IfNotPresent)")
+    group.add_argument("--cpus", type=float, help="CPU cores per process (request = limit; sets --threads)")
+    group.add_argument("--memory", help="memory per process, e.g. 4Gi (request = limit)")
+    group.add_argument("--gpus", type=int, help="GPUs per process (nvidia.com/gpu)")
+    group.add_argument(
+        "--node-selector", action="append", default=[], metavar="KEY=VALUE", help="node label the pods need"
+    )
+    group.add_argument("--volume-size", help="size of the run folder's volume claim (default 5Gi)")
+    group.add_argument("--storage-class", help="storage class of the volume claim")
+    group.add_argument("--access-mode", help="volume access mode (default ReadWriteMany: pods on many nodes)")
+    group.add_argument("--port", type=int, help="rendezvous port (default 29500)")
+    group.add_argument(
+        "--max-restarts", type=int, help="restarts from the last checkpoint before giving up (default 3)"
+    )
+    group.add_argument(
+        "--no-tensorboard-deployment",
+        dest="tensorboard_deployment",
+        action="store_false",
+        default=True,
+        help="leave out the TensorBoard Deployment and Service",
+    )
+    kube.set_defaults(handler=run)
+
+
+def _node_selector(pairs: list[str]) -> dict[str, str]:
+    selector = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--node-selector {pair!r} must look like KEY=VALUE, e.g. pool=training")
+        selector[key] = value
+    return selector
+
+
+def run(args: argparse.Namespace) -> int:
+    training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in ("workload", "out")}
+    training["options"] = train.workload_options(args) or None
+    objects = deploy_kubernetes(
+        args.workload,
+        image=args.image,
+        name=args.name,
+        config_file=args.config,
+        out=args.out,
+        operator=args.operator,
+        namespace=args.namespace,
+        service_account=args.service_account,
+        pull_policy=args.pull_policy,
+        cpus=args.cpus,
+        memory=args.memory,
+        gpus=args.gpus,
+        node_selector=_node_selector(args.node_selector) or None,
+        volume_size=args.volume_size,
+        storage_class=args.storage_class,
+        access_mode=args.access_mode,
+        port=args.port,
+        max_restarts=args.max_restarts,
+        tensorboard_deployment=args.tensorboard_deployment,
+        **training,
+    )
+    if args.out is None:
+        sys.stdout.write(to_yaml(objects))
+    else:
+        kinds = ", ".join(f"{obj['kind']} {obj['metadata']['name']}" for obj in objects)
+        print(f"wrote {kinds} to {args.out}; apply with: kubectl apply -k {args.out}")
+    return 0

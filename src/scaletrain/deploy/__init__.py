@@ -1,0 +1,100 @@
+"""Deploying a training run to Kubernetes: manifests in three flavours (see :mod:`.job`, :mod:`.kubeflow`,
+:mod:`.jobset`), sharing the run folder's volume claim, the run configuration as a ConfigMap and
+TensorBoard (:mod:`.common`).
+
+    >>> from scaletrain.deploy import DeployConfig, plan, render
+    >>> run = plan("lenet", DeployConfig(name="demo", image="scaletrain:cpu"), {"workers": 2, "steps": 100})
+    >>> [obj["kind"] for obj in render(run)]
+    ['PersistentVolumeClaim', 'ConfigMap', 'Service', 'Job', 'Deployment', 'Service']
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import TrainConfig, load_toml, merge
+from scaletrain.deploy import job, jobset, kubeflow
+from scaletrain.deploy.common import (
+    OPERATORS,
+    DeployConfig,
+    Deployment,
+    config_map,
+    tensorboard,
+    to_yaml,
+    volume_claim,
+    write_folder,
+)
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.plan import Layout
+from scaletrain.workloads import WORKLOADS
+
+__all__ = ["OPERATORS", "DeployConfig", "Deployment", "kubernetes", "plan", "render", "to_yaml", "write_folder"]
+
+FLAVOURS = {"none": job, "kubeflow": kubeflow, "jobset": jobset}
+#: Training settings that make no sense in pods: the deployment decides them.
+_DECIDED_HERE = {
+    "out": "the run folder is /runs/NAME on the volume claim",
+    "resume": "pods add --resume by themselves when the run folder holds a checkpoint",
+    "nodefile": "pods find each other through the cluster's DNS",
+    "index": "a pod's rank comes from the Job or the operator",
+    "network": "emulated networks are for local runs",
+}
+
+
+def plan(
+    workload: str, deploy: DeployConfig, settings: dict[str, Any], *, config_file: Path | None = None
+) -> Deployment:
+    """Check the training settings (``config_file`` < ``settings``) and work out the processes.
+
+    The pods get ``progress = "plain"`` and, with ``--cpus``, as many torch threads as whole cores
+    unless the settings say otherwise.
+    """
+    if workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
+    from_file = load_toml(config_file) if config_file is not None else {}
+    given = merge(from_file, {key: value for key, value in settings.items() if value is not None})
+    given.pop("workload", None)
+    for key, why in _DECIDED_HERE.items():
+        if given.get(key) not in (None, False):
+            raise ConfigError(f"--{key.replace('_', '-')} cannot be set for a deployment: {why}; leave it out")
+        given.pop(key, None)
+    given.setdefault("progress", "plain")
+    if deploy.cpus is not None:
+        given.setdefault("threads", max(1, int(deploy.cpus)))
+    given["out"] = str(deploy.run_dir)
+    # In TrainConfig's order, whatever order the file and flags came in: the same run, the same ConfigMap.
+    given = {f.name: given[f.name] for f in fields(TrainConfig) if f.name in given}
+    given = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()}
+    train = TrainConfig(workload=workload, **given)
+    layout = Layout(train.strategy, train.workers, train.server, train.sync)
+    return Deployment(deploy, train, given, layout)
+
+
+def render(run: Deployment) -> list[dict[str, Any]]:
+    """Every object of the deployment: volume claim, ConfigMap, the flavour's objects, TensorBoard."""
+    objects = [volume_claim(run), config_map(run), *FLAVOURS[run.deploy.operator].render(run)]
+    if run.deploy.tensorboard_deployment:
+        objects += tensorboard(run)
+    return objects
+
+
+def kubernetes(
+    workload: str, *, image: str, name: str | None = None, config_file: Path | None = None, **settings: Any
+) -> list[dict[str, Any]]:
+    """Render a training run as Kubernetes objects (see :func:`scaletrain.api.deploy_kubernetes`).
+
+    ``settings`` are :class:`DeployConfig` fields (``operator``, ``cpus``, ``namespace`` …) and
+    :class:`~scaletrain.config.TrainConfig` fields (``workers``, ``strategy``, ``steps`` …); ``None``
+    counts as not given. ``name`` defaults to ``scaletrain-<workload>``.
+    """
+    placement = {f.name for f in fields(DeployConfig)}
+    given = {key: value for key, value in settings.items() if value is not None}
+    deploy = DeployConfig(
+        name=name or f"scaletrain-{workload}",
+        image=image,
+        **{key: value for key, value in given.items() if key in placement},
+    )
+    training = {key: value for key, value in given.items() if key not in placement}
+    return render(plan(workload, deploy, training, config_file=config_file))

@@ -1,0 +1,362 @@
+"""What every Kubernetes flavour shares: the deployment settings, the pod's container, the run folder's
+volume, the configuration as a ConfigMap, TensorBoard, and writing the objects out.
+
+Objects are plain dicts in the Kubernetes API's own shape, dumped with PyYAML. A pod runs
+``scaletrain train WORKLOAD --config /etc/scaletrain/run.toml`` (the run configuration comes from a
+ConfigMap) through a small ``sh`` script that adds ``--resume`` whenever the run folder on the
+shared volume already holds a checkpoint, so a restarted pod continues instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.plan import Layout
+
+__all__ = [
+    "CONFIG_DIR",
+    "CONFIG_FILE",
+    "OPERATORS",
+    "PULL_POLICIES",
+    "RUNS_DIR",
+    "DeployConfig",
+    "Deployment",
+    "config_map",
+    "container",
+    "pod_spec",
+    "run_toml",
+    "to_yaml",
+    "volume_claim",
+    "write_folder",
+]
+
+OPERATORS = ("none", "kubeflow", "jobset")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+#: Where the run folder's volume is mounted in every pod; the run itself is ``RUNS_DIR/<name>``.
+RUNS_DIR = PurePosixPath("/runs")
+CONFIG_DIR = PurePosixPath("/etc/scaletrain")
+CONFIG_FILE = "run.toml"
+#: Where the image's virtual environment puts ``scaletrain`` and ``tensorboard`` (see Dockerfile).
+DEFAULT_PORT = 29500
+TENSORBOARD_PORT = 6006
+_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """How the run is placed on the cluster; the training itself is a :class:`TrainConfig`.
+
+    ``name`` names every object (the Job, Service, ConfigMap, volume claim …) and the run folder
+    ``/runs/<name>`` on the volume. ``max_restarts`` bounds how often a failed run is restarted
+    from its last checkpoint.
+
+    >>> DeployConfig(name="lenet-ar", image="scaletrain:cpu", cpus=2).cpu_quantity
+    '2'
+    """
+
+    name: str
+    image: str
+    operator: str = "none"
+    namespace: str | None = None
+    service_account: str | None = None
+    pull_policy: str = "IfNotPresent"
+    cpus: float | None = None
+    memory: str | None = None
+    gpus: int = 0
+    node_selector: dict[str, str] = field(default_factory=dict)
+    volume_size: str = "5Gi"
+    storage_class: str | None = None
+    access_mode: str = "ReadWriteMany"
+    port: int = DEFAULT_PORT
+    max_restarts: int = 3
+    tensorboard_deployment: bool = True
+
+    def __post_init__(self) -> None:
+        longest = 63 - len("-tensorboard")
+        if not _NAME.match(self.name) or len(self.name) > longest:
+            raise ConfigError(
+                f"--name {self.name!r} must be lower-case letters, digits and '-', start with a letter and be at "
+                f"most {longest} characters (it names Kubernetes objects and pod host names)"
+            )
+        if not self.image:
+            raise ConfigError("give --image, the container image with scaletrain (see scripts/build-image.sh)")
+        if self.operator not in OPERATORS:
+            raise ConfigError(f"--operator must be one of {', '.join(OPERATORS)}, got {self.operator!r}")
+        if self.namespace is not None and not _NAME.match(self.namespace):
+            raise ConfigError(f"--namespace {self.namespace!r} is not a valid Kubernetes namespace name")
+        if self.pull_policy not in PULL_POLICIES:
+            raise ConfigError(f"--pull-policy must be one of {', '.join(PULL_POLICIES)}, got {self.pull_policy!r}")
+        if self.cpus is not None and not self.cpus > 0:
+            raise ConfigError(f"--cpus must be > 0, got {self.cpus!r}")
+        for flag, value in (("--memory", self.memory), ("--volume-size", self.volume_size)):
+            if value is not None and not _QUANTITY.match(value):
+                raise ConfigError(f"{flag} {value!r} is not a Kubernetes quantity; write e.g. 4Gi or 512Mi")
+        if self.gpus < 0:
+            raise ConfigError(f"--gpus must be ≥ 0, got {self.gpus}")
+        for key, value in self.node_selector.items():
+            if not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value) or len(value) > 63:
+                raise ConfigError(f"--node-selector {key}={value} is not a valid label; write KEY=VALUE")
+        if self.access_mode not in ("ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"):
+            raise ConfigError("--access-mode must be ReadWriteMany (pods on many nodes) or ReadWriteOnce (one node)")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"--port {self.port} is not a valid TCP port")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be ≥ 0, got {self.max_restarts}")
+
+    @property
+    def cpu_quantity(self) -> str | None:
+        """``--cpus`` as a Kubernetes quantity: whole cores as ``"2"``, fractions in millicores."""
+        if self.cpus is None:
+            return None
+        return str(int(self.cpus)) if float(self.cpus).is_integer() else f"{round(self.cpus * 1000)}m"
+
+    @property
+    def run_dir(self) -> PurePosixPath:
+        return RUNS_DIR / self.name
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One rendered run: the settings, the training's configuration and its process layout."""
+
+    deploy: DeployConfig
+    train: TrainConfig
+    settings: dict[str, Any]  # what the user set (file and flags), written to the ConfigMap as TOML
+    layout: Layout
+
+    @property
+    def synchronous(self) -> bool:
+        """A lost process stops everyone (all-reduce, sync modes, sharded servers): restart them all."""
+        return not (self.layout.has_server_process and self.layout.sync == "async")
+
+    def labels(self, component: str) -> dict[str, str]:
+        return {
+            "app.kubernetes.io/name": "scaletrain",
+            "app.kubernetes.io/instance": self.deploy.name,
+            "app.kubernetes.io/component": component,
+        }
+
+    def metadata(self, name: str, component: str) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": self.labels(component)}
+        if self.deploy.namespace:
+            meta["namespace"] = self.deploy.namespace
+        return meta
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"setting {value!r} cannot be written to the run configuration")
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a JSON string is a valid TOML basic string
+
+
+def run_toml(settings: dict[str, Any]) -> str:
+    """The run configuration in the ``--config`` TOML format of :func:`scaletrain.config.load_toml`.
+
+    >>> print(run_toml({"batch_size": 16, "lr": 0.05, "options": {"num_steps": 35}}), end="")
+    batch-size = 16
+    lr = 0.05
+    <BLANKLINE>
+    [options]
+    num_steps = 35
+    """
+    lines = [
+        f"{key.replace('_', '-')} = {_toml_value(value)}"
+        for key, value in settings.items()
+        if key != "options" and value is not None
+    ]
+    options = settings.get("options") or {}
+    if options:
+        lines += ["", "[options]"] + [f"{key} = {_toml_value(value)}" for key, value in options.items()]
+    return "\n".join(lines) + "\n"
+
+
+def config_map(run: Deployment) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": run.metadata(f"{run.deploy.name}-config", "config"),
+        "data": {CONFIG_FILE: run_toml(run.settings)},
+    }
+
+
+def volume_claim(run: Deployment) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "accessModes": [run.deploy.access_mode],
+        "resources": {"requests": {"storage": run.deploy.volume_size}},
+    }
+    if run.deploy.storage_class:
+        spec["storageClassName"] = run.deploy.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": run.metadata(f"{run.deploy.name}-runs", "storage"),
+        "spec": spec,
+    }
+
+
+def _start_script(run: Deployment, first_rank: int | None) -> str:
+    """The pod's ``sh -c`` script: rank from the Job's completion index, ``--resume`` once a checkpoint exists."""
+    lines = []
+    if first_rank is not None:
+        # Kubernetes sets JOB_COMPLETION_INDEX in the pods of an Indexed Job.
+        rank = "$JOB_COMPLETION_INDEX" if first_rank == 0 else f"$((JOB_COMPLETION_INDEX + {first_rank}))"
+        lines.append(f"export RANK={rank}")
+    lines += [
+        f'if [ -e "{run.deploy.run_dir}/checkpoint.pt" ]; then set -- "$@" --resume; fi',
+        'exec scaletrain train "$@"',
+    ]
+    return "\n".join(lines)
+
+
+def container(run: Deployment, env: dict[str, str], *, name: str = "scaletrain", first_rank: int | None) -> dict:
+    """The training container: the start script, the run's arguments, resources and volume mounts.
+
+    ``env`` holds the rendezvous variables this flavour sets itself; ``first_rank`` is the rank of
+    completion index 0 when the rank comes from an Indexed Job (``None`` when an operator sets ``RANK``).
+    """
+    deploy = run.deploy
+    args = [run.train.workload, "--config", str(CONFIG_DIR / CONFIG_FILE)]
+    resources: dict[str, dict[str, Any]] = {}
+    if deploy.cpu_quantity:
+        resources.setdefault("requests", {})["cpu"] = deploy.cpu_quantity
+        resources.setdefault("limits", {})["cpu"] = deploy.cpu_quantity
+    if deploy.memory:
+        resources.setdefault("requests", {})["memory"] = deploy.memory
+        resources.setdefault("limits", {})["memory"] = deploy.memory
+    if deploy.gpus:
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = deploy.gpus
+    spec: dict[str, Any] = {
+        "name": name,
+        "image": deploy.image,
+        "imagePullPolicy": deploy.pull_policy,
+        "command": ["sh", "-c", _start_script(run, first_rank), "scaletrain"],
+        "args": args,
+        "env": [{"name": key, "value": value} for key, value in {**env, "PYTHONUNBUFFERED": "1"}.items()],
+        "ports": [{"name": "rendezvous", "containerPort": deploy.port, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": "runs", "mountPath": str(RUNS_DIR)},
+            {"name": "config", "mountPath": str(CONFIG_DIR), "readOnly": True},
+        ],
+    }
+    if resources:
+        spec["resources"] = resources
+    return spec
+
+
+def pod_spec(run: Deployment, containers: list[dict], *, restart_policy: str) -> dict[str, Any]:
+    deploy = run.deploy
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "containers": containers,
+        "volumes": [
+            {"name": "runs", "persistentVolumeClaim": {"claimName": f"{deploy.name}-runs"}},
+            {"name": "config", "configMap": {"name": f"{deploy.name}-config"}},
+        ],
+    }
+    if deploy.node_selector:
+        spec["nodeSelector"] = dict(deploy.node_selector)
+    if deploy.service_account:
+        spec["serviceAccountName"] = deploy.service_account
+    return spec
+
+
+def tensorboard(run: Deployment) -> list[dict[str, Any]]:
+    """A TensorBoard Deployment reading the run folder on the shared volume, and its Service."""
+    deploy = run.deploy
+    name = f"{deploy.name}-tensorboard"
+    labels = run.labels("tensorboard")
+    board = {
+        "name": "tensorboard",
+        "image": deploy.image,
+        "imagePullPolicy": deploy.pull_policy,
+        "command": ["tensorboard", "--logdir", str(deploy.run_dir), "--bind_all", "--port", str(TENSORBOARD_PORT)],
+        "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "runs", "mountPath": str(RUNS_DIR), "readOnly": True}],
+    }
+    pod: dict[str, Any] = {
+        "containers": [board],
+        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{deploy.name}-runs", "readOnly": True}}],
+    }
+    if deploy.node_selector:
+        pod["nodeSelector"] = dict(deploy.node_selector)
+    if deploy.service_account:
+        pod["serviceAccountName"] = deploy.service_account
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": run.metadata(name, "tensorboard"),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": pod},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": run.metadata(name, "tensorboard"),
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        },
+    ]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Plain YAML as people write it: no anchors for repeated label sets, scripts and files as ``|`` blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """A multi-document YAML stream for ``kubectl apply -f -``."""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def write_folder(objects: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """One file per object plus a ``kustomization.yaml`` listing them (``kubectl apply -k FOLDER``)."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create {folder}: {exc.strerror}; pass another --out") from None
+    paths = []
+    for number, obj in enumerate(objects, 1):
+        path = folder / f"{number:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+        path.write_text(to_yaml([obj]), encoding="utf-8")
+        paths.append(path)
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [path.name for path in paths],
+    }
+    index = folder / "kustomization.yaml"
+    index.write_text(to_yaml([kustomization]), encoding="utf-8")
+    return [*paths, index]

@@ -1,0 +1,242 @@
+"""Rendered manifests: every core object validates strictly against Kubernetes 1.32's schemas, the
+PyTorchJob and JobSet against their CRDs' ``openAPIV3Schema`` (``../shared/deploy/crds``), and the
+written folder is a Kustomize base that ``kubectl kustomize`` renders."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from tests.helpers import REPO
+
+from scaletrain.config import load_toml
+from scaletrain.deploy import DeployConfig, plan, render, to_yaml, write_folder
+from scaletrain.errors import ConfigError
+
+KUBERNETES = "1.32.0"
+CRDS = REPO.parent / "shared" / "deploy" / "crds"
+CRD_FILES = {
+    ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io_jobsets.yaml",
+}
+#: (strategy settings, expected processes): every strategy maps onto every flavour.
+STRATEGIES = [
+    ({"workers": 1}, 1),
+    ({"workers": 2, "strategy": "allreduce"}, 2),
+    ({"workers": 3, "strategy": "ps", "server": "central", "sync": "async"}, 4),
+    ({"workers": 2, "strategy": "ps", "server": "central", "sync": "join"}, 3),
+    ({"workers": 2, "strategy": "ps", "server": "sharded", "sync": "split"}, 2),
+]
+FULL = dict(
+    cpus=1.5,
+    memory="3Gi",
+    gpus=1,
+    node_selector={"cloud.example.com/pool": "training"},
+    namespace="ml",
+    service_account="trainer",
+    pull_policy="Always",
+    storage_class="nfs",
+)
+
+
+def strict(schema: Any) -> Any:
+    """The CRD schema with unknown fields refused: Kubernetes prunes them silently, a typo would vanish."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        known_only = "properties" in schema and "additionalProperties" not in schema
+        if known_only and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            schema["additionalProperties"] = False
+        return schema
+    if isinstance(schema, list):
+        return [strict(item) for item in schema]
+    return schema
+
+
+def crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
+    if not CRDS.is_dir():
+        pytest.skip(f"{CRDS} is absent: the CRDs are shared data beside the repository (../shared/deploy/crds)")
+    return _crd_validator(api_version, kind)
+
+
+@functools.cache
+def _crd_validator(api_version: str, kind: str) -> jsonschema.Draft7Validator:
+    crd = yaml.load((CRDS / CRD_FILES[api_version, kind]).read_text(), Loader=yaml.CSafeLoader)
+    version = api_version.rpartition("/")[2]
+    (entry,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    return jsonschema.Draft7Validator(strict(entry["schema"]["openAPIV3Schema"]))
+
+
+def validate(obj: dict) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_FILES:
+        crd_validator(*key).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, KUBERNETES, strict=True)
+
+
+def rendered(operator: str, settings: dict, **deploy: Any) -> list[dict]:
+    config = DeployConfig(name="fmnist", image="registry.example.com/scaletrain:0.1", operator=operator, **deploy)
+    return render(plan("lenet", config, {"steps": 50, "batch_size": 16, **settings}))
+
+
+def pod_specs(obj: dict) -> list[dict]:
+    """Every pod template's spec inside a Job, PyTorchJob, JobSet or Deployment."""
+    if obj["kind"] in ("Job", "Deployment"):
+        return [obj["spec"]["template"]["spec"]]
+    if obj["kind"] == "PyTorchJob":
+        return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"]["spec"] for r in obj["spec"]["replicatedJobs"]]
+    return []
+
+
+@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+@pytest.mark.parametrize(
+    ("settings", "processes"),
+    STRATEGIES,
+    ids=["local", "allreduce", "ps-central-async", "ps-central-join", "ps-sharded-split"],
+)
+def test_every_object_validates(operator: str, settings: dict, processes: int) -> None:
+    objects = rendered(operator, settings)
+    kinds = [obj["kind"] for obj in objects]
+    assert kinds[:2] == ["PersistentVolumeClaim", "ConfigMap"] and kinds[-2:] == ["Deployment", "Service"]
+    for obj in objects:
+        validate(obj)
+    training = objects[2:-2]
+    counted = 0
+    for obj in training:
+        if obj["kind"] == "Job":
+            counted += obj["spec"]["completions"]
+        elif obj["kind"] == "PyTorchJob":
+            counted += sum(r["replicas"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
+        elif obj["kind"] == "JobSet":
+            counted += sum(r["template"]["spec"]["completions"] for r in obj["spec"]["replicatedJobs"])
+    assert counted == processes
+
+
+@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+def test_cluster_flags_reach_every_pod(operator: str) -> None:
+    objects = rendered(operator, {"workers": 2}, **FULL)
+    for obj in objects:
+        validate(obj)
+        assert obj["metadata"]["namespace"] == "ml"
+    claim = objects[0]
+    assert claim["spec"]["storageClassName"] == "nfs"
+    specs = [spec for obj in objects for spec in pod_specs(obj)]
+    assert len(specs) >= 2
+    for spec in specs:
+        assert spec["nodeSelector"] == {"cloud.example.com/pool": "training"}
+        assert spec["serviceAccountName"] == "trainer"
+        assert spec["containers"][0]["imagePullPolicy"] == "Always"
+    training = [spec["containers"][0] for obj in objects[2:-2] for spec in pod_specs(obj)]
+    for box in training:
+        assert box["resources"] == {
+            "requests": {"cpu": "1500m", "memory": "3Gi"},
+            "limits": {"cpu": "1500m", "memory": "3Gi", "nvidia.com/gpu": 1},
+        }
+    if operator == "kubeflow":
+        assert {box["name"] for box in training} == {"pytorch"}
+
+
+def test_configmap_is_the_run_configuration(tmp_path: Path) -> None:
+    """The ConfigMap's TOML loads with ``--config`` into the same settings: file < flags, out on the volume."""
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('lr = 0.5\nbatch-size = 8\n[options]\nfoo = "x"\n')
+    config = DeployConfig(name="fmnist", image="scaletrain:cpu", cpus=2)
+    run = plan("lenet", config, {"batch_size": 32, "workers": 2, "data_dir": Path("/data")}, config_file=config_file)
+    (config_map,) = [obj for obj in render(run) if obj["kind"] == "ConfigMap"]
+    text = config_map["data"]["run.toml"]
+    (tmp_path / "rendered.toml").write_text(text)
+    loaded = load_toml(tmp_path / "rendered.toml")
+    assert loaded == {
+        "lr": 0.5,
+        "batch_size": 32,
+        "options": {"foo": "x"},
+        "workers": 2,
+        "data_dir": "/data",
+        "progress": "plain",
+        "threads": 2,
+        "out": "/runs/fmnist",
+    }
+    assert tomllib.loads(text)["out"] == "/runs/fmnist"
+
+
+def test_sync_restarts_everyone_async_tolerates_a_lost_worker() -> None:
+    sync = {obj["kind"]: obj for obj in rendered("none", {"workers": 2})}["Job"]["spec"]
+    assert sync["template"]["spec"]["restartPolicy"] == "OnFailure" and sync["backoffLimit"] == 3 * 2
+    async_ps = {"workers": 3, "strategy": "ps", "sync": "async"}
+    lenient = {obj["kind"]: obj for obj in rendered("none", async_ps)}["Job"]["spec"]
+    assert lenient["backoffLimitPerIndex"] == 0 and lenient["maxFailedIndexes"] == 2
+    assert lenient["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
+    jobset = {obj["kind"]: obj for obj in rendered("jobset", async_ps)}["JobSet"]["spec"]
+    assert jobset["failurePolicy"] == {"maxRestarts": 3}
+    assert [job["name"] for job in jobset["replicatedJobs"]] == ["server", "worker"]
+    assert all(job["template"]["spec"]["backoffLimit"] == 0 for job in jobset["replicatedJobs"])
+
+
+def test_rendezvous_names() -> None:
+    """MASTER_ADDR is rank 0's DNS name in each flavour; the operator sets it for PyTorchJob."""
+
+    def env(spec: dict) -> dict:
+        return {item["name"]: item.get("value") for item in spec["containers"][0].get("env", [])}
+
+    job = rendered("none", {"workers": 2})[3]
+    assert env(job["spec"]["template"]["spec"])["MASTER_ADDR"] == "fmnist-0.fmnist"
+    assert job["spec"]["template"]["spec"]["subdomain"] == "fmnist"
+    jobset = rendered("jobset", {"workers": 2, "strategy": "ps"})[2]
+    for spec in pod_specs(jobset):
+        assert env(spec)["MASTER_ADDR"] == "fmnist-server-0-0.fmnist"
+        assert env(spec)["WORLD_SIZE"] == "3"
+    pytorchjob = rendered("kubeflow", {"workers": 2})[2]
+    for spec in pod_specs(pytorchjob):
+        assert not {"MASTER_ADDR", "RANK", "WORLD_SIZE"} & set(env(spec))
+        assert spec["containers"][0]["ports"][0]["name"] == "pytorchjob-port"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda: DeployConfig(name="Bad_Name", image="x"), "--name"),
+        (lambda: DeployConfig(name="ok", image="x", memory="4 GB"), "--memory"),
+        (lambda: DeployConfig(name="ok", image="x", operator="helm"), "--operator"),
+        (lambda: DeployConfig(name="ok", image="x", node_selector={"a": "b c"}), "--node-selector"),
+        (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"nodefile": Path("n")}), "nodefile"),
+        (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"workers": 2, "sync": "async"}), "all-reduce"),
+        (lambda: plan("nope", DeployConfig(name="ok", image="x"), {}), "unknown workload"),
+    ],
+)
+def test_bad_input_names_the_fix(change, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        change()
+
+
+def test_folder_is_a_kustomize_base(tmp_path: Path) -> None:
+    objects = rendered("none", {"workers": 2})
+    written = write_folder(objects, tmp_path / "k8s")
+    assert written[-1].name == "kustomization.yaml"
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed; the folder was written but not rendered with kubectl kustomize")
+    result = subprocess.run(
+        ["kubectl", "kustomize", str(tmp_path / "k8s")], capture_output=True, text=True, timeout=60, check=True
+    )
+    by_kind = sorted((obj["kind"], obj["metadata"]["name"]) for obj in yaml.safe_load_all(result.stdout))
+    assert by_kind == sorted((obj["kind"], obj["metadata"]["name"]) for obj in objects)
+    assert list(yaml.safe_load_all(to_yaml(objects))) == objects
+
+
+@pytest.mark.parametrize("operator", ["none", "jobset", "kubeflow"])
+def test_validation_catches_a_misspelt_field(operator: str) -> None:
+    """The checks above can fail: a field the schema does not know is refused, in core objects and in CRDs."""
+    objects = rendered(operator, {"workers": 2})
+    training = objects[2] if operator != "none" else objects[3]
+    pod_specs(training)[0]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
+        validate(training)
