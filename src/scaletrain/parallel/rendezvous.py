@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ __all__ = [
     "ENV_MASTER_ADDR",
     "ENV_MASTER_PORT",
     "ENV_RANK",
+    "ENV_RESTART_COUNT",
+    "ENV_USE_AGENT_STORE",
     "ENV_WORLD_SIZE",
     "Rendezvous",
     "connect",
@@ -35,6 +38,9 @@ ENV_MASTER_ADDR = "MASTER_ADDR"
 ENV_MASTER_PORT = "MASTER_PORT"
 ENV_LOCAL_RANK = "LOCAL_RANK"
 ENV_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+#: Set by torchrun's agent, which already serves a store at MASTER_ADDR:MASTER_PORT for its workers.
+ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class Rendezvous:
     master_port: int
     local_rank: int = 0
     local_world_size: int = 1  # processes of this job on this machine
+    agent_store: bool = False  # torchrun's agent hosts the store: every rank connects as a client
+    restart_count: int = 0  # torchrun's restarts so far; keys of each attempt are kept apart
 
     def threads_per_process(self, cores: int | None = None) -> int:
         """Default torch threads: this machine's cores shared by its processes."""
@@ -82,6 +90,8 @@ class Rendezvous:
                 master_port=int(env[ENV_MASTER_PORT]),
                 local_rank=int(env.get(ENV_LOCAL_RANK, "0")),
                 local_world_size=int(env.get(ENV_LOCAL_WORLD_SIZE, "1")),
+                agent_store=env.get(ENV_USE_AGENT_STORE) == "True",
+                restart_count=int(env.get(ENV_RESTART_COUNT, "0")),
             )
         except ValueError as exc:
             raise ConfigError(f"a torchrun variable is not a whole number: {exc}") from None
@@ -117,7 +127,8 @@ class Rendezvous:
 def connect(rendezvous: Rendezvous, *, timeout: float, backend: str = "gloo") -> dist.Store:
     """Join the process group; rank 0 hosts the TCP store. Returns the store (used for small records).
 
-    ``timeout`` bounds every wait: the others arriving, and each collective or transfer afterwards.
+    ``timeout`` bounds every wait: the others arriving (a master address that does not resolve yet, or
+    refuses connections, is retried until then), and each collective or transfer afterwards.
     """
     limit = datetime.timedelta(seconds=timeout)
     try:
@@ -125,22 +136,38 @@ def connect(rendezvous: Rendezvous, *, timeout: float, backend: str = "gloo") ->
             rendezvous.master_addr,
             rendezvous.master_port,
             rendezvous.world_size,
-            is_master=rendezvous.rank == 0,
+            # Under torchrun the agent already listens on the port (as torch's env:// rendezvous knows).
+            is_master=rendezvous.rank == 0 and not rendezvous.agent_store,
             timeout=limit,
             wait_for_workers=False,
         )
+        if rendezvous.agent_store:
+            store = dist.PrefixStore(f"/scaletrain/attempt_{rendezvous.restart_count}", store)
         dist.init_process_group(
             backend, store=store, rank=rendezvous.rank, world_size=rendezvous.world_size, timeout=limit
         )
     except (RuntimeError, OSError) as exc:
         where = f"{rendezvous.master_addr}:{rendezvous.master_port}"
+        reason = str(exc).splitlines()[0]
+        if not _resolves(rendezvous.master_addr):
+            # torch retries a name that does not resolve until the timeout, as for a refused connection:
+            # on a cluster, pod 0's DNS record appears only once its pod has an address.
+            reason = f"host not found: the name {rendezvous.master_addr} never resolved"
         raise RendezvousError(
             f"rank {rendezvous.rank} could not join the other {rendezvous.world_size - 1} processes "
             f"at {where} "
-            f"within {timeout:.0f} s ({str(exc).splitlines()[0]}); check that every process was started, "
+            f"within {timeout:.0f} s ({reason}); check that every process was started, "
             "that the address is reachable and that the port is free"
         ) from None
     return store
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 class RendezvousError(ConfigError):
