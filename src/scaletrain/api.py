@@ -19,13 +19,13 @@ Train your own model on your own tensors with the same loop, metrics and output 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config import TrainConfig, load_toml, merge, resolve
+from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.recommend import recommend as _recommend
@@ -34,6 +34,7 @@ from scaletrain.measure.bench import compare_results, preset_config, run_bench
 from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.parallel.launch import launch_local
+from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.train.loop import run_training
@@ -81,7 +82,7 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     if config.nodefile is not None:
         return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
     if layout.world_size == 1:
-        return run_training(config, own)
+        return run_training(check_before_start(config, layout, own), own)
     if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
         return _run_launched(config, Rendezvous.from_env(), own)
     if own is not None:
@@ -89,9 +90,7 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
             "the local launcher starts fresh processes, which cannot receive a workload object; register "
             "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
         )
-    if config.out is None:
-        config = dataclasses.replace(config, out=resolve(config, create_workload(config.workload).defaults).out)
-    return launch_local(config, layout)
+    return launch_local(check_before_start(config, layout), layout)
 
 
 def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
@@ -112,13 +111,15 @@ def bench(
     preset: str | None = None,
     quick: bool = False,
     out: Path | None = None,
+    progress: Callable[[str], None] | None = None,
     **sweep: Any,
 ) -> dict[str, Any]:
     """Sweep workers × strategies × batch sizes with real runs; write results, pictures and report.md.
 
     ``sweep`` holds :class:`~scaletrain.measure.sweep.SweepConfig` fields (``workers``,
     ``strategies``, ``batch_sizes``, ``steps``, ``repeats``, ``network`` …); ``None`` values count as
-    not given. Returns the rows, notes and the paths written.
+    not given. ``progress`` (e.g. ``print``) receives a line as each run starts and ends. Returns the
+    rows, notes, the paths written, the reading and the table of medians as text.
 
     >>> result = bench("lenet", workers=(1, 2), strategies=("allreduce-join",), steps=50)  # doctest: +SKIP
     >>> result["report"]  # doctest: +SKIP
@@ -133,8 +134,8 @@ def bench(
         config = preset_config(preset, out, quick=quick, **given)
         if workload is not None and workload != config.workload:
             raise ConfigError(f"preset {preset} trains {config.workload}, not {workload}")
-        return run_bench(config, title=f"Scaling of {config.workload} ({preset})")
-    return run_bench(SweepConfig(workload=workload, out=out, **given))
+        return run_bench(config, title=f"Scaling of {config.workload} ({preset})", progress=progress)
+    return run_bench(SweepConfig(workload=workload, out=out, **given), progress=progress)
 
 
 def compare(sources: list[Path], *, out: Path, names: list[str] | None = None) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DataError", "ScaletrainError"]
+__all__ = ["ConfigError", "DataError", "Interrupted", "ScaletrainError"]
 
 
 class ScaletrainError(Exception):
@@ -20,3 +20,9 @@ class DataError(ScaletrainError):
 
 class ConfigError(ScaletrainError):
     """An impossible or unknown setting (flag, config file value, workload option)."""
+
+
+class Interrupted(ScaletrainError):
+    """The user stopped the run (Ctrl-C); every process of it has been stopped."""
+
+    exit_code = 130

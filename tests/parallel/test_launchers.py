@@ -163,6 +163,24 @@ def test_torchrun_variables_are_honoured(setup, tmp_path: Path) -> None:
     assert_same(out, reference)
 
 
+def test_under_the_real_torchrun(setup, tmp_path: Path) -> None:
+    """torchrun's agent serves the store itself: the processes use it, with nothing failing to bind."""
+    _, reference, common = setup
+    out = tmp_path / "run"
+    environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SCALETRAIN_OFFLINE": "1"}
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        environment.pop(name, None)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port())]
+    command += ["-m", "scaletrain", "train", "lenet", *common, "--workers", "2", "--sync", "split", "--out", str(out)]
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "failed to bind" not in output and "Traceback" not in output, output
+    assert json.loads((out / "summary.json").read_text())["workers"] == 2
+    assert_same(out, reference)
+
+
 def test_wrong_process_count_is_named(setup, tmp_path: Path) -> None:
     _, _, common = setup
     nodefile = tmp_path / "nodes.txt"

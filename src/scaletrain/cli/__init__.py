@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from scaletrain.cli import bench, compare, deploy, estimate, profile, train, workloads
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import Interrupted, ScaletrainError
 
 __all__ = ["main"]
 
@@ -34,9 +34,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
+    except Interrupted as exc:
+        print(f"scaletrain: {exc}", file=sys.stderr)
+        return exc.exit_code
     except ScaletrainError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("scaletrain: interrupted; the last checkpoint is kept, continue with --resume", file=sys.stderr)
+    except KeyboardInterrupt:  # outside a run (a run says what it kept)
+        print("scaletrain: interrupted", file=sys.stderr)
         return 130

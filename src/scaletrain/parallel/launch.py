@@ -4,8 +4,12 @@
 a free port, each with the torchrun variables set, so a process cannot tell this launcher from
 torchrun. The launcher watches them: in a synchronous run the first process that fails stops
 every other one at once and the run fails with one message naming it; in an asynchronous run a
-lost worker is left to the server, which finishes with the others. Children die with the
-launcher (``PR_SET_PDEATHSIG``), and Ctrl-C stops them all.
+lost worker is left to the server, which finishes with the others. A process that stops
+answering without dying (``SIGSTOP``, a frozen machine) is found the same way: its peers' waits
+time out, and the launcher names it from its state (``T`` in ``/proc/PID/stat``) and stops it once it
+has been frozen for the run's ``--timeout``. Children die with the launcher
+(``PR_SET_PDEATHSIG``), and Ctrl-C stops them all. Messages from the processes go to their logs
+(``OUT/logs/rank-K.log``, tracebacks included); the terminal gets rank 0's progress and one line.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import IO, Any
 
 import scaletrain
 from scaletrain.config import TrainConfig, to_json_dict
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.rendezvous import (
@@ -37,15 +41,17 @@ from scaletrain.parallel.rendezvous import (
     ENV_RANK,
     ENV_WORLD_SIZE,
 )
-from scaletrain.train.checkpoint import refuse_overwrite
+from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
 
-__all__ = ["RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
+__all__ = ["ENV_LAUNCHER", "RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
 CAUSE_SETTLE_SECONDS = 0.3
 LOGS_DIR = "logs"
+#: Set for the processes this launcher starts: they report errors in their logs, the launcher on the terminal.
+ENV_LAUNCHER = "SCALETRAIN_LAUNCHER"
 
 
 class RunFailed(ScaletrainError):
@@ -61,13 +67,16 @@ class _Child:
     process: subprocess.Popen
     log: Path
     log_file: IO[bytes]
+    failed_at: float | None = None  # when the launcher first saw it fail
+    stopped_since: float | None = None  # when the launcher first saw it frozen (state T)
+    finished_at: float | None = None  # when the launcher first saw it exit successfully
 
 
 def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
     """Run ``config`` with ``layout.world_size`` local processes; return rank 0's summary."""
     out = config.out
     refuse_overwrite(out, resume=config.resume)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     (out / SUMMARY_NAME).unlink(missing_ok=True)
     config_path = out / "launch-config.json"
     config_path.write_text(json.dumps(to_json_dict(config), indent=2), encoding="utf-8")
@@ -80,7 +89,10 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
         try:
             for rank in range(layout.world_size):
                 children.append(_start(rank, layout, config_path, port, out, network))
-            _watch(children, layout)
+            _watch(children, layout, config.timeout)
+        except KeyboardInterrupt:
+            _stop(children)
+            raise Interrupted(f"interrupted; every process of the run was stopped; {resume_advice(out)}") from None
         except BaseException:
             _stop(children)
             raise
@@ -136,6 +148,7 @@ def spawn_rank(
         ENV_MASTER_PORT: str(port),
         ENV_LOCAL_RANK: str(rank),
         ENV_LOCAL_WORLD_SIZE: str(world_size),
+        ENV_LAUNCHER: "local",
         # The children import the same scaletrain as this process, installed or not.
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
         **(network.environment(rank) if network else {}),
@@ -163,47 +176,125 @@ def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
             log_file.flush()
 
 
-def _watch(children: list[_Child], layout: Layout) -> None:
+def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
+    """Return when every process has finished; raise :class:`RunFailed` when the run cannot go on.
+
+    A synchronous run fails with its first failed process. In an asynchronous run a worker that
+    dies or freezes is lost and the server finishes with the others; a worker that stops with an
+    error of its own (exit code 2: bad settings or data, a diverged loss) would stop every other
+    worker in the same way, so it fails the run.
+    """
     asynchronous = layout.sync == "async" and layout.server == "central" and layout.strategy == "ps"
     while True:
         running = False
+        clock = time.monotonic()
         for child in children:
             code = child.process.poll()
             if code is None:
                 running = True
-            elif code != 0 and not (asynchronous and child.role != SERVER):
-                cause = _first_cause(children)
-                _stop(children)
-                raise RunFailed(_failure_message(cause, cause.process.returncode))
+                frozen = _is_stopped(child.process.pid)
+                child.stopped_since = (child.stopped_since or clock) if frozen else None
+                # A frozen asynchronous worker is the server's to count as lost; anyone else fails the run.
+                if frozen and clock - child.stopped_since > timeout and not (asynchronous and child.role != SERVER):
+                    _fail(children)
+                continue
+            child.failed_at = child.failed_at or (clock if code != 0 else None)
+            lost_worker = asynchronous and child.role != SERVER and code not in (0, ConfigError.exit_code)
+            if code != 0 and not lost_worker:
+                _fail(children)
+        if asynchronous and _server_done(children):
+            # The server finished without the workers still running: they were lost (it counted them).
+            _stop(children)
+            return
         if not running:
             return
         time.sleep(POLL_SECONDS)
 
 
+def _server_done(children: list[_Child]) -> bool:
+    """Whether the central server has exited successfully while some workers have not, for a while."""
+    server = next(child for child in children if child.role == SERVER)
+    if server.process.poll() != 0:
+        return False
+    server.finished_at = server.finished_at or time.monotonic()
+    return time.monotonic() - server.finished_at > GRACE_SECONDS
+
+
+def _fail(children: list[_Child]) -> None:
+    cause = _first_cause(children)
+    stopped = cause.stopped_since is not None
+    _stop(children)
+    error = RunFailed(_failure_message(cause, cause.process.returncode, stopped=stopped))
+    if cause.process.returncode == ConfigError.exit_code:
+        error.exit_code = ConfigError.exit_code  # the process refused the settings: bad input, as in one process
+    raise error
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is frozen (``SIGSTOP``/``SIGTSTP``, or traced), from ``/proc/PID/stat``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
 def _first_cause(children: list[_Child]) -> _Child:
     """The process that failed first, not one that failed because it lost its peer.
 
-    The peers of a killed process notice within moments and exit with an error too; a process
-    killed by a signal is the cause, otherwise the lowest rank that failed.
+    The peers of a killed or frozen process notice within moments (or at their timeout) and exit
+    with an error too. A frozen process is the cause, then one killed by a signal, then one that
+    stopped with an error of its own (exit code 2), then the one seen failing first, lowest rank
+    first.
     """
     time.sleep(CAUSE_SETTLE_SECONDS)
-    failed = [child for child in children if child.process.poll() not in (None, 0)]
-    return min(failed, key=lambda child: (child.process.returncode >= 0, child.rank))
+    clock = time.monotonic()
+    for child in children:
+        code = child.process.poll()
+        if code is None:
+            frozen = _is_stopped(child.process.pid)
+            child.stopped_since = (child.stopped_since or clock) if frozen else None
+        elif code != 0:
+            child.failed_at = child.failed_at or clock
+    candidates = [child for child in children if child.stopped_since is not None or child.failed_at is not None]
+
+    def order(child: _Child) -> tuple:
+        code = child.process.returncode
+        if child.stopped_since is not None:
+            return (0, child.rank)
+        return (1 if code < 0 else 2 if code == ConfigError.exit_code else 3, child.failed_at, child.rank)
+
+    return min(candidates, key=order)
 
 
-def _failure_message(child: _Child, code: int) -> str:
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    tail = ""
-    try:
-        lines = [line for line in child.log.read_text(errors="replace").splitlines() if line.strip()]
-        if lines:
-            tail = f": {lines[-1]}"
-    except OSError:
-        pass
+def _failure_message(child: _Child, code: int | None, *, stopped: bool = False) -> str:
+    if stopped:
+        how = "stopped answering (it is frozen: state T, e.g. after SIGSTOP)"
+    else:
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+    said = "" if stopped else _last_error(child.log)
+    if code == ConfigError.exit_code and said:
+        # The process refused its settings or data (or the loss diverged): its own words are the message.
+        return (
+            f"{child.role} rank {child.rank}: {said.removeprefix(f'rank {child.rank}: ')} (logs in {child.log.parent})"
+        )
+    tail = f": {said}" if said else ""
     return (
         f"{child.role} rank {child.rank} (pid {child.process.pid}) {how}{tail}; stopped the other processes. "
-        f"Logs in {child.log.parent}; the last checkpoint is kept, continue with --resume"
+        f"Logs in {child.log.parent}; {resume_advice(child.log.parent.parent)}"
     )
+
+
+def _last_error(log: Path) -> str:
+    """The last error line a process wrote to its log (without the ``scaletrain: error:`` prefix), or its last line."""
+    try:
+        lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    errors = [
+        line.removeprefix("scaletrain: error:").strip() for line in lines if line.startswith("scaletrain: error:")
+    ]
+    return (errors or lines or [""])[-1]
 
 
 def _stop(children: list[_Child]) -> None:
@@ -215,6 +306,7 @@ def stop_processes(processes: list[subprocess.Popen]) -> None:
     for process in processes:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
+            process.send_signal(signal.SIGCONT)  # a frozen process handles SIGTERM only once it runs again
     deadline = time.monotonic() + GRACE_SECONDS
     for process in processes:
         remaining = max(0.0, deadline - time.monotonic())

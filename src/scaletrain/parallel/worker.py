@@ -13,6 +13,8 @@ from pathlib import Path
 
 from scaletrain.config import from_json_dict
 from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.failures import ProcessFailed
+from scaletrain.parallel.launch import ENV_LAUNCHER
 from scaletrain.parallel.process import run_process
 from scaletrain.parallel.rendezvous import Rendezvous
 
@@ -24,8 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_process(config, rendezvous)
     except ScaletrainError as exc:
-        print(f"scaletrain: error: rank {rendezvous.rank}: {exc}", file=sys.stderr, flush=True)
+        # Under the local launcher this line goes to the log only: the launcher puts it on the terminal once.
+        stream = sys.stdout if os.environ.get(ENV_LAUNCHER) else sys.stderr
+        prefix = "" if isinstance(exc, ProcessFailed) else f"rank {rendezvous.rank}: "  # it names itself
+        print(f"scaletrain: error: {prefix}{exc}", file=stream, flush=True)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C on a terminal reaches every process; the launcher reports it
+        return 130
     return 0
 
 

@@ -15,7 +15,15 @@ import torch
 
 from scaletrain.errors import ConfigError, ScaletrainError
 
-__all__ = ["CHECKPOINT_NAME", "atomic_save", "load_checkpoint", "refuse_overwrite"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "atomic_save",
+    "load_checkpoint",
+    "make_folder",
+    "refuse_overwrite",
+    "resume_advice",
+    "unwritable",
+]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -32,18 +40,59 @@ def atomic_save(obj: Any, path: Path) -> None:
     1
     """
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    temporary = None
     try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(handle, "wb") as file:
             torch.save(obj, file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
     except (OSError, RuntimeError) as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        kept = f"the previous {path.name} is intact" if path.exists() else f"no {path.name} was written"
-        raise ScaletrainError(f"could not write {path}: {exc}; {kept}. Free disk space and use --resume") from exc
+        if temporary is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+        if path.exists():
+            kept = f"the previous {path.name} is intact; free space (or make the folder writable) and use --resume"
+        else:
+            kept = f"no {path.name} was written; free space (or make the folder writable) and start the run again"
+        raise ScaletrainError(f"could not write {path}: {_reason(exc)}; {kept}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's words for a failed write (``No space left on device``), else the error's first line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def resume_advice(out: Path | None) -> str:
+    """What a user can do after a run stopped early, true to what is on disk in ``out``.
+
+    >>> import tempfile
+    >>> resume_advice(Path(tempfile.mkdtemp())).startswith("no checkpoint was written")
+    True
+    """
+    if out is None:
+        return "no checkpoint was written"
+    path = Path(out) / CHECKPOINT_NAME
+    if path.exists():
+        return f"the last checkpoint is kept: continue with --resume --out {out}"
+    return f"no checkpoint was written yet ({path}); start the run again to train from the beginning"
+
+
+def make_folder(out: Path) -> None:
+    """Create the run folder ``out``, or fail with one line that says why and what to do."""
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(unwritable(out, exc.strerror or str(exc))) from None
+
+
+def unwritable(out: Path, why: str) -> str:
+    """The message for a run folder that cannot be written."""
+    return f"cannot write the run folder {out}: {why}; choose another --out"
 
 
 def refuse_overwrite(out: Path, *, resume: bool) -> None:
@@ -61,7 +110,20 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         raise ScaletrainError(
             f"--resume given but there is no checkpoint at {path}; run without --resume to start afresh"
         )
+    fix = "delete it (or choose another --out) and run without --resume to start afresh"
     try:
-        return torch.load(path, weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged file
-        raise ScaletrainError(f"checkpoint {path} cannot be read ({exc}); delete it to start afresh") from exc
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ScaletrainError(f"checkpoint {path} cannot be read ({_reason(exc)}); check its permissions") from None
+    if size == 0:
+        raise ScaletrainError(f"checkpoint {path} is empty (0 bytes): it was never completely written; {fix}")
+    try:
+        content = torch.load(path, weights_only=True)
+    except Exception:  # torch raises several types for a damaged file; its advice does not apply here
+        content = None
+    if not isinstance(content, dict):
+        raise ScaletrainError(
+            f"checkpoint {path} is damaged or is not a scaletrain checkpoint ({size} bytes that do not load as one); "
+            f"{fix}"
+        )
+    return content

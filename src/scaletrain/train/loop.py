@@ -17,8 +17,15 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
-from scaletrain.errors import ConfigError
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, refuse_overwrite
+from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
+from scaletrain.train.checkpoint import (
+    CHECKPOINT_NAME,
+    atomic_save,
+    load_checkpoint,
+    make_folder,
+    refuse_overwrite,
+    resume_advice,
+)
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import ThroughputMeter, now
@@ -26,7 +33,7 @@ from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.summary import WorkerStats, write_summary
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["CHECKPOINT_FORMAT", "Position", "Prepared", "Role", "learning_rate", "prepare", "run_training"]
+__all__ = ["CHECKPOINT_FORMAT", "Diverged", "Position", "Prepared", "Role", "learning_rate", "prepare", "run_training"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -91,7 +98,7 @@ def prepare(
     out = config.out
     if coordinator:
         refuse_overwrite(out, resume=config.resume)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     if config.threads:
         torch.set_num_threads(config.threads)
 
@@ -154,6 +161,8 @@ def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[
     try:
         trainer.train()
         quality = trainer.final_quality()
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; {resume_advice(prepared.config.out)}") from None
     finally:
         trainer.close()
     return write_summary(prepared, quality, [trainer.stats()], layout_fields={"strategy": "local", "workers": 1})
@@ -163,21 +172,36 @@ def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: 
     """Refuse to resume a checkpoint written with other settings."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
-    for key, expected in (
-        ("workload", workload.name),
-        ("batch_size", config.batch_size),
-        ("seed", config.seed),
-        ("strategy", _strategy_label(config)),
+    expected_strategy = _strategy_label(config)
+    for key, expected, saved in (
+        ("workload", workload.name, checkpoint.get("workload")),
+        ("batch size", config.batch_size, checkpoint.get("batch_size")),
+        ("seed", config.seed, checkpoint.get("seed")),
+        ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy)),
     ):
-        if checkpoint.get(key, expected if key == "strategy" else None) != expected:
+        if saved != expected:
             raise ConfigError(
-                f"cannot resume: the checkpoint has {key}={checkpoint.get(key)!r} but this run asks for "
-                f"{expected!r}; use the same settings or another --out"
+                f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
+                f"{expected}; use the same settings or another --out"
             )
 
 
 def _strategy_label(config: TrainConfig) -> str:
-    return f"{config.strategy}/{config.server}/{config.sync}/{config.workers}"
+    """``allreduce-join, 2 workers`` — the strategy as the bench and the summary name it."""
+    from scaletrain.parallel.plan import Layout  # the loop knows layouts only by their names
+
+    label = Layout(config.strategy, config.workers, config.server, config.sync).label
+    return f"{label}, {config.workers} worker{'s' if config.workers != 1 else ''}"
+
+
+def _saved_strategy(checkpoint: dict[str, Any], expected: str) -> str:
+    """The checkpoint's strategy label; files of 0.1.0 wrote ``strategy/server/sync/workers``."""
+    saved = checkpoint.get("strategy", expected)
+    parts = saved.split("/") if isinstance(saved, str) else []
+    if len(parts) == 4 and parts[3].isdigit():
+        strategy, server, sync, workers = parts
+        return _strategy_label(TrainConfig("-", strategy=strategy, server=server, sync=sync, workers=int(workers)))
+    return saved
 
 
 def checkpoint_payload(
@@ -197,6 +221,10 @@ def checkpoint_payload(
         "position": asdict(position),
         "workload_state": state,
     }
+
+
+class Diverged(ScaletrainError):
+    """The training loss became nan or infinite: the settings make the run diverge."""
 
 
 class Trainer:
@@ -252,6 +280,7 @@ class Trainer:
         for number, batch in zip(numbers, batches, strict=True):
             begin = now()
             objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
+            self._check_finite(loss)
             self.optimizer.zero_grad(set_to_none=True)
             objective.backward()
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
@@ -264,6 +293,21 @@ class Trainer:
             position.batch = number + 1
             position.step += 1
             self._after_step(loss)
+
+    def _check_finite(self, loss: torch.Tensor) -> None:
+        """Stop before a nan or infinite loss turns into gradients that reach the other processes.
+
+        One read of a scalar per step: free on the CPU; on a GPU it waits for the step's forward pass.
+        """
+        value = float(loss)
+        if math.isfinite(value):
+            return
+        lr = self.optimizer.param_groups[0]["lr"]
+        raise Diverged(
+            f"training diverged: the loss became {value} at step {self.position.step + 1} "
+            f"(epoch {self.position.epoch + 1}) with learning rate {lr:g}; start again with a lower --lr "
+            f"(e.g. {lr / 10:g}) or with --clip-norm"
+        )
 
     def _after_step(self, loss: torch.Tensor) -> None:
         config, step = self.config, self.position.step

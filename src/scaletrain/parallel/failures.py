@@ -1,0 +1,58 @@
+"""What a process says when the run breaks under it: one line for the terminal, the traceback in a file.
+
+A process that loses its peers gets a low-level error from c10d/gloo (``Connection closed by
+peer``, ``Timed out waiting 60000ms for recv operation``) with a long C++ traceback. Users need one
+true line: which process, what happened in words, and where the details are.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+from scaletrain.errors import ScaletrainError
+
+__all__ = ["ProcessFailed", "describe", "write_traceback"]
+
+LOGS_DIR = "logs"
+
+
+class ProcessFailed(ScaletrainError):
+    """This process stopped because of an unexpected error or a lost peer; the details are in its logs."""
+
+    exit_code = 1
+
+
+def describe(exc: BaseException, timeout: float, peer: str = "another process") -> str:
+    """``exc`` in words a user can act on; ``peer`` names the other end when it is known.
+
+    >>> describe(RuntimeError("[gloo] Timed out waiting 60000ms for recv operation to complete"), 60)
+    'no answer from another process within 60 s: it stopped answering (frozen, or its machine is unreachable)'
+    >>> describe(RuntimeError("Connection closed by peer [127.0.0.1]:1234"), 60)
+    'lost the connection to another process: it died or its machine went away'
+    """
+    text = str(exc)
+    lowered = text.lower()
+    if "timed out" in lowered or "timeout" in lowered:
+        return (
+            f"no answer from {peer} within {timeout:.0f} s: it stopped answering "
+            "(frozen, or its machine is unreachable)"
+        )
+    if any(word in lowered for word in ("connection closed", "connection reset", "broken pipe", "peer")):
+        return f"lost the connection to {peer}: it died or its machine went away"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"unexpected {type(exc).__name__}" + (f": {first}" if first else "")
+
+
+def write_traceback(out: Path | None, rank: int) -> Path | None:
+    """Append the current exception's traceback to ``OUT/logs/rank-K.traceback``; its path, or None."""
+    if out is None:
+        return None
+    path = Path(out) / LOGS_DIR / f"rank-{rank}.traceback"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as file:
+            traceback.print_exc(file=file)
+    except OSError:
+        return None
+    return path

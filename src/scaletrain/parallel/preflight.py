@@ -1,0 +1,71 @@
+"""Checks made before any process starts or any file is written, so bad settings cost nothing.
+
+A run that would fail in its first seconds — a split batch that cannot be divided, a checkpoint
+written with other settings, an output folder that cannot be created — fails here instead, with
+one line that names the fix, and leaves no half-made run folder behind. The processes repeat the
+checks that matter to them (a launcher of another kind may have started them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from scaletrain.config import TrainConfig, resolve
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.plan import Layout
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, refuse_overwrite, unwritable
+from scaletrain.train.loop import check_compatible
+from scaletrain.workloads import Workload, create_workload
+
+__all__ = ["check_before_start"]
+
+
+def check_before_start(config: TrainConfig, layout: Layout, workload: Workload | None = None) -> TrainConfig:
+    """Check ``config`` for ``layout``; return it with the workload's defaults filled in.
+
+    >>> from scaletrain.config import TrainConfig
+    >>> check_before_start(TrainConfig("lenet", workers=4, strategy="ps", sync="split", batch_size=2,
+    ...                                out="/tmp/x"), Layout("ps", 4, "central", "split"))
+    Traceback (most recent call last):
+    ...
+    scaletrain.errors.ConfigError: --sync split divides each batch of 2 over 4 workers, ...
+    """
+    workload = workload or create_workload(config.workload, config.options)
+    resolved = resolve(config, workload.defaults)
+    batch = resolved.batch_size
+    if layout.strategy != "local" and layout.sync == "split" and batch % layout.workers:
+        smaller = "" if batch < layout.workers else f" or {batch - batch % layout.workers}"
+        raise ConfigError(
+            f"--sync split divides each batch of {batch} over {layout.workers} workers, which does not go evenly; "
+            f"use --batch-size {layout.workers * max(1, batch // layout.workers)}{smaller} "
+            f"(a multiple of {layout.workers}), fewer workers, or --sync join"
+        )
+    if config.network is not None and layout.world_size == 1:
+        raise ConfigError(
+            "--network emulates the links between processes, and this run has one process; "
+            "use --workers 2 or more (or drop --network)"
+        )
+    out = resolved.out
+    refuse_overwrite(out, resume=config.resume)
+    if config.resume:
+        check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload)
+    _check_writable(out)
+    return dataclasses.replace(config, out=out)
+
+
+def _check_writable(out: Path) -> None:
+    """Whether ``out`` can be created and written, without creating anything."""
+    path = Path(out).absolute()
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise ConfigError(unwritable(out, f"{existing} is a broken link"))
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(unwritable(out, f"{existing} is a file, not a folder"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(unwritable(out, f"{existing} is not writable (read-only or not yours)"))
+    if str(existing).startswith(("/proc", "/sys")):
+        raise ConfigError(unwritable(out, f"{existing} is a kernel interface, not storage"))
