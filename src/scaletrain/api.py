@@ -27,7 +27,7 @@ from typing import Any
 
 from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.models import Configuration, predicted_speedups
 from scaletrain.estimate.recommend import recommend as _recommend
 from scaletrain.estimate.validate import ValidationConfig, run_validation
 from scaletrain.measure.bench import compare_results, preset_config, run_bench
@@ -194,10 +194,8 @@ def estimate(
             raise ConfigError("give --t-grad and --t-comm, a --profile file, or a workload to profile")
         profile = Profile(workload="(given times)", batch_size=0, t_grad=t_grad, t_comm=t_comm)
     configuration = Configuration.from_thesis(kind, server, strategy)
-    return [
-        predicted_speedup(model, profile, configuration, n, batches=batches, cores=cores, case=case)
-        for n in range(1, workers + 1)
-    ]
+    curves = predicted_speedups(model, profile, [configuration], workers, batches=batches, cores=cores, case=case)
+    return curves[configuration]
 
 
 def recommend(profile: Profile, *, max_workers: int, **settings: Any) -> dict[str, dict[str, Any]]:

@@ -12,14 +12,27 @@ iteration). ``refined`` is :mod:`scaletrain.estimate.refined` over the whole pro
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate import refined, thesis
+from scaletrain.estimate.queueing import mean_value_throughputs, throughput_bound
 from scaletrain.measure.profile import Profile
 from scaletrain.measure.sweep import parse_strategy
 
-__all__ = ["MODELS", "Configuration", "predicted_speedup", "thesis_configurations"]
+__all__ = [
+    "MODELS",
+    "Configuration",
+    "best_per_workers",
+    "check_inputs",
+    "predicted_speedup",
+    "predicted_speedups",
+    "thesis_configurations",
+]
 
 MODELS = ("thesis", "refined")
 THESIS_TYPES = {"join": "sync-join", "split": "sync-split", "async": "async"}
@@ -81,6 +94,7 @@ def predicted_speedup(
     case: str = "mean",
 ) -> float:
     """Speedup of ``configuration`` on ``workers`` workers against one worker alone."""
+    check_inputs(profile, workers, batches=batches, cores=cores)
     if model == "thesis":
         return thesis.speedup(
             t_grad=profile.t_grad,
@@ -102,3 +116,119 @@ def predicted_speedup(
             cores=cores,
         ).speedup
     raise ConfigError(f"unknown --model {model!r}; choose thesis or refined")
+
+
+def predicted_speedups(
+    model: str,
+    profile: Profile,
+    configurations: Sequence[Configuration],
+    max_workers: int,
+    *,
+    batches: float,
+    cores: int | None = None,
+    case: str = "mean",
+) -> dict[Configuration, list[float]]:
+    """:func:`predicted_speedup` of each configuration on 1..``max_workers`` workers, in one pass.
+
+    The same numbers as calling :func:`predicted_speedup` for every worker count, but each of the
+    profile's per-worker-count terms is computed once and the refined model's queueing networks are
+    solved together, so 10,000 workers take a fraction of a second.
+
+    >>> profile = Profile("toy", 32, t_grad=1.0, t_comm=0.1)
+    >>> sharded = Configuration.parse("ps-sharded-join")
+    >>> [round(s, 4) for s in predicted_speedups("thesis", profile, [sharded], 2, batches=128)[sharded]]
+    [1.0, 1.8182]
+    """
+    check_inputs(profile, max_workers, batches=batches, cores=cores)
+    workers = range(1, max_workers + 1)
+    if model == "thesis":
+        return {
+            c: thesis.speedups(
+                t_grad=profile.t_grad,
+                t_comm=profile.t_comm,
+                kind=c.thesis_type,
+                server=c.thesis_server,
+                workers=max_workers,
+                batches=batches,
+                case=case,
+            )
+            for c in configurations
+        }
+    if model == "refined":
+        terms = refined.Terms(profile, cores)
+        return {
+            c: (
+                refined.batches_per_second(
+                    terms, strategy=c.strategy, server=c.server or "central", sync=c.sync, workers=workers
+                )
+                * terms.sequential
+            ).tolist()
+            for c in configurations
+        }
+    raise ConfigError(f"unknown --model {model!r}; choose thesis or refined")
+
+
+def best_per_workers(
+    model: str,
+    profile: Profile,
+    configurations: Sequence[Configuration],
+    max_workers: int,
+    *,
+    batches: float,
+    cores: int | None = None,
+    case: str = "mean",
+) -> list[tuple[float, str]]:
+    """For 1..``max_workers`` workers: the highest predicted speedup and its configuration's label.
+
+    The maximum over :func:`predicted_speedups`' curves (on a tie, the label that sorts last). The
+    refined model's asynchronous networks are solved only for the worker counts where their
+    throughput bound reaches the best synchronous configuration; elsewhere they cannot win.
+    """
+    if model == "refined":
+        check_inputs(profile, max_workers, batches=batches, cores=cores)
+        terms = refined.Terms(profile, cores)
+        workers = np.arange(1, max_workers + 1)
+        curves = {
+            c: refined.batches_per_second(terms, strategy=c.strategy, server=c.server, sync=c.sync, workers=workers)
+            * terms.sequential
+            for c in configurations
+            if c.sync != "async"
+        }
+        floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
+        for c in (c for c in configurations if c.sync == "async"):
+            networks = refined.asynchronous_networks(terms, server=c.server, workers=workers)
+            # The margin keeps rounding in the bound from ever dropping a network that could win.
+            bounds = np.array([throughput_bound(*network) for network in networks]) * terms.sequential * (1 + 1e-9)
+            contenders = np.flatnonzero(bounds >= floor)
+            curve = np.full(max_workers, -np.inf)
+            throughputs = mean_value_throughputs([networks[index] for index in contenders.tolist()])
+            curve[contenders] = np.array(throughputs) * terms.sequential
+            curves[c] = curve
+    else:
+        curves = {
+            c: np.array(curve)
+            for c, curve in predicted_speedups(
+                model, profile, configurations, max_workers, batches=batches, cores=cores, case=case
+            ).items()
+        }
+    ranked = sorted(curves, key=lambda c: c.label, reverse=True)  # argmax takes the first of equal values
+    table = np.array([curves[c] for c in ranked])
+    winners = np.argmax(table, axis=0)
+    speedups = table[winners, np.arange(max_workers)]
+    return [
+        (speedup, ranked[winner].label) for speedup, winner in zip(speedups.tolist(), winners.tolist(), strict=True)
+    ]
+
+
+def check_inputs(profile: Profile, workers: int, *, batches: float, cores: int | None = None) -> None:
+    """Refuse inputs no model can make sense of, naming the flag: a count below 1, a time that is not a number."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers must be a whole number ≥ 1, got {workers!r}")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ConfigError(f"--cores must be a whole number ≥ 1, got {cores!r}")
+    if not 0 < batches < math.inf:
+        raise ConfigError(f"--batches must be a number > 0, got {batches!r}")
+    if not 0 < profile.t_grad < math.inf or not 0 <= profile.t_comm < math.inf:
+        raise ConfigError(
+            f"--t-grad must be > 0 and --t-comm ≥ 0 seconds (finite), got {profile.t_grad!r} and {profile.t_comm!r}"
+        )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup, thesis_configurations
+from scaletrain.estimate.models import MODELS, Configuration, best_per_workers, thesis_configurations
 from scaletrain.estimate.refined import CONFIGURATIONS
 from scaletrain.measure.profile import Profile
 
@@ -34,7 +34,7 @@ def recommend(
     case: str = "mean",
     models: tuple[str, ...] = MODELS,
 ) -> dict[str, dict[str, Any]]:
-    """Per model: the best ``workers``, ``configuration`` label, ``speedup``, and the runner-up per worker count.
+    """Per model: the best ``workers``, ``configuration`` label and ``speedup``; ``by_workers``: the best per count.
 
     One worker alone (speedup 1 by definition) is the fallback when no configuration beats it.
     """
@@ -45,12 +45,8 @@ def recommend(
         candidates = thesis_configurations() if model == "thesis" else _refined_configurations()
         best = {"workers": 1, "configuration": "local", "speedup": 1.0}
         per_workers = {}
-        for workers in range(1, max_workers + 1):
-            scored = [
-                (predicted_speedup(model, profile, c, workers, batches=batches, cores=cores, case=case), c.label)
-                for c in candidates
-            ]
-            speedup, label = max(scored)
+        ranking = best_per_workers(model, profile, candidates, max_workers, batches=batches, cores=cores, case=case)
+        for workers, (speedup, label) in enumerate(ranking, 1):
             per_workers[workers] = {"configuration": label, "speedup": speedup}
             if speedup > best["speedup"]:
                 best = {"workers": workers, "configuration": label, "speedup": speedup}

@@ -35,13 +35,27 @@ one); speedup = throughput × (t_grad + t_update), i.e. against one worker train
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
 from scaletrain.measure.profile import Profile
 from scaletrain.parallel.sharding import assign_greedy
 
-__all__ = ["CONFIGURATIONS", "Prediction", "mean_value_throughput", "predict"]
+__all__ = [
+    "CONFIGURATIONS",
+    "Prediction",
+    "Terms",
+    "batches_per_second",
+    "mean_value_throughput",
+    "predict",
+    "predict_many",
+]
 
 # (strategy, server, sync) the refined model covers; the labels are the bench's strategy specs.
 CONFIGURATIONS = (
@@ -71,6 +85,52 @@ def predict(
     cores: int | None = None,
 ) -> Prediction:
     """Predict one configuration. ``cores``: the workers share this many cores (None: a machine each)."""
+    return predict_many(profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches,
+                        cores=cores)[0]  # fmt: skip
+
+
+def predict_many(
+    profile: Profile,
+    *,
+    strategy: str,
+    sync: str,
+    workers: Sequence[int],
+    server: str = "central",
+    batches: float = 128,
+    cores: int | None = None,
+    terms: Terms | None = None,
+) -> list[Prediction]:
+    """:func:`predict` for each worker count in ``workers`` at once (numpy over the counts).
+
+    ``terms``: the profile's per-worker-count terms, to share them between configurations.
+    """
+    terms = terms or Terms(profile, cores)
+    rates = batches_per_second(terms, strategy=strategy, server=server, sync=sync, workers=workers)
+    sequential = terms.sequential
+    return [Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
+            for rate in rates.tolist()]  # fmt: skip
+
+
+def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, workers: Sequence[int]) -> np.ndarray:
+    """Predicted batches per second on each of ``workers`` worker counts; × ``terms.sequential`` is the speedup."""
+    strategy, server, sync = _covered(strategy, server, sync)
+    n = np.asarray(workers, dtype=int)
+    if sync == "async":
+        return np.array(mean_value_throughputs(asynchronous_networks(terms, server=server, workers=n)))
+    profile = terms.profile
+    gradient = terms.gradient(sync, n)
+    if strategy == "allreduce":
+        step = gradient + _ring_allreduce(profile, n) + profile.t_update
+    elif server == "central":
+        step = gradient + _central_exchange(profile, n) + profile.t_update
+    else:
+        step = gradient + _sharded_exchange(profile, terms, n)
+    # A join step trains N batches, a split step one.
+    return (n if sync == "join" else 1) / step
+
+
+def _covered(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
+    """The configuration with aliases resolved; one the model does not cover is an error."""
     server = {"distributed": "sharded"}.get(server, server)
     sync = {"none": "async"}.get(sync, sync)
     if (strategy, server if strategy == "ps" else "", sync) not in CONFIGURATIONS:
@@ -78,27 +138,43 @@ def predict(
             f"the refined model covers allreduce join/split and ps central/sharded join/split/async, "
             f"not {strategy} {server} {sync}"
         )
-    if workers < 1:
-        raise ConfigError(f"--workers must be ≥ 1, got {workers}")
-    n = workers
-    gradient = profile.t_grad_at(n if sync == "split" else 1) * profile.contention_at(n, cores=cores)
-    # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
-    gradient *= profile.slowest_of(n if sync != "async" else 1)
-    if strategy == "allreduce":
-        rate = _per_step(n, sync, gradient + _ring_allreduce(profile, n) + profile.t_update)
-    elif sync == "async":
-        rate = _asynchronous(profile, server, n, gradient)
-    elif server == "central":
-        rate = _per_step(n, sync, gradient + _central_exchange(profile, n) + profile.t_update)
-    else:
-        rate = _per_step(n, sync, gradient + _sharded_exchange(profile, n))
-    sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
-    return Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
+    return strategy, server, sync
 
 
-def _per_step(workers: int, sync: str, step_seconds: float) -> float:
-    """Batches per second of a synchronous run: a join step trains N batches, a split step one."""
-    return (workers if sync == "join" else 1) / step_seconds
+class Terms:
+    """The profile's terms that depend on the worker count, each computed once however often it is asked for."""
+
+    def __init__(self, profile: Profile, cores: int | None) -> None:
+        self.profile = profile
+        self.cores = cores
+        self._columns: dict[str, dict[int, Any]] = {}
+        # The sequential reference: one worker alone, t_grad + t_update per batch.
+        self.sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
+
+    def _column(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
+        """``compute(n)`` for each of ``workers``, each n computed once per name."""
+        if workers.size and workers.min() < 1:
+            raise ConfigError(f"--workers must be ≥ 1, got {workers.min()}")
+        column = self._columns.setdefault(name, {})
+        counts = workers.tolist()
+        column.update((n, compute(n)) for n in counts if n not in column)
+        return [column[n] for n in counts]
+
+    def gradient(self, sync: str, workers: np.ndarray) -> np.ndarray:
+        """t_grad of one worker's part of a step among N: its batch share, contention, stragglers."""
+        profile = self.profile
+        if sync == "split":
+            part = np.array(self._column("split", workers, profile.t_grad_at))
+        else:
+            part = np.full(workers.shape, profile.t_grad_at(1))
+        contention = self._column("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
+        # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
+        slowest = self._column("slowest", workers if sync != "async" else np.ones_like(workers), profile.slowest_of)
+        return part * np.array(contention) * np.array(slowest)
+
+    def shares(self, workers: np.ndarray) -> list[dict[float, int]]:
+        """Per N: fraction of the weight bytes an owner holds → how many of the N owners hold it (Algorithm 3.7)."""
+        return self._column("shares", workers, lambda n: _shares(self.profile.tensor_bytes, n))
 
 
 def _transfer(profile: Profile, size: float) -> float:
@@ -109,76 +185,96 @@ def _weight_bytes(profile: Profile) -> float:
     return profile.weight_bytes or profile.t_comm * profile.bytes_per_second
 
 
-def _ring_allreduce(profile: Profile, n: int) -> float:
-    if n == 1:
-        return 0.0
-    return 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * _weight_bytes(profile) / profile.bytes_per_second
+def _ring_allreduce(profile: Profile, n: np.ndarray) -> np.ndarray:
+    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * _weight_bytes(profile) / profile.bytes_per_second
+    return np.where(n == 1, 0.0, ring)
 
 
-def _central_exchange(profile: Profile, n: int) -> float:
+def _central_exchange(profile: Profile, n: np.ndarray) -> np.ndarray:
     """N workers push at once through the server's downlink, then N replies share its uplink."""
-    return 2 * _transfer(profile, n * _weight_bytes(profile))
+    return 2 * (profile.latency + n * _weight_bytes(profile) / profile.bytes_per_second)
 
 
-def _shares(profile: Profile, n: int) -> list[float]:
-    """Fraction of the weight bytes each of the N owners holds (Algorithm 3.7 over the real tensors)."""
-    if not profile.tensor_bytes:
-        return [1 / n] * n  # tensor sizes unknown: the thesis's even split
-    owners = assign_greedy(profile.tensor_bytes, list(range(n)))
-    total = sum(profile.tensor_bytes)
-    return [sum(size for size, owner in zip(profile.tensor_bytes, owners, strict=True) if owner == j) / total
+def _shares(tensor_bytes: tuple[int, ...], n: int) -> dict[float, int]:
+    """Each owner's fraction of the bytes (Algorithm 3.7 over the real tensors) → how many owners hold it."""
+    if not tensor_bytes:
+        return {1 / n: n}  # tensor sizes unknown: the thesis's even split
+    total = sum(tensor_bytes)
+    if n >= len(tensor_bytes) and min(tensor_bytes) > 0:
+        # Every tensor finds an owner still empty, so tensor i goes to owner i and the rest hold nothing.
+        shares = dict(_one_tensor_each(tensor_bytes))
+        if n > len(tensor_bytes):
+            shares[0 / total] = n - len(tensor_bytes)
+        return shares
+    owners = assign_greedy(tensor_bytes, list(range(n)))
+    held = [sum(size for size, owner in zip(tensor_bytes, owners, strict=True) if owner == j) / total
             for j in range(n)]  # fmt: skip
+    return _tally(held)
 
 
-def _sharded_exchange(profile: Profile, n: int) -> float:
+@functools.lru_cache(maxsize=16)
+def _one_tensor_each(tensor_bytes: tuple[int, ...]) -> dict[float, int]:
+    """The shares when every tensor has an owner of its own (do not modify: it is cached)."""
+    total = sum(tensor_bytes)
+    return _tally([size / total for size in tensor_bytes])
+
+
+def _tally(values: Sequence[float]) -> dict[float, int]:
+    """``{value: how often}`` in order of first appearance."""
+    tally: dict[float, int] = {}
+    for value in values:
+        tally[value] = tally.get(value, 0) + 1
+    return tally
+
+
+def _sharded_exchange(profile: Profile, terms: Terms, n: np.ndarray) -> np.ndarray:
     """Push every owner its share, owners update in parallel, pull every share back.
 
     Worker i sends (1 − s_i) of the bytes over its uplink while owner j receives (N−1)·s_j over its
-    downlink; the busiest link sets each phase's length (and the same for the replies).
+    downlink; the busiest link sets each phase's length (and the same for the replies): the one of
+    the owner with the smallest share or the one with the largest.
     """
-    shares = _shares(profile, n)
-    update = max(shares) * profile.t_update
-    if n == 1:
-        return update
-    busiest = max(max(1 - share, (n - 1) * share) for share in shares)
+    shares = terms.shares(n)
+    smallest = np.array([min(held) for held in shares])
+    largest = np.array([max(held) for held in shares])
+    update = largest * profile.t_update
+    busiest = np.maximum(1 - smallest, (n - 1) * largest)
     phase = (n - 1) * profile.latency + busiest * _weight_bytes(profile) / profile.bytes_per_second
-    return 2 * phase + update
+    return np.where(n == 1, update, 2 * phase + update)
 
 
-def _asynchronous(profile: Profile, server: str, n: int, gradient: float) -> float:
-    """Updates per second of N workers cycling compute → push → update → pull (mean value analysis)."""
+def asynchronous_networks(
+    terms: Terms, *, server: str, workers: np.ndarray
+) -> list[tuple[int, float, dict[float, int]]]:
+    """N workers cycling compute → push → update → pull as a closed network, per N: (customers, think, queues).
+
+    ``queues``: demand → how many queues have it (see :mod:`scaletrain.estimate.queueing`).
+    """
+    profile = terms.profile
+    gradients = terms.gradient("async", workers).tolist()
     size = _weight_bytes(profile)
     bandwidth = profile.bytes_per_second
     if server == "central":
         # Queues: the server's downlink (gradients), its update lock, its uplink (weights).
-        demands = [size / bandwidth, profile.t_update, size / bandwidth]
-        think = gradient + 2 * profile.latency
-    else:
+        queues = _demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
+        return [(n, gradient + 2 * profile.latency, queues)
+                for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
+    networks = []
+    for n, gradient, shares in zip(workers.tolist(), gradients, terms.shares(workers), strict=True):
         # Every process's uplink and downlink carry its own worker's pushes/pulls of the other shares
         # and its owner's traffic for the other workers; averaged over which worker is cycling.
-        shares = _shares(profile, n)
-        demands = []
-        for share in shares:
+        queues = []
+        for share, owners in shares.items():
             link = ((1 - share) / n + (n - 1) / n * share) * size / bandwidth if n > 1 else 0.0
-            demands += [link, link, share * profile.t_update]
-        think = gradient + 2 * (n - 1) * profile.latency
-    return mean_value_throughput(n, think, demands)
+            queues += [(link, 2 * owners), (share * profile.t_update, owners)]
+        networks.append((n, gradient + 2 * (n - 1) * profile.latency, _demands(queues)))
+    return networks
 
 
-def mean_value_throughput(customers: int, think: float, demands: list[float]) -> float:
-    """Throughput of a closed network: ``customers`` jobs, a delay of ``think``, queues with ``demands``.
-
-    Exact mean value analysis (Reiser & Lavenberg, J. ACM 27(2), 1980) for single-server queues.
-
-    >>> mean_value_throughput(1, 1.0, [0.5, 0.5])  # one job: 1 / (1 + 0.5 + 0.5)
-    0.5
-    >>> round(mean_value_throughput(50, 1.0, [0.25]), 6)  # saturated: 1 / 0.25
-    4.0
-    """
-    queues = [0.0] * len(demands)
-    throughput = 0.0
-    for jobs in range(1, customers + 1):
-        residence = [demand * (1 + queue) for demand, queue in zip(demands, queues, strict=True)]
-        throughput = jobs / (think + sum(residence))
-        queues = [throughput * time for time in residence]
-    return throughput
+def _demands(queues: list[tuple[float, int]]) -> dict[float, int]:
+    """``(demand, count)`` pairs merged by demand; a queue no job spends time in changes nothing and is left out."""
+    demands: dict[float, int] = {}
+    for demand, count in queues:
+        if demand > 0:
+            demands[demand] = demands.get(demand, 0) + count
+    return demands

@@ -28,6 +28,10 @@ one ``t_grad`` (the interface of the thesis's ``estimate.py``), that is t_grad/N
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 from scaletrain.errors import ConfigError
 
 __all__ = ["CASES", "KINDS", "SERVERS", "speedup", "speedups", "train_time"]
@@ -49,10 +53,10 @@ def check(kind: str, server: str, case: str, workers: int, batches: float, t_gra
         raise ConfigError(f"unknown --case {case!r}; choose best, worst or mean")
     if workers < 1:
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
-    if batches <= 0:
-        raise ConfigError(f"--batches must be > 0, got {batches}")
-    if t_grad <= 0 or t_comm < 0:
-        raise ConfigError(f"--t-grad must be > 0 and --t-comm ≥ 0 seconds, got {t_grad} and {t_comm}")
+    if not 0 < batches < math.inf:
+        raise ConfigError(f"--batches must be a number > 0, got {batches}")
+    if not 0 < t_grad < math.inf or not 0 <= t_comm < math.inf:
+        raise ConfigError(f"--t-grad must be > 0 and --t-comm ≥ 0 seconds (finite), got {t_grad} and {t_comm}")
     return server
 
 
@@ -65,11 +69,18 @@ def train_time(
     5.0
     """
     server = check(kind, server, case, workers, batches, t_grad, t_comm)
+    return float(_train_time(t_grad, t_comm, kind, server, np.array(workers), batches, case))
+
+
+def _train_time(
+    t_grad: float, t_comm: float, kind: str, server: str, workers: np.ndarray, batches: float, case: str
+) -> np.ndarray:
+    """:func:`train_time` of inputs :func:`check` has passed, for an array of worker counts at once."""
     n, d = workers, batches
     if kind == "async":
         if server == "distributed":
             return (d / n) * (2 * t_comm * (n - 1) / n + t_grad)  # 4.21
-        best = max((d + 1) * t_comm + t_grad, (n - 1) * t_comm + (d / n) * (2 * t_comm + t_grad))  # 4.15
+        best = np.maximum((d + 1) * t_comm + t_grad, (n - 1) * t_comm + (d / n) * (2 * t_comm + t_grad))  # 4.15
         worst = (d / n) * (2 * n * t_comm + t_grad)  # 4.18
         return _pick(best, worst, case)
     iterations = d / n if kind == "sync-join" else d  # 4.2
@@ -81,7 +92,7 @@ def train_time(
     return iterations * _pick(best, worst, case)  # 4.11
 
 
-def _pick(best: float, worst: float, case: str) -> float:
+def _pick(best: np.ndarray, worst: np.ndarray, case: str) -> np.ndarray:
     return {"best": best, "worst": worst, "mean": (best + worst) / 2}[case]
 
 
@@ -103,7 +114,6 @@ def speedups(
     >>> [round(s, 3) for s in speedups(t_grad=1, t_comm=0, kind="async", server="central", workers=3, batches=6)]
     [1.0, 2.0, 3.0]
     """
-    return [
-        speedup(t_grad=t_grad, t_comm=t_comm, kind=kind, server=server, workers=n, batches=batches, case=case)
-        for n in range(1, workers + 1)
-    ]
+    server = check(kind, server, case, workers, batches, t_grad, t_comm)
+    times = _train_time(t_grad, t_comm, kind, server, np.arange(1, workers + 1), batches, case)
+    return (batches * t_grad / times).tolist()

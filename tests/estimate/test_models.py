@@ -1,0 +1,118 @@
+"""Both models over many worker counts at once: the same numbers as one count at a time, and fast at 10,000."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.estimate.test_refined import PROFILE
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import (
+    MODELS,
+    Configuration,
+    best_per_workers,
+    predicted_speedup,
+    predicted_speedups,
+    thesis_configurations,
+)
+from scaletrain.estimate.queueing import mean_value_throughput
+from scaletrain.estimate.recommend import recommend
+from scaletrain.estimate.refined import CONFIGURATIONS, Terms, asynchronous_networks
+from scaletrain.measure.profile import Profile
+from scaletrain.parallel.sharding import assign_greedy
+
+REPO = Path(__file__).resolve().parents[2]
+#: A real profile (SqueezeNet: 52 tensors, gradient-time samples, contention) as `scaletrain profile` wrote it.
+SQUEEZENET = Profile.from_json(json.loads((REPO / "docs/validation/squeezenet-loopback/profile.json").read_text()))
+TOY = Profile("toy", 32, t_grad=0.821, t_comm=0.811)
+REFINED = [Configuration(strategy, server, sync) for strategy, server, sync in CONFIGURATIONS]
+
+
+@pytest.mark.parametrize("profile", [TOY, PROFILE, SQUEEZENET], ids=["times-only", "made-up", "squeezenet"])
+@pytest.mark.parametrize("cores", [None, 2])
+def test_all_counts_at_once_equal_one_count_at_a_time(profile, cores):
+    top = 70  # past SqueezeNet's 52 tensors, where every tensor gets an owner of its own
+    for model, configurations in (("thesis", thesis_configurations()), ("refined", REFINED)):
+        curves = predicted_speedups(model, profile, configurations, top, batches=128, cores=cores)
+        for configuration in configurations:
+            one_by_one = [
+                predicted_speedup(model, profile, configuration, n, batches=128, cores=cores) for n in range(1, top + 1)
+            ]
+            assert curves[configuration] == pytest.approx(one_by_one, rel=1e-12), (model, configuration.label)
+
+
+@pytest.mark.parametrize("cores", [None, 2])
+def test_asynchronous_networks_are_the_flat_networks_of_every_queue(cores):
+    """Grouped queues = the model's definition queue by queue: per owner its uplink, downlink and update."""
+    terms = Terms(SQUEEZENET, cores)
+    workers = np.array([1, 2, 3, 10, 51, 52, 53, 120])
+    size = SQUEEZENET.weight_bytes
+    bandwidth = SQUEEZENET.bytes_per_second
+    for n, network in zip(
+        workers.tolist(), asynchronous_networks(terms, server="sharded", workers=workers), strict=True
+    ):
+        owners = assign_greedy(SQUEEZENET.tensor_bytes, list(range(n)))
+        total = sum(SQUEEZENET.tensor_bytes)
+        shares = [
+            sum(b for b, o in zip(SQUEEZENET.tensor_bytes, owners, strict=True) if o == j) / total for j in range(n)
+        ]
+        flat = []
+        for share in shares:
+            link = ((1 - share) / n + (n - 1) / n * share) * size / bandwidth if n > 1 else 0.0
+            flat += [link, link, share * SQUEEZENET.t_update]
+        customers, think, grouped = network
+        assert customers == n
+        assert Counter(d for d in flat if d > 0) == Counter(grouped)
+        assert mean_value_throughput(n, think, list(grouped), list(grouped.values())) == pytest.approx(
+            mean_value_throughput(n, think, flat), rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("profile", [TOY, PROFILE, SQUEEZENET], ids=["times-only", "made-up", "squeezenet"])
+@pytest.mark.parametrize("cores", [None, 2])
+def test_best_per_workers_is_the_maximum_of_every_curve(profile, cores):
+    top = 60
+    for model in MODELS:
+        configurations = thesis_configurations() if model == "thesis" else REFINED
+        curves = predicted_speedups(model, profile, configurations, top, batches=128, cores=cores)
+        expected = [max((curve[n], c.label) for c, curve in curves.items()) for n in range(top)]
+        best = best_per_workers(model, profile, configurations, top, batches=128, cores=cores)
+        assert [label for _, label in best] == [label for _, label in expected]
+        assert [speedup for speedup, _ in best] == pytest.approx([speedup for speedup, _ in expected], rel=1e-12)
+
+
+def test_recommend_ten_thousand_workers():
+    advice = recommend(TOY, max_workers=10_000)
+    # Without latency or update cost the sharded server's exchange stays 2·t_comm·(N−1)/N: more workers always help.
+    assert (advice["thesis"]["workers"], advice["thesis"]["configuration"]) == (10_000, "ps-sharded-join")
+    assert advice["refined"]["speedup"] == pytest.approx(advice["thesis"]["speedup"], rel=1e-9)
+    assert len(advice["refined"]["by_workers"]) == 10_000
+    real = recommend(SQUEEZENET, max_workers=10_000)
+    assert 1 < real["refined"]["speedup"] < real["thesis"]["speedup"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"max_workers": 0}, "--workers"),
+        ({"max_workers": 3, "batches": float("nan")}, "--batches"),
+        ({"max_workers": 3, "batches": float("inf")}, "--batches"),
+        ({"max_workers": 3, "cores": 0}, "--cores"),
+    ],
+)
+def test_inputs_no_model_can_use_are_refused(settings, fragment):
+    settings = {"batches": 128, **settings}
+    with pytest.raises(ConfigError, match=fragment):
+        predicted_speedups("refined", TOY, REFINED, settings.pop("max_workers"), **settings)
+
+
+@pytest.mark.parametrize(("t_grad", "t_comm"), [(float("nan"), 0.1), (0.5, float("nan")), (float("inf"), 0.1),
+                                                (0.5, -1.0), (0.0, 0.1)])  # fmt: skip
+@pytest.mark.parametrize("model", MODELS)
+def test_times_that_are_not_numbers_are_refused(t_grad, t_comm, model):
+    with pytest.raises(ConfigError, match="--t-grad"):
+        predicted_speedups(model, Profile("bad", 0, t_grad=t_grad, t_comm=t_comm), REFINED[:1], 2, batches=128)
