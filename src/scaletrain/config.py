@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
+#: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.staleness`).
+ASYNC_COMPENSATIONS = ("momentum", "lr", "none")
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,10 @@ class TrainConfig:
     Distribution (see :mod:`scaletrain.parallel`): ``workers``, ``strategy`` (``local``,
     ``allreduce``, ``ps``; default ``local`` for one worker, else ``allreduce``), ``server``
     (``central``/``sharded``), ``sync`` (``join``/``split``/``async``), ``ps_admission``
-    (``none``/``exclusive``), ``async_lr`` (``constant``, or ``staleness``: the rate divided by the
-    staleness of each gradient), ``timeout`` (seconds any wait for another process may take), and
+    (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
+    the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
+    rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.staleness`),
+    ``timeout`` (seconds any wait for another process may take), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only).
     """
@@ -90,7 +94,7 @@ class TrainConfig:
     server: str = "central"
     sync: str = "join"
     ps_admission: str = "none"
-    async_lr: str = "constant"
+    async_compensation: str = "momentum"
     timeout: float = 60.0
     nodefile: Path | None = None
     index: int | None = None
@@ -124,8 +128,10 @@ class TrainConfig:
             object.__setattr__(self, "strategy", "local" if self.workers == 1 else "allreduce")
         if self.ps_admission not in ("none", "exclusive"):
             raise ConfigError(f"ps_admission must be none or exclusive, got {self.ps_admission!r}")
-        if self.async_lr not in ("constant", "staleness"):
-            raise ConfigError(f"async_lr must be constant or staleness, got {self.async_lr!r}")
+        if self.async_compensation not in ASYNC_COMPENSATIONS:
+            raise ConfigError(
+                f"async_compensation must be one of {', '.join(ASYNC_COMPENSATIONS)}, got {self.async_compensation!r}"
+            )
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if (self.nodefile is None) != (self.index is None):

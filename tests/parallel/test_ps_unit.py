@@ -1,29 +1,33 @@
-"""The parameter server's update rules, in one process (no peers): staleness, its histogram, and
-the staleness-aware learning rate."""
+"""The parameter server's update rules, in one process (no peers): staleness, its histogram, the
+staleness-aware learning rate and the staleness-compensated momentum."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from scaletrain.parallel.ps import ShardServer
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
+from scaletrain.parallel.staleness import Compensation
 
 
-def server(staleness_aware: bool, synchronous: bool = False, contributors: int = 1) -> ShardServer:
+def server(
+    compensation: str = "none", synchronous: bool = False, contributors: int = 1, momentum: float = 0.0
+) -> ShardServer:
     master = [nn.Parameter(torch.zeros(3))]
     return ShardServer(
         master=master,
-        optimizer=torch.optim.SGD(master, lr=0.5),
+        optimizer=torch.optim.SGD(master, lr=0.5, momentum=momentum),
         peers={},
         contributors=contributors,
         synchronous=synchronous,
-        staleness_aware=staleness_aware,
+        compensation=None if synchronous else Compensation(compensation, momentum=momentum, workers=contributors),
     )
 
 
 def test_async_updates_record_staleness() -> None:
-    ps = server(staleness_aware=False)
+    ps = server()
     ps.contribute(torch.ones(3), version=0)
     ps.contribute(torch.ones(3), version=0)  # computed on weights one update old
     version, weights = ps.contribute(torch.ones(3), version=0)  # two updates old
@@ -33,15 +37,38 @@ def test_async_updates_record_staleness() -> None:
 
 
 def test_staleness_aware_rate_divides_by_the_staleness() -> None:
-    ps = server(staleness_aware=True)
+    ps = server("lr")
     ps.contribute(torch.ones(3), version=0)  # fresh: lr 0.5
     ps.contribute(torch.ones(3), version=0)  # staleness 1: lr 0.5
     _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 2: lr 0.25
     torch.testing.assert_close(weights, torch.full((3,), -1.25))
 
 
+def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
+    # Two workers: the estimate starts at staleness 1 and sees 0 → 0.5, then 1 → 2/3; the explicit
+    # momentum is 0.9 − τ̄·0.1: 0.85, then 0.8333. Heavy ball (torch SGD): buf = μ·buf + g, w −= lr·buf.
+    ps = server("momentum", contributors=2, momentum=0.9)
+    _, weights = ps.contribute(torch.ones(3), version=0)  # buf = g = 1
+    torch.testing.assert_close(weights, torch.full((3,), -0.5))
+    _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 1: buf = 0.8333 + 1
+    second = 0.9 - (2 / 3) * 0.1
+    torch.testing.assert_close(weights, torch.full((3,), -0.5 - 0.5 * (second + 1)))
+    assert ps.optimizer.param_groups[0]["momentum"] == pytest.approx(second)
+    assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.85 + second) / 2)
+
+
+def test_no_compensation_keeps_the_requested_momentum() -> None:
+    ps = server("none", contributors=2, momentum=0.9)
+    ps.optimizer.param_groups[0]["momentum"] = 0.5  # as a checkpoint saved by a compensated run would hold
+    for _ in range(3):
+        ps.contribute(torch.ones(3), version=0)
+    assert ps.optimizer.param_groups[0]["momentum"] == 0.9
+    # buf: 1, 1.9, 2.71 → weights −0.5·(1 + 1.9 + 2.71)
+    torch.testing.assert_close(ps.weights(), torch.full((3,), -0.5 * 5.61))
+
+
 def test_synchronous_update_averages_all_contributions() -> None:
-    ps = server(staleness_aware=False, synchronous=True, contributors=1)
+    ps = server(synchronous=True, contributors=1)
     _, weights = ps.contribute(torch.tensor([2.0, 4.0, 6.0]), version=0)
     torch.testing.assert_close(weights, torch.tensor([-1.0, -2.0, -3.0]))
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from scaletrain.api import bench
 from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.config import ASYNC_COMPENSATIONS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
 from scaletrain.workloads import WORKLOADS
@@ -57,6 +58,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--network", help="emulated network rate for every link, e.g. 1gbit, 100mbit (root)")
     parser.add_argument("--lr", type=float, help="learning rate for every run")
     parser.add_argument("--momentum", type=float, help="SGD momentum for every run")
+    parser.add_argument(
+        "--async-compensation",
+        choices=ASYNC_COMPENSATIONS,
+        help="async runs: momentum (default), lr or none; see scaletrain train --help",
+    )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default bench-results/WORKLOAD-DATE-TIME)")
@@ -86,7 +92,15 @@ def run(args: argparse.Namespace) -> int:
         network=args.network,
         data_dir=args.data_dir,
         options=workload_options(args) or None,
-        settings={key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
+        settings={
+            key: value
+            for key, value in (
+                ("lr", args.lr),
+                ("momentum", args.momentum),
+                ("async_compensation", args.async_compensation),
+            )
+            if value is not None
+        }
         or None,
     )
     failed = sum(1 for row in result["rows"] if row.get("status") != "ok")

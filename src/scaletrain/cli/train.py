@@ -8,7 +8,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from scaletrain.api import train
-from scaletrain.config import PROGRESS_MODES, TrainConfig
+from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.worker import exit_now
@@ -72,7 +72,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=("none", "exclusive"),
         help="exclusive: one transfer at a time per direction",
     )
-    group.add_argument("--async-lr", choices=("constant", "staleness"), help="staleness: lr / staleness")
+    group.add_argument(
+        "--async-compensation",
+        choices=ASYNC_COMPENSATIONS,
+        help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
+        "asynchrony's own momentum it stays --momentum; lr: lr / staleness per gradient; none",
+    )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take (default 60)")
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")

@@ -29,6 +29,7 @@ from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
+from scaletrain.parallel.staleness import Compensation
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.loop import (
@@ -131,9 +132,14 @@ def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist
         exclusive=exclusive,
         clip_norm=config.clip_norm,
         learning_rate=learning_rate_at,
-        staleness_aware=config.async_lr == "staleness",
         timeout=config.timeout,
     )
+
+    def compensation() -> Compensation | None:
+        """One per server: each measures the staleness of the gradients it applies."""
+        if synchronous:
+            return None
+        return Compensation(config.async_compensation, momentum=config.momentum, workers=layout.workers)
 
     if layout.role(rank) == SERVER:
         observer = _ServerObserver(prepared)
@@ -143,6 +149,7 @@ def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist
             version=prepared.position.step,
             peers=peers_of[0],
             on_update=observer,
+            compensation=compensation(),
             **server_options,
         )
         try:
@@ -164,6 +171,7 @@ def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist
             version=version,
             peers=peers_of[rank],
             on_update=_ShardCheckpointer(prepared, rank, master, optimizer),
+            compensation=compensation(),
             **server_options,
         )
         local_server.start()
@@ -201,7 +209,7 @@ def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist
         stats,
         layout_fields=_layout_fields(layout),
         steps=steps,
-        extra=_server_extra(server_stats, layout, prepared, synchronous),
+        extra=_server_extra(server_stats, layout, prepared, synchronous, local_server.compensation),
     )
 
 
@@ -217,15 +225,21 @@ def _finish_central(
         worker_stats,
         layout_fields=_layout_fields(layout),
         steps=server.version,
-        extra=_server_extra(stats, layout, prepared, layout.sync != "async"),
+        extra=_server_extra(stats, layout, prepared, layout.sync != "async", server.compensation),
     )
 
 
-def _server_extra(stats: ServerStats, layout: Layout, prepared: Prepared, synchronous: bool) -> dict[str, Any]:
+def _server_extra(
+    stats: ServerStats,
+    layout: Layout,
+    prepared: Prepared,
+    synchronous: bool,
+    compensation: Compensation | None = None,
+) -> dict[str, Any]:
     extra: dict[str, Any] = {"server_updates": stats.updates, "ps_admission": prepared.config.ps_admission}
     if not synchronous:
         extra["staleness"] = stats.staleness_summary()
-        extra["async_lr"] = prepared.config.async_lr
+        extra["async_compensation"] = compensation.summary() if compensation else None
     planned = _planned_batches(prepared, layout)
     extra["lost_workers"] = [
         {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
@@ -334,8 +348,9 @@ class _ServerObserver:
             began, first = self._window
             rate = (version - first) / max(now() - began, 1e-9)
             self._window = (now(), version)
-            lr = prepared.optimizer.param_groups[0]["lr"]
-            record = {"kind": "step", "step": version, "epoch": epoch, "lr": lr, "updates_per_second": rate}
+            lr, momentum = (prepared.optimizer.param_groups[0].get(key) for key in ("lr", "momentum"))
+            record = {"kind": "step", "step": version, "epoch": epoch, "lr": lr, "momentum": momentum}
+            record["updates_per_second"] = rate
             self.metrics.write({**record, "time": time.time()})
             self.tensorboard.scalars({"throughput/updates_per_second": rate}, version)
         self.progress.update(version, epoch, None, None, periodic=periodic)

@@ -26,6 +26,7 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.sharding import flatten
+from scaletrain.parallel.staleness import Compensation
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange
 from scaletrain.train.meter import now
 
@@ -76,7 +77,8 @@ class ShardServer:
 
     ``contributors`` gradients make one synchronous update (peers plus, for a sharded server, the
     owner's own worker through :meth:`contribute`). Asynchronous: every gradient is applied on
-    arrival, and its staleness (updates applied since the sender's weights were current) recorded.
+    arrival, and its staleness (updates applied since the sender's weights were current) recorded;
+    ``compensation`` then sets each update's rate factor and momentum (:mod:`scaletrain.parallel.staleness`).
     """
 
     def __init__(
@@ -91,13 +93,13 @@ class ShardServer:
         exclusive: bool = False,
         clip_norm: float | None = None,
         learning_rate: Callable[[int], float] | None = None,
-        staleness_aware: bool = False,
+        compensation: Compensation | None = None,
         on_update: Callable[[int], None] | None = None,
         timeout: float = 60.0,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
-        self.clip_norm, self.learning_rate, self.staleness_aware = clip_norm, learning_rate, staleness_aware
+        self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
         self.on_update, self.timeout = on_update, timeout
         self.version = version
         self.stats = ServerStats()
@@ -181,9 +183,10 @@ class ShardServer:
     def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor]:
         with self._condition:
             if not self.synchronous:
-                self.stats.staleness[self.version - version] += 1
-                scale = 1.0 / max(1, self.version - version) if self.staleness_aware else 1.0
-                self._update(views, scale)
+                staleness = self.version - version
+                self.stats.staleness[staleness] += 1
+                scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
+                self._update(views, scale, momentum)
                 return self.version, self._snapshot
             self._sum += gradient
             self._arrived += 1
@@ -204,8 +207,9 @@ class ShardServer:
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
             return self.version, self._snapshot
 
-    def _update(self, gradients: list[torch.Tensor], scale: float) -> None:
-        """One optimizer step on the master tensors with these gradients (caller holds the lock)."""
+    def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
+        """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
+        times ``scale``, and ``momentum`` instead of the optimizer's when given."""
         for parameter, gradient in zip(self.master, gradients, strict=True):
             parameter.grad = gradient
         if self.clip_norm:
@@ -213,6 +217,8 @@ class ShardServer:
         rate = self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
         for group in self.optimizer.param_groups:
             group["lr"] = rate * scale
+            if momentum is not None:
+                group["momentum"] = momentum
         self.optimizer.step()
         self.version += 1
         self.stats.updates += 1

@@ -1,0 +1,90 @@
+"""Staleness compensation for asynchronous SGD: the momentum rule, the running estimate, the modes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.staleness import (
+    Compensation,
+    StalenessEstimate,
+    compensated_momentum,
+    implicit_momentum,
+    staleness_rate_scale,
+)
+
+MOMENTA = (0.0, 0.5, 0.8, 0.9, 0.95, 0.99)
+
+
+@pytest.mark.parametrize("momentum", MOMENTA)
+def test_fresh_gradients_keep_the_requested_momentum(momentum: float) -> None:
+    assert compensated_momentum(momentum, 0.0) == momentum
+
+
+@pytest.mark.parametrize("momentum", MOMENTA)
+def test_more_staleness_lowers_the_momentum_and_never_below_zero(momentum: float) -> None:
+    values = [compensated_momentum(momentum, staleness / 4) for staleness in range(200)]
+    assert all(0.0 <= value <= momentum for value in values)
+    assert all(later <= earlier for earlier, later in itertools.pairwise(values))
+    if momentum > 0:
+        assert values[4] < momentum  # τ̄ = 1 already lowers it
+        # Past τ̄ = μ / (1 − μ) asynchrony alone carries more momentum than asked for: nothing left to lower.
+        assert compensated_momentum(momentum, momentum / (1 - momentum) + 1e-9) == 0.0
+        assert compensated_momentum(momentum, 1e6) == 0.0
+
+
+@pytest.mark.parametrize("momentum", (0.5, 0.8, 0.9))
+@pytest.mark.parametrize("staleness", (0.5, 1.0, 2.0, 3.0))
+def test_explicit_and_implicit_momentum_compound_to_the_requested_one(momentum: float, staleness: float) -> None:
+    explicit = compensated_momentum(momentum, staleness)
+    if explicit > 0:  # not clamped
+        total = 1 - (1 - explicit) * (1 - implicit_momentum(staleness))
+        assert total == pytest.approx(momentum)
+
+
+def test_two_workers_turn_point_nine_into_point_eight() -> None:
+    # The case of issue 9: momentum 0.8 was what worked by hand for 2 asynchronous workers.
+    assert compensated_momentum(0.9, 1.0) == pytest.approx(0.8)
+    assert implicit_momentum(1.0) == 0.5 and implicit_momentum(0.0) == 0.0
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="momentum"):
+        compensated_momentum(1.0, 0.0)
+    with pytest.raises(ValueError, match="staleness"):
+        compensated_momentum(0.9, -1.0)
+
+
+def test_staleness_aware_rate_scale() -> None:
+    assert [staleness_rate_scale(s) for s in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]
+
+
+def test_estimate_averages_then_follows_recent_staleness() -> None:
+    estimate = StalenessEstimate(prior=1.0, horizon=10)
+    for _ in range(9):
+        estimate.observe(1)
+    assert estimate.mean == pytest.approx(1.0)
+    for _ in range(100):
+        estimate.observe(3)  # the run slowed down: the estimate moves to the new staleness
+    assert estimate.mean == pytest.approx(3.0, abs=0.01)
+
+
+def test_modes_return_rate_factor_and_momentum() -> None:
+    momentum, lr, none = (Compensation(mode, momentum=0.9, workers=3) for mode in ("momentum", "lr", "none"))
+    for _ in range(500):
+        assert none.step(2) == (1.0, 0.9)
+        assert lr.step(2) == (0.5, 0.9)
+        momentum.step(2)
+    assert momentum.summary()["explicit_momentum"] == pytest.approx(0.7)
+    assert momentum.summary()["staleness_estimate"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="momentum, lr, none"):
+        Compensation("fast", momentum=0.9)
+
+
+def test_config_validates_the_mode() -> None:
+    assert TrainConfig("lenet").async_compensation == "momentum"
+    with pytest.raises(ConfigError, match="async_compensation must be one of momentum, lr, none"):
+        TrainConfig("lenet", async_compensation="staleness")
