@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import statistics
+import subprocess
 from pathlib import Path
 
 import matplotlib.image
@@ -24,7 +26,7 @@ def assert_real_png(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def sweep_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
     root = tmp_path_factory.mktemp("bench")
     data = make_fashion_mnist(root / "data", train=512, test=64)
     out = root / "out"
@@ -51,7 +53,12 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert result.returncode == 0, result.stderr
     assert "8 runs (0 failed)" in result.stdout
-    return out
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def sweep(sweep_run: tuple[Path, subprocess.CompletedProcess]) -> Path:
+    return sweep_run[0]
 
 
 def test_csv_has_one_row_per_run_with_the_documented_columns(sweep: Path) -> None:
@@ -91,6 +98,19 @@ def test_csv_has_one_row_per_run_with_the_documented_columns(sweep: Path) -> Non
 
 def test_speedup_arithmetic_matches_the_rows(sweep: Path) -> None:
     rows = [json.loads(line) for line in (sweep / "results.jsonl").read_text().splitlines()]
+    # the common reference: the median of every one-worker run, of both strategies and both repeats
+    reference = statistics.median(r["batches_per_second"] for r in rows if r["workers"] == 1)
+    for r in rows:
+        assert r["reference_batches_per_second"] == pytest.approx(reference)
+        assert r["speedup_common"] == pytest.approx(r["batches_per_second"] / reference)
+        assert r["efficiency_common"] == pytest.approx(r["speedup_common"] / r["workers"])
+        other = next(
+            o["batches_per_second"]
+            for o in rows
+            if (o["strategy"], o["workers"]) == (r["strategy"], r["workers"]) and o["repeat"] != r["repeat"]
+        )
+        assert r["deviation"] == pytest.approx(r["batches_per_second"] / other - 1)  # two repeats: against the other
+        assert bool(r["flag"]) == (abs(r["deviation"]) > 0.25 or "one-worker runs" in r["flag"])
     for strategy in ("allreduce-join", "ps-central-async"):
         mine = [r for r in rows if r["strategy"] == strategy]
         baseline = statistics.median(r["batches_per_second"] for r in mine if r["workers"] == 1)
@@ -107,8 +127,45 @@ def test_pictures_and_report(sweep: Path) -> None:
     for name in PICTURES:
         assert_real_png(sweep / name)
     report = (sweep / "report.md").read_text()
-    assert "| allreduce-join | 16 | 2 |" in report and "fastest is" in report
+    assert "| allreduce-join | 16 | 2 |" in report and "| common speedup |" in report
+    assert "- Noise: ±" in report and "- One-worker reference at batch 16:" in report
+    assert "- 2 workers, batch 16: " in report  # a winner or "indistinguishable within noise", as measured
     assert all(f"({name})" in report for name in PICTURES)
+
+
+def test_progress_while_it_runs_and_the_table_and_reading_at_the_end(
+    sweep_run: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    out, result = sweep_run
+    progress = result.stderr.splitlines()
+    # one unmeasured warm-up run first, in a throw-away folder: only the 8 measured runs are under runs/
+    assert progress[0] == "warm-up: allreduce-join, batch 16, 1 worker, 12 steps, not measured …"
+    assert len(list((out / "runs").iterdir())) == 8
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    for index, row in enumerate(rows, 1):
+        workers = f"{row['workers']} worker{'s' if row['workers'] > 1 else ''}"
+        start = f"[{index}/8] {row['strategy']}, batch 16, {workers}, repeat {row['repeat'] + 1} of 2 …"
+        done = next(line for line in progress if line.startswith(f"[{index}/8] ") and "batches/s" in line)
+        assert progress.index(start) < progress.index(done)
+        assert done.startswith(f"[{index}/8] {row['batches_per_second']:.1f} batches/s")
+        if row["workers"] > 1:  # the speedup as far as known: against the one-worker runs finished before it
+            before = [r["batches_per_second"] for r in rows[:index] if r["workers"] == 1]
+            own = [
+                r["batches_per_second"] for r in rows[:index] if r["workers"] == 1 and r["strategy"] == row["strategy"]
+            ]
+            speedups = f"{row['batches_per_second'] / statistics.median(own):.2f} (own one-worker run), "
+            assert speedups + f"{row['batches_per_second'] / statistics.median(before):.2f} (common reference)" in done
+    # stdout: the table of medians, the reading (no Markdown), the summary line
+    table = result.stdout.split("\n\n")[0].splitlines()
+    assert table[0].split()[:4] == ["strategy", "batch", "workers", "batches/s"] and "common speedup" in table[0]
+    assert len(table) == 5  # header + 4 configurations
+    allreduce_two = statistics.median(
+        r["batches_per_second"] for r in rows if (r["strategy"], r["workers"]) == ("allreduce-join", 2)
+    )
+    assert re.search(rf"^allreduce-join\s+16\s+2\s+{allreduce_two:.1f} \[", table[2])
+    assert "- One-worker reference at batch 16:" in result.stdout and "- Noise: ±" in result.stdout
+    assert "**" not in result.stdout
+    assert f"report: {out / 'report.md'}" in result.stdout
 
 
 def test_compare_overlays_two_result_sets(sweep: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Speedup arithmetic, grouping, the report's reading, and the results files."""
+"""Speedup arithmetic (own and common reference), outlier flags, noise, the report's reading, and the results files."""
 
 from __future__ import annotations
 
@@ -7,13 +7,31 @@ from pathlib import Path
 import pytest
 
 from scaletrain.errors import ConfigError
-from scaletrain.measure.report import best_per_worker_count, scaling_limits
-from scaletrain.measure.results import COLUMNS, add_speedups, group_rows, read_results, write_results
+from scaletrain.measure.report import Noise, rank_configurations, reading, scaling_limits, text_table
+from scaletrain.measure.results import (
+    COLUMNS,
+    add_speedups,
+    flag_outliers,
+    group_rows,
+    read_results,
+    write_results,
+)
 from scaletrain.measure.sweep import SweepConfig, parse_strategy, plan_runs
 
 
-def row(strategy: str, workers: int, bps: float, batch: int = 32, status: str = "ok") -> dict:
-    return {"strategy": strategy, "workers": workers, "batch_size": batch, "batches_per_second": bps, "status": status}
+def row(strategy: str, workers: int, bps: float, batch: int = 32, status: str = "ok", repeat: int = 0) -> dict:
+    return {
+        "strategy": strategy,
+        "workers": workers,
+        "batch_size": batch,
+        "batches_per_second": bps,
+        "status": status,
+        "repeat": repeat,
+    }
+
+
+def annotated(rows: list[dict]) -> list[dict]:
+    return flag_outliers(add_speedups(rows))
 
 
 def test_speedup_is_against_the_median_one_worker_run_of_the_same_strategy_and_batch() -> None:
@@ -38,10 +56,10 @@ def test_failed_rows_are_ignored_by_baselines_and_groups() -> None:
     assert [len(group.rows) for group in group_rows(rows)] == [1, 1]
 
 
-def test_reading_best_and_where_scaling_stops() -> None:
+def test_ranking_and_where_scaling_stops() -> None:
     groups = group_rows(
         [
-            row("a", 1, 10.0),
+            row("a", 1, 10.5),
             row("a", 2, 19.0),
             row("a", 4, 19.5),
             row("b", 1, 12.0),
@@ -49,11 +67,103 @@ def test_reading_best_and_where_scaling_stops() -> None:
             row("b", 4, 30.0),
         ]
     )
-    best = best_per_worker_count(groups)
-    assert {n: g.strategy for n, g in best.items()} == {1: "b", 2: "a", 4: "b"}
+    ranked = rank_configurations(groups, Noise(0.15, "stated"))
+    leaders = {key: [g.strategy for g in tied] for key, (tied, _) in ranked.items()}
+    assert leaders == {(1, 32): ["b", "a"], (2, 32): ["a"], (4, 32): ["b"]}  # 12 vs 10.5 is within 15 %
+    assert [g.strategy for g in ranked[(2, 32)][1]] == ["b"]
+    assert {key: [g.strategy for g in tied] for key, (tied, _) in rank_configurations(groups, Noise(0.1, "")).items()}[
+        (1, 32)
+    ] == ["b"]  # 14 % apart is outside a 10 % noise
     limits = scaling_limits(groups)
     assert limits["a b32"] == (2, False)  # 19 → 19.5 is under 5 %
     assert limits["b b32"] == (4, True)  # +8 %, then +130 %: still growing at the largest count
+    assert scaling_limits(groups, min_gain=0.10)["b b32"] == (1, False)  # +8 % is inside a 10 % noise
+
+
+def test_common_speedup_is_against_the_median_of_every_one_worker_run_of_the_batch() -> None:
+    rows = add_speedups(
+        [
+            *(row("a", 1, 15.4), row("b", 1, 21.7), row("c", 1, 25.0), row("d", 1, 29.0), row("a", 2, 40.0)),
+            *(row("a", 1, 100.0, batch=64), row("a", 2, 150.0, batch=64)),
+        ]
+    )
+    reference = (21.7 + 25.0) / 2
+    assert all(r["reference_batches_per_second"] == pytest.approx(reference) for r in rows[:5])
+    assert rows[4]["speedup_common"] == pytest.approx(40.0 / reference)
+    assert rows[4]["efficiency_common"] == pytest.approx(40.0 / reference / 2)
+    assert rows[4]["speedup"] == pytest.approx(40.0 / 15.4)  # its own slow one-worker run inflates this one
+    assert rows[0]["speedup_common"] == pytest.approx(15.4 / reference)
+    assert rows[6]["speedup_common"] == pytest.approx(1.5)  # batch 64 has its own reference
+
+
+def test_a_run_far_from_its_repeats_is_flagged_and_one_within_them_is_not() -> None:
+    rows = annotated([row("a", 2, 20.0), row("a", 2, 21.0, repeat=1), row("a", 2, 14.0, repeat=2)])
+    # median 20: 14 is 30 % below (flagged), 21 is 5 % above
+    assert [r["flag"] != "" for r in rows] == [False, False, True]
+    assert rows[2]["deviation"] == pytest.approx(14.0 / 20.0 - 1)
+    assert "30 % below the median of the 3 repeats" in rows[2]["flag"]
+    # two repeats: each is compared with the other, not with their mean (which would halve the distance)
+    two = annotated([row("a", 2, 24.4), row("a", 2, 40.1, repeat=1)])
+    assert two[0]["deviation"] == pytest.approx(24.4 / 40.1 - 1) and "below the other repeat" in two[0]["flag"]
+    assert "above the other repeat" in two[1]["flag"]
+    close = annotated([row("a", 2, 20.0), row("a", 2, 24.0, repeat=1)])  # 20 % apart
+    assert [r["flag"] for r in close] == ["", ""]
+    assert annotated([row("a", 2, 20.0)])[0]["deviation"] is None  # a single run has no repeats to differ from
+
+
+def test_a_slow_first_baseline_is_flagged_against_the_other_one_worker_runs() -> None:
+    rows = annotated([row("a", 1, 15.4), row("b", 1, 21.7), row("c", 1, 25.0), row("d", 1, 29.0), row("a", 2, 30.0)])
+    assert [bool(r["flag"]) for r in rows] == [True, False, False, False, False]
+    assert "one-worker runs at batch 32" in rows[0]["flag"]
+
+
+def test_noise_is_measured_from_repeats_or_stated_for_single_runs() -> None:
+    repeated = group_rows(
+        [row("a", 1, 9.0), row("a", 1, 11.0, repeat=1), row("b", 1, 20.0), row("b", 1, 21.0, repeat=1)]
+    )
+    assert Noise.of(repeated).level == pytest.approx((0.2 + 1 / 20.5) / 2)
+    assert "measured more than once" in Noise.of(repeated).source
+    assert Noise.of(group_rows([row("a", 1, 10.0), row("a", 1, 10.1, repeat=1)])).level == pytest.approx(0.05)  # floor
+    single = Noise.of(group_rows([row("a", 1, 10.0), row("b", 1, 12.0)]))
+    assert single.level == pytest.approx(0.15) and "stated tolerance" in single.source
+
+
+def test_the_reading_never_names_a_winner_inside_the_noise() -> None:
+    rows = annotated(
+        [
+            row("allreduce-join", 1, 23.0),
+            row("ps-central-join", 1, 24.5),
+            row("ps-sharded-join", 1, 25.0),
+            row("ps-central-async", 1, 22.0),
+            row("allreduce-join", 2, 41.0),
+            row("ps-sharded-join", 2, 30.0),
+        ]
+    )
+    lines = reading(rows)
+    one = next(line for line in lines if line.startswith("- 1 worker, batch 32"))
+    assert "indistinguishable within noise" in one and "fastest" not in one
+    two = next(line for line in lines if line.startswith("- 2 workers, batch 32"))
+    assert "fastest is **allreduce-join**" in two and "ps-sharded-join (30.0, -27 %)" in two
+    assert any("stated tolerance of 15 %" in line for line in lines)
+    assert any(line.startswith("- One-worker reference at batch 32: 23.8 batches/s") for line in lines)
+
+
+def test_the_reading_warns_when_a_ranking_rests_on_flagged_runs() -> None:
+    rows = annotated([row("a", 1, 15.4), row("b", 1, 21.7), row("c", 1, 25.0), row("d", 1, 29.0)])
+    (one,) = [line for line in reading(rows) if line.startswith("- 1 worker")]
+    assert "a (15.4" in one.split("slower:")[1] and "not trustworthy" in one
+    assert any("1 run(s) flagged" in line for line in reading(rows))
+
+
+def test_text_table_lists_both_speedups_and_flags() -> None:
+    rows = annotated([row("a", 1, 10.0), row("a", 1, 20.0, repeat=1), row("b", 1, 12.0), row("a", 2, 24.0)])
+    lines = text_table(rows).splitlines()
+    header = ["strategy", "batch", "workers", "batches/s", "[min–max]", "speedup", "common", "speedup", "flagged"]
+    assert lines[0].split() == header
+    a2 = next(line.split() for line in lines if line.startswith("a ") and line.split()[2] == "2")
+    assert a2[3:6] == ["24.0", f"{24 / 15:.2f}", f"{24 / 12:.2f}"]  # own median 15; common median of 10, 12, 20
+    a1 = next(line for line in lines if line.startswith("a ") and line.split()[2] == "1")
+    assert "15.0 [10.0–20.0]" in a1 and a1.rstrip().endswith("2 of 2")  # 10 and 20 are 100 % apart
 
 
 def test_results_files_round_trip(tmp_path: Path) -> None:

@@ -1,8 +1,13 @@
-"""``scaletrain bench WORKLOAD``: sweep workers × strategies × batch sizes; results, pictures, report."""
+"""``scaletrain bench WORKLOAD``: sweep workers × strategies × batch sizes; results, pictures, report.
+
+Progress (a line as each run starts and one with its figures as it ends) goes to stderr; the table
+of medians, the reading and the report's path go to stdout at the end.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from scaletrain.api import bench
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--quick shortens a --preset; for a workload use --steps")
     result = bench(
         args.workload,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
         preset=args.preset,
         quick=args.quick,
         out=args.out,
@@ -104,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
         or None,
     )
     failed = sum(1 for row in result["rows"] if row.get("status") != "ok")
-    print(f"{len(result['rows'])} runs ({failed} failed); report: {result['report']}")
+    if result["table"].count("\n"):  # a header and at least one configuration
+        print(result["table"], end="\n\n")
+    print("\n".join(line.replace("**", "") for line in result["reading"]), end="\n\n")
+    minutes, seconds = divmod(round(result["seconds"]), 60)
+    print(f"{len(result['rows'])} runs ({failed} failed) in {minutes} min {seconds:02d} s; report: {result['report']}")
     for note in result["notes"]:
         print(f"note: {note}")
     return 1 if failed == len(result["rows"]) else 0

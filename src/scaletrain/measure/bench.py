@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.measure.plots import plot_all
 from scaletrain.measure.presets import PRESETS
-from scaletrain.measure.report import write_report
-from scaletrain.measure.results import add_speedups, group_rows, read_results, write_results
-from scaletrain.measure.sweep import SweepConfig, run_sweep
+from scaletrain.measure.report import reading, text_table, write_report
+from scaletrain.measure.results import add_speedups, flag_outliers, group_rows, read_results, write_results
+from scaletrain.measure.sweep import SweepConfig, plan_runs, run_sweep
 
 __all__ = ["compare_results", "preset_config", "run_bench"]
 
@@ -47,22 +49,59 @@ def preset_config(name: str, out: Path, *, quick: bool = False, **overrides: Any
     return dataclasses.replace(config, **given)
 
 
-def run_bench(config: SweepConfig, *, title: str | None = None) -> dict[str, Any]:
-    """Run the sweep and write results.csv/.jsonl, the PNGs and report.md into ``config.out``."""
+def run_bench(
+    config: SweepConfig, *, title: str | None = None, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run the sweep and write results.csv/.jsonl, the PNGs and report.md into ``config.out``.
+
+    ``progress`` receives a line as each run starts and one with its figures as it ends. Returns the
+    rows, notes, paths written, the reading (Markdown list items) and the table of medians as text.
+    """
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    total = len(plan_runs(config)[0])
+    started = time.monotonic()
 
     def keep(row: dict[str, Any]) -> None:
         rows.append(row)
-        write_results(add_speedups(rows), out)  # after every run: an interrupted sweep keeps its rows
+        flag_outliers(add_speedups(rows))
+        write_results(rows, out)  # after every run: an interrupted sweep keeps its rows
+        if progress is not None:
+            progress(f"[{len(rows)}/{total}] {_outcome(row)}")
 
-    _, notes = run_sweep(config, on_row=keep)
-    add_speedups(rows)
+    _, notes = run_sweep(config, on_row=keep, progress=progress)
+    flag_outliers(add_speedups(rows))
     write_results(rows, out)
     pictures = plot_all({"results": group_rows(rows)}, out) if group_rows(rows) else []
     report = write_report(rows, notes, out, title=title or f"Scaling of {config.workload}", pictures=pictures)
-    return {"rows": rows, "notes": notes, "report": report, "pictures": pictures, "out": out}
+    return {
+        "rows": rows,
+        "notes": notes,
+        "report": report,
+        "pictures": pictures,
+        "out": out,
+        "reading": reading(rows),
+        "table": text_table(rows),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def _outcome(row: dict[str, Any]) -> str:
+    """``23.1 batches/s, speedup 1.00 (own one-worker run), 0.98 (common reference)`` or the failure."""
+    if row.get("status") != "ok":
+        return f"failed: {row.get('error')}"
+    text = f"{row['batches_per_second']:.1f} batches/s"
+    if row["workers"] > 1:
+        speedups = [
+            f"{row[field]:.2f} {against}"
+            for field, against in (("speedup", "(own one-worker run)"), ("speedup_common", "(common reference)"))
+            if row.get(field) is not None
+        ]
+        text += f", speedup {', '.join(speedups)}" if speedups else ", no one-worker run yet for a speedup"
+    elif row.get("speedup_common") is not None:
+        text += f", {row['speedup_common']:.2f}× the one-worker reference so far"
+    return text + (f" — flagged: {row['flag']}" if row.get("flag") else "")
 
 
 def compare_results(sources: list[Path], out: Path, *, names: list[str] | None = None) -> dict[str, Any]:
@@ -75,7 +114,7 @@ def compare_results(sources: list[Path], out: Path, *, names: list[str] | None =
     sets = {}
     all_rows = []
     for name, source in zip(names, sources, strict=True):
-        rows = add_speedups(read_results(Path(source)))
+        rows = flag_outliers(add_speedups(read_results(Path(source))))
         sets[name] = group_rows(rows)
         all_rows += [{**row, "strategy": f"{row['strategy']} [{name}]"} for row in rows]
     out.mkdir(parents=True, exist_ok=True)

@@ -1,37 +1,98 @@
-"""``report.md``: the table of medians, the pictures, and a short generated reading of them."""
+"""``report.md``: the table of medians, the pictures, and a short generated reading of them.
+
+The reading never ranks configurations whose batches/s differ by less than the noise: the spread of
+repeated runs when there are repeats, a stated tolerance when every configuration ran once.
+"""
 
 from __future__ import annotations
 
 import itertools
+import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaletrain.measure.results import Group, group_rows
+from scaletrain.measure.results import OUTLIER_TOLERANCE, Group, group_rows
 
-__all__ = ["best_per_worker_count", "scaling_limits", "write_report"]
+__all__ = ["Noise", "rank_configurations", "reading", "scaling_limits", "text_table", "write_report"]
 
-GAIN_THRESHOLD = 1.05  # adding workers must raise throughput by at least 5 % to count as scaling
+GAIN_THRESHOLD = 0.05  # adding workers must raise throughput by at least 5 % (or the noise) to count as scaling
+NOISE_FLOOR = 0.05  # differences under 5 % are never ranked, however quiet the repeats were
+SINGLE_RUN_TOLERANCE = 0.15  # the noise assumed when no configuration was repeated (seen on a busy 2-core machine)
 
 
-def best_per_worker_count(groups: list[Group]) -> dict[int, Group]:
-    """The configuration with the highest median batches/s at each worker count.
+@dataclass(frozen=True)
+class Noise:
+    """The relative difference in batches/s below which two configurations are not told apart."""
+
+    level: float
+    source: str  # how the level was found, for the report
+
+    @classmethod
+    def of(cls, groups: list[Group]) -> Noise:
+        """The median relative range, (max − min) ÷ median, of the configurations measured two or more
+        times (at least 5 %); 15 % when every configuration ran once.
+
+        >>> g = lambda bps: Group("a", 8, 1, tuple({"batches_per_second": x} for x in bps))
+        >>> Noise.of([g((9.0, 10.0, 11.0)), g((19.0, 20.0, 21.0)), g((4.0, 5.0, 6.0))]).level  # 20 %, 10 %, 40 %
+        0.2
+        >>> Noise.of([g((10.0,))]).level
+        0.15
+        """
+        ranges = []
+        for group in groups:
+            rates = [row["batches_per_second"] for row in group.rows]
+            if len(rates) > 1:
+                ranges.append((max(rates) - min(rates)) / statistics.median(rates))
+        if not ranges:
+            return cls(
+                SINGLE_RUN_TOLERANCE,
+                f"every configuration ran once, so a stated tolerance of {_percent(SINGLE_RUN_TOLERANCE)} is used "
+                "(--repeats 3 measures the noise)",
+            )
+        measured = statistics.median(ranges)
+        source = (
+            f"the median relative range (max − min) ÷ median of the {len(ranges)} configuration(s) "
+            f"measured more than once, {_percent(measured, 1)}"
+        )
+        if measured < NOISE_FLOOR:
+            source += f", raised to the floor of {_percent(NOISE_FLOOR)}"
+        return cls(max(measured, NOISE_FLOOR), source)
+
+    def __str__(self) -> str:
+        return _percent(self.level)
+
+
+def _percent(fraction: float, digits: int = 0) -> str:
+    """``0.15`` → ``15 %``."""
+    return f"{fraction * 100:.{digits}f} %"
+
+
+def rank_configurations(groups: list[Group], noise: Noise) -> dict[tuple[int, int], tuple[list[Group], list[Group]]]:
+    """At each (worker count, batch size): the configurations indistinguishable within ``noise`` from
+    the fastest one (median batches/s), fastest first, and the slower rest.
 
     >>> g = lambda s, n, bps: Group(s, 8, n, ({"batches_per_second": bps},))
-    >>> {n: b.strategy for n, b in best_per_worker_count([g("a", 1, 5), g("b", 1, 6), g("a", 2, 9)]).items()}
-    {1: 'b', 2: 'a'}
+    >>> ranked = rank_configurations([g("a", 1, 10), g("b", 1, 11), g("c", 1, 7), g("a", 2, 19)], Noise(0.15, ""))
+    >>> {key: [[x.strategy for x in part] for part in parts] for key, parts in ranked.items()}
+    {(1, 8): [['b', 'a'], ['c']], (2, 8): [['a'], []]}
     """
-    best: dict[int, Group] = {}
+    by_count = defaultdict(list)
     for group in groups:
-        current = best.get(group.workers)
-        if current is None or group.median("batches_per_second") > current.median("batches_per_second"):
-            best[group.workers] = group
-    return dict(sorted(best.items()))
+        by_count[(group.workers, group.batch_size)].append(group)
+    ranked = {}
+    for key, items in sorted(by_count.items()):
+        items.sort(key=lambda g: g.median("batches_per_second"), reverse=True)
+        best = items[0].median("batches_per_second")
+        tied = [g for g in items if g.median("batches_per_second") * (1 + noise.level) >= best]
+        ranked[key] = (tied, [g for g in items if g not in tied])
+    return ranked
 
 
-def scaling_limits(groups: list[Group]) -> dict[str, tuple[int, bool]]:
+def scaling_limits(groups: list[Group], min_gain: float = GAIN_THRESHOLD) -> dict[str, tuple[int, bool]]:
     """For each series (strategy, batch) measured at two or more worker counts: the count where
-    throughput stopped growing by ≥ 5 %, and whether it was still growing at the largest one."""
+    throughput stopped growing by more than ``min_gain``, and whether it was still growing at the largest one."""
     by_series = defaultdict(list)
     for group in groups:
         by_series[group.series].append(group)
@@ -42,7 +103,7 @@ def scaling_limits(groups: list[Group]) -> dict[str, tuple[int, bool]]:
         items.sort(key=lambda g: g.workers)
         stop, growing = items[0].workers, True
         for previous, current in itertools.pairwise(items):
-            if current.median("batches_per_second") >= GAIN_THRESHOLD * previous.median("batches_per_second"):
+            if current.median("batches_per_second") > (1 + min_gain) * previous.median("batches_per_second"):
                 stop = current.workers
             else:
                 growing = False
@@ -51,13 +112,111 @@ def scaling_limits(groups: list[Group]) -> dict[str, tuple[int, bool]]:
     return limits
 
 
-def _cell(group: Group, field: str, scale: float = 1.0, digits: int = 2) -> str:
+def _speedups(group: Group) -> str:
+    common, own = group.median("speedup_common"), group.median("speedup")
+    parts = [f"{common:.2f} against the common reference" if common is not None else "",
+             f"{own:.2f} against its own one-worker run" if own is not None else ""]  # fmt: skip
+    parts = [part for part in parts if part]
+    return f" (speedup {', '.join(parts)})" if parts else ""
+
+
+def _rate(group: Group) -> str:
+    return f"{group.median('batches_per_second'):.1f}"
+
+
+def _names(groups: list[Group]) -> str:
+    names = [g.strategy for g in groups]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def reading(rows: list[dict[str, Any]]) -> list[str]:
+    """The generated reading of a sweep, one Markdown list item per line: the one-worker reference,
+    the noise, the fastest configurations at each worker count (never ranked inside the noise), where
+    each series stops scaling, and how many runs were flagged."""
+    groups = group_rows(rows)
+    noise = Noise.of(groups)
+    lines = []
+    references = {
+        row["batch_size"]: row.get("reference_batches_per_second") for row in rows if row.get("status") == "ok"
+    }
+    for batch, reference in sorted(references.items(), key=lambda item: str(item[0])):
+        ones = [row["batches_per_second"] for row in rows if row.get("status") == "ok" and row["workers"] == 1
+                and row["batch_size"] == batch]  # fmt: skip
+        if reference is not None and ones:
+            lines.append(
+                f"- One-worker reference at batch {batch}: {reference:.1f} batches/s, the median of {len(ones)} "
+                f"one-worker run(s) of all strategies ({min(ones):.1f}–{max(ones):.1f})"
+            )
+    lines.append(f"- Noise: ±{noise} — {noise.source}; differences within it are not ranked")
+    for (workers, batch), (tied, slower) in rank_configurations(groups, noise).items():
+        where = f"- {workers} worker{'s' if workers > 1 else ''}, batch {batch}: "
+        if len(tied) == 1 and not slower:
+            lines.append(
+                where + f"only **{tied[0].strategy}** measured, {_rate(tied[0])} batches/s{_speedups(tied[0])}"
+            )
+            continue
+        if len(tied) == 1:
+            text = f"fastest is **{tied[0].strategy}** at {_rate(tied[0])} batches/s{_speedups(tied[0])}"
+        else:
+            rates = [g.median("batches_per_second") for g in tied]
+            text = f"{_names(tied)} are indistinguishable within noise ({min(rates):.1f}–{max(rates):.1f} batches/s)"
+        best = tied[0].median("batches_per_second")
+        if slower:
+            text += "; slower: " + ", ".join(
+                f"{g.strategy} ({_rate(g)}, {_percent(g.median('batches_per_second') / best - 1)})" for g in slower
+            )
+        if any(row.get("flag") for group in tied + slower for row in group.rows):
+            text += "; flagged runs are involved, so this ranking is not trustworthy (rerun with --repeats 3)"
+        lines.append(where + text)
+    min_gain = max(GAIN_THRESHOLD, noise.level)
+    for series, (stop, growing) in scaling_limits(groups, min_gain).items():
+        if growing:
+            lines.append(f"- {series}: throughput still grows at {stop} workers, the most measured")
+        else:
+            lines.append(
+                f"- {series}: throughput stops growing (by more than {_percent(min_gain)}) after {stop} worker(s)"
+            )
+    flagged = [row for row in rows if row.get("flag")]
+    if flagged:
+        lines.append(
+            f"- {len(flagged)} run(s) flagged: batches/s more than {_percent(OUTLIER_TOLERANCE)} away from their "
+            "repeats or from the other one-worker runs (listed under Flagged runs)"
+        )
+    return lines
+
+
+def text_table(rows: list[dict[str, Any]]) -> str:
+    """The medians of every configuration as a plain-text table for a terminal."""
+    header = ("strategy", "batch", "workers", "batches/s [min–max]", "speedup", "common speedup", "flagged")
+    lines = [header]
+    for group in group_rows(rows):
+        flagged = sum(1 for row in group.rows if row.get("flag"))
+        lines.append(
+            (
+                group.strategy,
+                str(group.batch_size),
+                str(group.workers),
+                _cell(group, "batches_per_second", digits=1),
+                _cell(group, "speedup", with_spread=False),
+                _cell(group, "speedup_common", with_spread=False),
+                f"{flagged} of {len(group.rows)}" if flagged else "",
+            )
+        )
+    widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) if column < 1 else cell.rjust(width)
+                  for column, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+        for line in lines
+    )  # fmt: skip
+
+
+def _cell(group: Group, field: str, scale: float = 1.0, digits: int = 2, *, with_spread: bool = True) -> str:
     median = group.median(field)
     if median is None:
         return "–"
     low, high = group.spread(field)
     text = f"{median * scale:.{digits}f}"
-    if len(group.rows) > 1:
+    if with_spread and len(group.rows) > 1:
         text += f" [{low * scale:.{digits}f}–{high * scale:.{digits}f}]"
     return text
 
@@ -73,39 +232,43 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
         f"{first.get('torch_version', '?')}, network: {first.get('network', '?')}; "
         f"{first.get('threads_per_worker', '?')} thread(s) per process. {len(rows)} runs, {len(failed)} failed. "
         "Throughput is SPEC eq. 4.1 (batches of the batch size processed by all workers per second, warm-up "
-        "left out); speedup is eq. 4.2 against the same strategy and batch size at one worker. Cells show "
-        "the median over repeats and [min–max].",
+        "left out; a short unmeasured warm-up run precedes the first measured run). Speedup is eq. 4.2 against "
+        "the same strategy and batch size at one worker; common speedup is against one reference for all "
+        "strategies, the median of every one-worker run at the batch size (at one worker every strategy does "
+        "the same training). Cells show the median over repeats and [min–max]. A run is flagged when its "
+        f"batches/s is more than {_percent(OUTLIER_TOLERANCE)} away from the median of its repeats (from the "
+        "other one when there are two) or, at one worker, likewise from the one-worker runs of all strategies.",
         "",
     ]
     lines += [f"- Note: {note}" for note in notes]
     lines += ["", "## Reading", ""]
-    for workers, group in best_per_worker_count(groups).items():
-        lines.append(
-            f"- {workers} worker(s): fastest is **{group.series}** at {group.median('batches_per_second'):.1f} "
-            "batches/s" + (f" (speedup {group.median('speedup'):.2f})" if group.median("speedup") else "")
-        )
-    for series, (stop, growing) in scaling_limits(groups).items():
-        if growing:
-            lines.append(f"- {series}: throughput still grows at {stop} workers, the most measured")
-        else:
-            lines.append(f"- {series}: throughput stops growing (by ≥ 5 %) after {stop} worker(s)")
+    lines += reading(rows)
     lines += ["", "## Results", ""]
     lines.append(
-        "| strategy | batch | workers | batches/s | speedup | efficiency | compute ms | comm. ms | wait ms | quality |"
+        "| strategy | batch | workers | batches/s | speedup | common speedup | efficiency | compute ms | comm. ms "
+        "| wait ms | quality |"
     )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for group in groups:
         metric = group.rows[0].get("metric", "quality")
         lines.append(
             f"| {group.strategy} | {group.batch_size} | {group.workers} "
             f"| {_cell(group, 'batches_per_second', digits=1)} "
-            f"| {_cell(group, 'speedup')} | {_cell(group, 'efficiency')} "
+            f"| {_cell(group, 'speedup')} | {_cell(group, 'speedup_common')} | {_cell(group, 'efficiency')} "
             f"| {_cell(group, 'compute_seconds_per_step', 1000, 1)} "
             f"| {_cell(group, 'communication_seconds_per_step', 1000, 1)} "
             f"| {_cell(group, 'wait_seconds_per_step', 1000, 1)} | {metric} {_cell(group, 'quality', digits=3)} |"
         )
     lines += ["", "## Pictures", ""]
     lines += [f"![{path.stem}]({path.name})" for path in pictures]
+    flagged = [row for row in rows if row.get("flag")]
+    if flagged:
+        lines += ["", "## Flagged runs", ""]
+        lines += [
+            f"- {row['strategy']} b{row['batch_size']} ×{row['workers']} (repeat {row.get('repeat', 0) + 1}): "
+            f"{row['batches_per_second']:.1f} batches/s, {row['flag']}"
+            for row in flagged
+        ]
     if failed:
         lines += ["", "## Failed runs", ""]
         lines += [f"- {row['strategy']} b{row['batch_size']} ×{row['workers']}: {row.get('error')}" for row in failed]

@@ -1,9 +1,16 @@
-"""Result rows of a sweep: speedup and efficiency (SPEC eq. 4.2), CSV/JSON lines, and medians.
+"""Result rows of a sweep: speedup and efficiency (SPEC eq. 4.2), flags, CSV/JSON lines, and medians.
 
->>> rows = [{"strategy": "s", "batch_size": 8, "workers": n, "batches_per_second": bps, "status": "ok"}
-...         for n, bps in ((1, 10.0), (1, 12.0), (2, 19.8))]
+Speedup is given twice: against the same strategy and batch size at one worker (``speedup``, eq. 4.2)
+and against one common one-worker reference for the batch size, the median of every strategy's
+one-worker runs (``speedup_common``), so that a slow baseline of one strategy cannot inflate its
+speedup alone.
+
+>>> rows = [{"strategy": s, "batch_size": 8, "workers": n, "batches_per_second": bps, "status": "ok"}
+...         for s, n, bps in (("a", 1, 10.0), ("a", 1, 12.0), ("b", 1, 14.0), ("a", 2, 19.8))]
 >>> [round(r["speedup"], 2) for r in add_speedups(rows)]
-[0.91, 1.09, 1.8]
+[0.91, 1.09, 1.0, 1.8]
+>>> [round(r["speedup_common"], 2) for r in rows]  # against the median of 10, 12 and 14
+[0.83, 1.0, 1.17, 1.65]
 """
 
 from __future__ import annotations
@@ -18,36 +25,124 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 
-__all__ = ["COLUMNS", "Group", "add_speedups", "group_rows", "read_results", "write_results"]
+__all__ = [
+    "COLUMNS",
+    "OUTLIER_TOLERANCE",
+    "Group",
+    "add_speedups",
+    "flag_outliers",
+    "group_rows",
+    "read_results",
+    "write_results",
+]
 
 COLUMNS = (
     "workload", "strategy", "strategy_kind", "server", "sync", "workers", "batch_size", "repeat", "status",
-    "batches_per_second", "samples_per_second", "speedup", "efficiency", "compute_seconds_per_step",
+    "batches_per_second", "samples_per_second", "speedup", "efficiency", "reference_batches_per_second",
+    "speedup_common", "efficiency_common", "deviation", "flag", "compute_seconds_per_step",
     "communication_seconds_per_step", "wait_seconds_per_step", "train_seconds", "wall_seconds", "epoch_seconds",
     "steps", "steps_per_epoch", "metric", "quality", "threads_per_worker", "cpu_model", "cores", "torch_version",
     "host", "network", "run_dir", "error",
 )  # fmt: skip
+
+# A run whose batches/s is more than this fraction away from the median of its repeats (or, at one
+# worker, from the common one-worker reference) is flagged as an outlier.
+OUTLIER_TOLERANCE = 0.25
 
 
 def _key(row: dict[str, Any]) -> tuple[str, int]:
     return row["strategy"], row["batch_size"]
 
 
-def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speedup = batches/s ÷ the median batches/s of the same strategy and batch size at one worker.
+def _ok(row: dict[str, Any]) -> bool:
+    return row.get("status") == "ok" and row.get("batches_per_second") is not None
 
-    Rows without a one-worker baseline get ``None``; efficiency = speedup ÷ workers.
+
+def _one_worker_rates(rows: list[dict[str, Any]]) -> dict[int | None, list[float]]:
+    """Batches/s of every successful one-worker run, by batch size (all strategies together)."""
+    rates = defaultdict(list)
+    for row in rows:
+        if _ok(row) and row["workers"] == 1:
+            rates[row["batch_size"]].append(row["batches_per_second"])
+    return rates
+
+
+def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speedup = batches/s ÷ the median batches/s of the same strategy and batch size at one worker;
+    common speedup = batches/s ÷ ``reference_batches_per_second``, the median batches/s of all
+    one-worker runs (every strategy, every repeat) of the same batch size.
+
+    Rows without a baseline get ``None``; efficiency = speedup ÷ workers (both kinds).
     """
     baselines = defaultdict(list)
     for row in rows:
-        if row.get("status") == "ok" and row["workers"] == 1:
+        if _ok(row) and row["workers"] == 1:
             baselines[_key(row)].append(row["batches_per_second"])
+    references = {batch: statistics.median(rates) for batch, rates in _one_worker_rates(rows).items()}
     for row in rows:
-        base = baselines.get(_key(row))
-        ok = row.get("status") == "ok" and base
-        row["speedup"] = row["batches_per_second"] / statistics.median(base) if ok else None
+        base, reference = baselines.get(_key(row)), references.get(row.get("batch_size"))
+        ok = _ok(row)
+        row["speedup"] = row["batches_per_second"] / statistics.median(base) if ok and base else None
         row["efficiency"] = row["speedup"] / row["workers"] if row["speedup"] is not None else None
+        row["reference_batches_per_second"] = reference
+        row["speedup_common"] = row["batches_per_second"] / reference if ok and reference else None
+        row["efficiency_common"] = row["speedup_common"] / row["workers"] if row["speedup_common"] is not None else None
     return rows
+
+
+def flag_outliers(rows: list[dict[str, Any]], tolerance: float = OUTLIER_TOLERANCE) -> list[dict[str, Any]]:
+    """Set ``deviation`` (batches/s ÷ the median of its repeats − 1, or ÷ the other run when there are
+    two; ``None`` for a configuration run once) and ``flag`` (why the run is far off, or ``""``) on
+    every row.
+
+    A run is flagged when it is more than ``tolerance`` away from the median of its repeats (from the
+    other one when there are two), or — at one worker, where every strategy does the same training —
+    likewise from the one-worker runs of all strategies at its batch size.
+
+    >>> rows = [{"strategy": s, "batch_size": 8, "workers": 1, "batches_per_second": bps, "status": "ok"}
+    ...         for s, bps in (("a", 15.4), ("b", 21.7), ("c", 25.0), ("d", 29.0))]
+    >>> [row["flag"] for row in flag_outliers(rows)]
+    ['34 % below the median of the 4 one-worker runs at batch 8', '', '', '']
+    """
+    repeats = defaultdict(list)
+    for row in rows:
+        if _ok(row):
+            repeats[(*_key(row), row["workers"])].append(row["batches_per_second"])
+    one_worker = _one_worker_rates(rows)
+    for row in rows:
+        row["deviation"], row["flag"] = None, ""
+        if not _ok(row):
+            continue
+        rate, reasons = row["batches_per_second"], []
+        mine = repeats[(*_key(row), row["workers"])]
+        if len(mine) > 1:
+            row["deviation"] = _deviation(rate, mine)
+            if abs(row["deviation"]) > tolerance:
+                reasons.append(f"{_percent(row['deviation'])} {_against(mine, 'repeat')}")
+        others = one_worker.get(row["batch_size"], [])
+        if row["workers"] == 1 and len(others) > 1:
+            off = _deviation(rate, others)
+            if abs(off) > tolerance:
+                reasons.append(f"{_percent(off)} {_against(others, 'one-worker run')} at batch {row['batch_size']}")
+        row["flag"] = "; ".join(reasons)
+    return rows
+
+
+def _deviation(rate: float, rates: list[float]) -> float:
+    """Relative distance of ``rate`` (one of ``rates``) from the median of ``rates``, or from the other
+    rate when there are two (whose median, their mean, would halve the distance)."""
+    if len(rates) == 2:
+        other = rates[1] if rates[0] == rate else rates[0]
+        return rate / other - 1
+    return rate / statistics.median(rates) - 1
+
+
+def _against(rates: list[float], what: str) -> str:
+    return f"the other {what}" if len(rates) == 2 else f"the median of the {len(rates)} {what}s"
+
+
+def _percent(off: float) -> str:
+    return f"{abs(off):.0%} {'below' if off < 0 else 'above'}".replace("%", " %")
 
 
 def write_results(rows: list[dict[str, Any]], out: Path) -> None:

@@ -3,7 +3,9 @@
 Every configuration runs through :func:`scaletrain.train`, the same code as ``scaletrain train``,
 in its own folder under ``OUT/runs/``. Rows are appended to ``results.jsonl`` as runs finish, so an
 interrupted sweep keeps what it measured; a run that fails is recorded with its error and the sweep
-goes on.
+goes on. Before the first measured run, a short unmeasured warm-up run of the same configuration
+brings the machine to the state the later runs find it in: without it the first run of a sweep was
+measured up to 1.9× slower than the same training later in the sweep (issue 9).
 
 >>> parse_strategy("ps-distributed-none")
 ('ps', 'sharded', 'async')
@@ -14,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +29,7 @@ from scaletrain.parallel.plan import ALIASES, SERVERS, SYNC_MODES, Layout
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_sweep"]
 
 DEFAULT_STEPS = 100
+WARMUP_RUN_STEPS = 30  # steps of the unmeasured warm-up run (fewer when the measured runs are shorter)
 CHILD_POLL_SECONDS = 0.5
 
 
@@ -74,6 +78,7 @@ class SweepConfig:
     options: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (lr, momentum, ...)
     max_workers: int | None = None
+    warmup_run: bool = True  # a short unmeasured run before the first measured one
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -105,6 +110,11 @@ class Run:
         batch = self.batch_size if self.batch_size is not None else "default"
         return f"{self.label}-b{batch}-w{self.workers}-r{self.repeat}"
 
+    def describe(self) -> str:
+        """``allreduce-join, batch 64, 2 workers`` — for progress lines."""
+        batch = self.batch_size if self.batch_size is not None else "default"
+        return f"{self.label}, batch {batch}, {self.workers} worker{'s' if self.workers > 1 else ''}"
+
 
 def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     """Every run of the sweep, repeats interleaved (so slow drift spreads over all configurations),
@@ -132,40 +142,35 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
 
 
 def run_sweep(
-    config: SweepConfig, *, on_row: Callable[[dict[str, Any]], None] | None = None
+    config: SweepConfig,
+    *,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Run every configuration; returns the result rows (without speedups) and the notes."""
+    """Run every configuration; returns the result rows (without speedups) and the notes.
+
+    ``progress`` receives a line when the warm-up and each run start (``[3/8] ps-central-join, batch 64,
+    2 workers …``); ``on_row`` receives each row as its run ends.
+    """
     runs, notes = plan_runs(config)
     machine = machine_info(config.network)
     steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
+    say = progress or (lambda line: None)
+    warmed_up = not config.warmup_run
     rows = []
-    for run in runs:
+    for index, run in enumerate(runs, 1):
         folder = config.out / "runs" / run.folder()
-        settings = {
-            **config.settings,
-            "workers": run.workers,
-            "strategy": run.strategy,
-            "server": run.server,
-            "sync": run.sync,
-            "batch_size": run.batch_size,
-            "steps": steps,
-            "epochs": config.epochs,
-            "warmup_steps": config.warmup_steps,
-            "threads": config.threads_per_worker,
-            "network": config.network,
-            "data_dir": config.data_dir,
-            "options": dict(config.options),
-            "out": folder,
-            "progress": "off",
-            "tensorboard": False,
-            # A sweep run again in the same folder continues: finished runs are kept, an interrupted
-            # one resumes from its checkpoint.
-            "resume": (folder / "checkpoint.pt").exists(),
-        }
+        settings = _settings(config, run, steps, folder)
         try:
             if (folder / "summary.json").exists():
+                say(f"[{index}/{len(runs)}] {run.describe()}: measured before, kept")
                 summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
             else:
+                if not warmed_up:
+                    _warm_up(config, run, settings, say)
+                    warmed_up = True
+                repeat = f", repeat {run.repeat + 1} of {config.repeats}" if config.repeats > 1 else ""
+                say(f"[{index}/{len(runs)}] {run.describe()}{repeat} …")
                 summary = train_in_fresh_process(config.workload, settings)
             row = _row(config, run, summary, machine)
             if row["batches_per_second"] is None:
@@ -177,6 +182,43 @@ def run_sweep(
         if on_row is not None:
             on_row(row)
     return rows, notes
+
+
+def _settings(config: SweepConfig, run: Run, steps: int | None, folder: Path) -> dict[str, Any]:
+    """The :func:`scaletrain.train` settings of one run."""
+    return {
+        **config.settings,
+        "workers": run.workers,
+        "strategy": run.strategy,
+        "server": run.server,
+        "sync": run.sync,
+        "batch_size": run.batch_size,
+        "steps": steps,
+        "epochs": config.epochs,
+        "warmup_steps": config.warmup_steps,
+        "threads": config.threads_per_worker,
+        "network": config.network,
+        "data_dir": config.data_dir,
+        "options": dict(config.options),
+        "out": folder,
+        "progress": "off",
+        "tensorboard": False,
+        # A sweep run again in the same folder continues: finished runs are kept, an interrupted
+        # one resumes from its checkpoint.
+        "resume": (folder / "checkpoint.pt").exists(),
+    }
+
+
+def _warm_up(config: SweepConfig, run: Run, settings: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Train ``run``'s configuration briefly in a throw-away folder; nothing of it is recorded."""
+    steps = min(settings["steps"] or WARMUP_RUN_STEPS, WARMUP_RUN_STEPS)
+    say(f"warm-up: {run.describe()}, {steps} steps, not measured …")
+    with tempfile.TemporaryDirectory(prefix="scaletrain-warm-up-") as folder:
+        warm = {**settings, "steps": steps, "epochs": None, "warmup_steps": 0, "out": Path(folder), "resume": False}
+        try:
+            train_in_fresh_process(config.workload, warm)
+        except ScaletrainError as exc:
+            say(f"warm-up failed (the measured runs go on): {exc}")
 
 
 def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str, Any]:
