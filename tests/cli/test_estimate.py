@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.helpers import run_cli
 
+from scaletrain.cli import main
 from scaletrain.estimate.thesis import speedups
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -23,6 +24,19 @@ def test_csv_prints_the_thesis_speedups_for_one_to_n_workers():
     assert values == pytest.approx(expected, abs=1e-4)
     # worst case by hand at N = 8: D·t_grad / ((D/N)(2N·t_comm + t_grad))
     assert values[-1] == pytest.approx(128 * 0.763 / (16 * (16 * 0.210 + 0.763)), abs=1e-4)
+
+
+def test_csv_keeps_small_speedups_to_a_millionth():
+    """Transfers that dwarf the gradient give speedups far below 1; the csv must not round them away."""
+    settings = {"t_grad": 0.01, "t_comm": 0.6, "kind": "sync-join", "server": "central", "workers": 12, "batches": 128}
+    result = run_cli(
+        "estimate", "--t-grad", "0.01", "--t-comm", "0.6", "--workers", "12", "--output", "csv",
+        "--case", "worst",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    expected = speedups(**settings, case="worst")
+    assert min(expected) < 0.01  # four fixed decimals would keep two significant digits at most
+    assert [float(v) for v in result.stdout.strip().split(";")] == pytest.approx(expected, rel=1e-6, abs=0)
 
 
 def test_single_and_plot_outputs(tmp_path):
@@ -51,6 +65,61 @@ def test_impossible_requests_exit_2_with_the_fix(args, fragment):
     result = run_cli("estimate", *args)
     assert result.returncode == 2
     assert fragment in result.stderr
+
+
+NUMBERS = ["--t-grad", "0.5", "--t-comm", "0.1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--workers", "0"], "--workers must be a whole number ≥ 1, got 0"),
+        (["--workers", "-3"], "--workers must be a whole number ≥ 1, got -3"),
+        (["--t-grad", "nan"], "--t-grad must be > 0"),
+        (["--t-grad", "inf"], "--t-grad must be > 0"),
+        (["--t-grad", "-1"], "--t-grad must be > 0"),
+        (["--t-comm", "nan"], "--t-comm ≥ 0"),
+        (["--t-comm", "-0.1"], "--t-comm ≥ 0"),
+        (["--batches", "nan"], "--batches must be a number > 0"),
+        (["--batches", "0"], "--batches must be a number > 0"),
+        (["--batches", "inf"], "--batches must be a number > 0"),
+        (["--cores", "0", "--model", "refined"], "--cores must be a whole number ≥ 1"),
+        (["--recommend", "--max-workers", "0"], "--max-workers must be ≥ 1"),
+        (["--recommend", "--max-workers", "-2"], "--max-workers must be ≥ 1"),
+        (["--model", "refined", "--t-grad", "nan"], "--t-grad must be > 0"),
+    ],
+)
+def test_numbers_that_make_no_sense_exit_2_with_one_line(args, fragment, capsys):
+    """In-process through the real entry point (the subprocess case below shows there is no traceback)."""
+    assert main(["estimate", *NUMBERS, *args]) == 2  # a later --t-grad replaces the one in NUMBERS
+    captured = capsys.readouterr()
+    assert captured.out == "" or "note:" in captured.out
+    assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--timeout", "nan"], "--timeout must be a number of seconds > 0"),
+        (["--timeout", "0"], "--timeout must be a number of seconds > 0"),
+        (["--batch-size", "0"], "--batch-size must be ≥ 1"),
+        (["--repeats", "0"], "--repeats"),
+        (["--concurrency", "0"], "--concurrency must be ≥ 1"),
+        (["--split-workers", "0"], "split worker counts must be ≥ 1"),
+    ],
+)
+def test_profile_numbers_are_refused_before_anything_is_measured(args, fragment, capsys):
+    assert main(["profile", "lenet", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
+
+
+def test_zero_workers_is_one_line_and_no_traceback():
+    result = run_cli("estimate", *NUMBERS, "--workers", "0")
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if "NumPy" not in line and "_conversion" not in line]
+    assert lines == ["scaletrain: error: --workers must be a whole number ≥ 1, got 0"]
+    assert result.stdout == ""
 
 
 def test_recommend_from_the_thesis_table_times():

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from scaletrain.api import estimate, profile, recommend, validate
 from scaletrain.cli.bench import _names, _numbers
+from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS, Configuration
+from scaletrain.estimate.models import MODELS, Configuration, check_inputs
 from scaletrain.estimate.plots import plot_curves
 from scaletrain.estimate.thesis import CASES, KINDS
 from scaletrain.estimate.validate import DEFAULT_STRATEGIES
@@ -27,55 +28,87 @@ from scaletrain.workloads import WORKLOADS
 __all__ = ["add_parser", "run"]
 
 OUTPUTS = ("single", "csv", "plot")
+#: Nine significant digits: a speedup read back from the output is within 1e-8 (relative) of the model's.
+DIGITS = ".9g"
+
+
+DESCRIPTION = """\
+Predict the speedup of data-parallel training on N workers, recommend a configuration, or check
+the predictions against real runs.
+
+  scaletrain estimate --t-grad S --t-comm S --type T --server central --workers N --batches D
+      the thesis's estimator (Šlampa 2017) from two measured times; --output single, csv or plot
+  scaletrain estimate WORKLOAD ...
+      profile the workload first (or give --profile FILE), then estimate; --model refined uses
+      the whole profile (latency, update time, contention, stragglers, shard sizes)
+  scaletrain estimate ... --recommend --max-workers N
+      the best worker count and configuration under each model
+  scaletrain estimate WORKLOAD --validate --workers 1,2
+      run the real sweep and compare both models with it
+"""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "estimate",
         help="predict the speedup on N workers (thesis or refined model), recommend, validate",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
+        formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
     parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="profile this workload first")
     times = parser.add_argument_group("the thesis's inputs (instead of a workload)")
-    times.add_argument("--t-grad", type=float, help="seconds to compute the gradient of one batch")
-    times.add_argument("--t-comm", type=float, help="seconds to transfer all weights once")
-    times.add_argument("--profile", type=Path, help="a profile written by `scaletrain profile`")
+    times.add_argument("--t-grad", type=float, metavar="SECONDS", help="time to compute the gradient of one batch")
+    times.add_argument("--t-comm", type=float, metavar="SECONDS", help="time to transfer all weights once")
+    times.add_argument("--profile", type=Path, metavar="FILE", help="a profile written by scaletrain profile")
     model = parser.add_argument_group("estimate")
     model.add_argument("--type", dest="kind", choices=KINDS, default="sync-join", help="training type")
-    model.add_argument("--server", choices=("central", "distributed", "sharded"), default="central")
+    model.add_argument(
+        "--server",
+        choices=("central", "distributed", "sharded"),
+        default="central",
+        help="parameter server: one central process, or distributed (sharded) over every worker",
+    )
     model.add_argument("--strategy", choices=("ps", "allreduce"), default="ps", help="parameter server or all-reduce")
-    model.add_argument("--workers", type=_numbers, default=(1,), help="N (with --validate: a list, e.g. 1,2)")
-    model.add_argument("--batches", type=float, default=128, help="D, batches to train (default 128, as 003 §6.1)")
+    model.add_argument(
+        "--workers", type=_numbers, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
+    )
+    model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
     model.add_argument("--output", choices=OUTPUTS, default="single", help="speedup at N, 1..N as csv, or a PNG")
-    model.add_argument("--plot-file", type=Path, default=Path("speedup-estimate.png"), help="PNG for --output plot")
+    model.add_argument("--plot-file", type=Path, default=Path("speedup-estimate.png"), metavar="PNG",
+                       help="picture for --output plot")  # fmt: skip
     model.add_argument("--case", choices=CASES, default="mean", help="central server: best, worst or their mean")
     model.add_argument("--model", choices=MODELS, default="thesis", help="thesis (Šlampa 2017) or refined")
-    model.add_argument("--cores", type=int, help="refined: the workers share this many cores (default: own machines)")
-    model.add_argument("--save-profile", type=Path, help="write the measured profile here")
+    model.add_argument("--cores", type=int, metavar="N",
+                       help="refined: the workers share this many cores (default: a machine each)")  # fmt: skip
+    model.add_argument("--save-profile", type=Path, metavar="FILE", help="write the measured profile here")
     advice = parser.add_argument_group("advice and validation")
     advice.add_argument("--recommend", action="store_true", help="best worker count and configuration per model")
-    advice.add_argument("--max-workers", type=int, help="with --recommend: consider 1..N workers")
+    advice.add_argument("--max-workers", type=int, metavar="N", help="with --recommend: consider 1..N workers")
     advice.add_argument("--validate", action="store_true", help="run the real sweep and compare with both models")
-    advice.add_argument("--strategies", type=_names, help=f"with --validate (default {','.join(DEFAULT_STRATEGIES)})")
-    advice.add_argument("--steps", type=int, help="with --validate: optimizer steps per run (default 40)")
-    advice.add_argument("--warmup-steps", type=int, help="with --validate: first steps left out (default 5)")
-    advice.add_argument("--runs", type=int, dest="run_repeats", help="with --validate: runs per configuration (3)")
-    advice.add_argument("--lr", type=float, help="with --validate: learning rate of the runs")
-    advice.add_argument("--momentum", type=float, help="with --validate: momentum of the runs")
-    advice.add_argument("--out", type=Path, help="with --validate: output folder")
+    advice.add_argument("--strategies", type=_names, metavar="LIST",
+                        help=f"with --validate: strategy specs (default: {','.join(DEFAULT_STRATEGIES)})")  # fmt: skip
+    advice.add_argument("--steps", type=int, metavar="N", help="with --validate: optimizer steps per run (default: 40)")
+    advice.add_argument("--warmup-steps", type=int, metavar="N",
+                        help="with --validate: first steps left out (default: 5)")  # fmt: skip
+    advice.add_argument("--runs", type=int, dest="run_repeats", metavar="N",
+                        help="with --validate: runs per configuration (default: 3)")  # fmt: skip
+    advice.add_argument("--lr", type=float, metavar="RATE",
+                        help="with --validate: learning rate of the runs (default: the workload's)")  # fmt: skip
+    advice.add_argument("--momentum", type=float, metavar="M",
+                        help="with --validate: momentum of the runs (default: the workload's)")  # fmt: skip
+    advice.add_argument("--out", type=Path, metavar="FOLDER",
+                        help="with --validate: output folder (default: validation/WORKLOAD-NETWORK)")  # fmt: skip
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_numbers(args)
     if args.validate:
         return _validate(args)
     measured = _profile(args)
     if args.recommend:
         return _recommend(args, measured)
-    if len(args.workers) != 1:
-        raise ConfigError("--workers takes one number N here (a list only with --validate)")
     workers = args.workers[0]
     speedups = estimate(
         profile=measured,
@@ -89,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
         cores=args.cores,
     )
     if args.output == "single":
-        print(f"{speedups[-1]:.4f}")
+        print(f"{speedups[-1]:{DIGITS}}")
     elif args.output == "csv":
-        print(";".join(f"{value:.4f}" for value in speedups))
+        print(";".join(f"{value:{DIGITS}}" for value in speedups))
     else:
         configuration = Configuration.from_thesis(args.kind, args.server, args.strategy)
         path = plot_curves(
@@ -106,6 +139,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Refuse impossible counts before anything is profiled (which takes minutes)."""
+    check_inputs(None, min(args.workers), batches=args.batches, cores=args.cores)
+    if len(args.workers) != 1 and not (args.validate or args.recommend):
+        raise ConfigError("--workers takes one number N here (a list only with --validate)")
+    if args.recommend:
+        if args.max_workers is None:
+            raise ConfigError("--recommend needs --max-workers N")
+        if args.max_workers < 1:
+            raise ConfigError(f"--max-workers must be ≥ 1, got {args.max_workers}")
+
+
 def _profile(args: argparse.Namespace) -> Profile:
     """The inputs: a saved profile, a fresh one of the workload, or the two times given."""
     given = args.t_grad is not None or args.t_comm is not None
@@ -114,11 +159,13 @@ def _profile(args: argparse.Namespace) -> Profile:
     if given:
         if args.t_grad is None or args.t_comm is None:
             raise ConfigError("give both --t-grad and --t-comm")
+        given = Profile(workload="(given times)", batch_size=0, t_grad=args.t_grad, t_comm=args.t_comm)
+        check_inputs(given, 1, batches=args.batches)
         if args.model == "refined":
             print(
                 "note: with only --t-grad/--t-comm the refined model assumes no latency, no update cost, no contention"
             )
-        return Profile(workload="(given times)", batch_size=0, t_grad=args.t_grad, t_comm=args.t_comm)
+        return given
     if args.profile is not None:
         return Profile.load(args.profile)
     split = tuple(n for n in range(2, max(args.workers) + 1)) if args.kind == "sync-split" else ()
@@ -132,8 +179,6 @@ def _profile(args: argparse.Namespace) -> Profile:
 
 
 def _recommend(args: argparse.Namespace, measured: Profile) -> int:
-    if args.max_workers is None:
-        raise ConfigError("--recommend needs --max-workers N")
     advice = recommend(measured, max_workers=args.max_workers, batches=args.batches, cores=args.cores, case=args.case)
     for model, best in advice.items():
         print(

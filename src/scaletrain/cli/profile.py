@@ -17,16 +17,20 @@ __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "r
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say what to profile (shared with ``scaletrain estimate WORKLOAD``)."""
     group = parser.add_argument_group("profiling")
-    group.add_argument("--batch-size", type=int, help="batch size (default: the workload's)")
-    group.add_argument("--network", help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")
-    group.add_argument("--split-workers", type=_numbers, help="also t_grad at batch/N for these N, e.g. 2,4")
-    group.add_argument("--concurrency", type=int, help="measure contention up to this many processes (default: cores)")
-    group.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1, as bench)")
-    group.add_argument("--repeats", type=int, default=10, help="timed gradients per batch size (default 10)")
-    group.add_argument("--round-trips", type=int, default=10, help="timed push+pull round trips (default 10)")
-    group.add_argument("--launches", type=int, default=3, help="fresh processes each timing pools (default 3)")
-    group.add_argument("--timeout", type=float, default=600.0, help="seconds each measurement may take")
-    group.add_argument("--data-dir", type=Path, help="folder with the dataset files")
+    group.add_argument("--batch-size", type=int, metavar="N", help="batch size (default: the workload's)")
+    group.add_argument("--network", metavar="RATE",
+                       help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")  # fmt: skip
+    group.add_argument("--split-workers", type=_numbers, metavar="N,N",
+                       help="also t_grad at batch/N for these N, e.g. 2,4")  # fmt: skip
+    group.add_argument("--concurrency", type=int, metavar="N",
+                       help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
+    group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
+    group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
+    group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")
+    group.add_argument("--launches", type=int, default=3, metavar="N", help="fresh processes each timing pools")
+    group.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                       help="time each measurement may take")  # fmt: skip
+    group.add_argument("--data-dir", type=Path, metavar="FOLDER", help="folder with the dataset files")
     group.add_argument("--no-download", dest="download", action="store_false", help="never download datasets")
     group.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     add_model_flags(parser)
@@ -61,7 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to profile")
-    parser.add_argument("--out", type=Path, help="JSON file to write (default profiles/WORKLOAD-bBATCH[-RATE].json)")
+    parser.add_argument("--out", type=Path, metavar="FILE",
+                        help="JSON file to write (default: profiles/WORKLOAD-bBATCH[-RATE].json)")  # fmt: skip
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 

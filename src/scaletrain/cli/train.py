@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from scaletrain.api import train
-from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
+from scaletrain.cli.formatter import shown_default
+from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.worker import exit_now
@@ -29,9 +30,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         argument_default=None,
     )
     parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)")
-    parser.add_argument("--config", type=Path, help="TOML file with any of the settings below")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
     parser.add_argument("--epochs", type=int, help="epochs to train")
-    parser.add_argument("--steps", type=int, help="stop after this many optimizer steps in total")
+    parser.add_argument(
+        "--steps", type=int, help="stop after this many optimizer steps in all (default: --epochs decides)"
+    )
     parser.add_argument("--batch-size", type=int, help="samples per batch (rows of words for ptb-lstm)")
     parser.add_argument("--lr", type=float, help="learning rate")
     parser.add_argument("--momentum", type=float, help="SGD momentum (0 = plain SGD)")
@@ -40,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
     parser.add_argument("--seed", type=int, help="random seed (same seed and settings ⇒ identical weights)")
-    parser.add_argument("--threads", type=int, help="torch threads")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/WORKLOAD-DATE-TIME)")
     parser.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")
@@ -59,14 +62,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--no-download", dest="download", action="store_false", default=None, help="never download datasets"
     )
     group = parser.add_argument_group("distributed training")
-    group.add_argument("--workers", type=int, help="worker processes (default 1)")
+    group.add_argument("--workers", type=int, help="worker processes")
     group.add_argument(
         "--strategy",
         choices=("local", "allreduce", "ps"),
         help="local (1 worker), allreduce (default for >1), ps",
     )
     group.add_argument("--server", choices=("central", "sharded", "distributed"), help="parameter server type")
-    group.add_argument("--sync", choices=("join", "split", "async", "none"), help="update mode (default join)")
+    group.add_argument("--sync", choices=("join", "split", "async", "none"), help="update mode")
     group.add_argument(
         "--ps-admission",
         choices=("none", "exclusive"),
@@ -78,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
         "asynchrony's own momentum it stays --momentum; lr: lr / staleness per gradient; none",
     )
-    group.add_argument("--timeout", type=float, help="seconds any wait for another process may take (default 60)")
+    group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
     group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")
@@ -91,7 +94,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="workload option, e.g. -o num_steps=35 -o train_split=valid for ptb-lstm",
     )
     add_model_flags(parser)
+    _name_config_defaults(parser)
     parser.set_defaults(handler=run)
+
+
+def _name_config_defaults(parser: argparse.ArgumentParser) -> None:
+    """Say each setting's default in its help: the workload's, or :class:`TrainConfig`'s.
+
+    The flags themselves default to None (so that a config file can set them), so the help
+    formatter cannot see these defaults.
+    """
+    from_workload = {f.name for f in fields(WorkloadDefaults)}
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    for action in parser._actions:
+        if not action.option_strings or action.dest not in defaults or "default" in (action.help or "default"):
+            continue
+        shown = "the workload's" if action.dest in from_workload else shown_default(defaults[action.dest])
+        if shown is not None and not isinstance(defaults[action.dest], bool):
+            action.help += f" (default: {shown})"
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -101,13 +121,13 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         "--num-classes",
         type=int,
         default=None,
-        help="network outputs; at least the class folders (default 257: Caltech256 with its clutter class)",
+        help="network outputs; at least the class folders (default: 257, Caltech256 with its clutter class)",
     )
     group.add_argument(
         "--image-size",
         type=int,
         default=None,
-        help="images are resized to this many pixels square, ≥ 32 (default 224; 128 for vgg16e)",
+        help="images are resized to this many pixels square, ≥ 32 (default: 224; 128 for vgg16e)",
     )
 
 

@@ -220,15 +220,18 @@ def best_per_workers(
     ]
 
 
-def check_inputs(profile: Profile, workers: int, *, batches: float, cores: int | None = None) -> None:
-    """Refuse inputs no model can make sense of, naming the flag: a count below 1, a time that is not a number."""
+def check_inputs(profile: Profile | None, workers: int, *, batches: float, cores: int | None = None) -> None:
+    """Refuse inputs no model can make sense of, naming the flag: a count below 1, a time that is not a number.
+
+    ``profile`` None: check the counts only.
+    """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be a whole number ≥ 1, got {workers!r}")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
         raise ConfigError(f"--cores must be a whole number ≥ 1, got {cores!r}")
     if not 0 < batches < math.inf:
         raise ConfigError(f"--batches must be a number > 0, got {batches!r}")
-    if not 0 < profile.t_grad < math.inf or not 0 <= profile.t_comm < math.inf:
+    if profile is not None and (not 0 < profile.t_grad < math.inf or not 0 <= profile.t_comm < math.inf):
         raise ConfigError(
             f"--t-grad must be > 0 and --t-comm ≥ 0 seconds (finite), got {profile.t_grad!r} and {profile.t_comm!r}"
         )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
 from scaletrain.estimate.plots import plot_curves
@@ -75,6 +76,19 @@ class ValidationConfig:
     def __post_init__(self) -> None:
         for spec in self.strategies:
             Configuration.parse(spec)
+        if any(n < 1 for n in self.workers):
+            raise ConfigError(f"--workers must be ≥ 1 each, got {','.join(map(str, self.workers))}")
+        if self.repeats < 1 or self.launches < 1:
+            raise ConfigError(f"--runs and --launches must be ≥ 1, got {self.repeats} and {self.launches}")
+        # The runs' own settings are checked as every training run's are, now rather than after profiling.
+        TrainConfig(
+            self.workload,
+            steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            batch_size=self.batch_size,
+            threads=self.threads_per_worker,
+            **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
+        )
         if self.steps <= self.warmup_steps:
             raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -81,6 +82,10 @@ class ProfileConfig:
             raise ConfigError(f"split worker counts must be ≥ 1, got {self.split_workers}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be ≥ 1, got {self.batch_size}")
+        if not 0 < self.timeout < math.inf:
+            raise ConfigError(f"--timeout must be a number of seconds > 0, got {self.timeout}")
         if self.network is not None:
             parse_rate(self.network)
 
