@@ -182,7 +182,7 @@ def best_per_workers(
 
     The maximum over :func:`predicted_speedups`' curves (on a tie, the label that sorts last). The
     refined model's asynchronous networks are solved only for the worker counts where their
-    throughput bound reaches the best synchronous configuration; elsewhere they cannot win.
+    throughput bound reaches the best configuration solved so far; elsewhere they cannot win.
     """
     if model == "refined":
         check_inputs(profile, max_workers, batches=batches, cores=cores)
@@ -195,7 +195,8 @@ def best_per_workers(
             if c.sync != "async"
         }
         floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
-        for c in (c for c in configurations if c.sync == "async"):
+        # The central server's networks are the small ones: solved first, they often rule the sharded ones out.
+        for c in sorted((c for c in configurations if c.sync == "async"), key=lambda c: c.server != "central"):
             networks = refined.asynchronous_networks(terms, server=c.server, workers=workers)
             # The margin keeps rounding in the bound from ever dropping a network that could win.
             bounds = np.array([throughput_bound(*network) for network in networks]) * terms.sequential * (1 + 1e-9)
@@ -204,6 +205,7 @@ def best_per_workers(
             throughputs = mean_value_throughputs([networks[index] for index in contenders.tolist()])
             curve[contenders] = np.array(throughputs) * terms.sequential
             curves[c] = curve
+            floor = np.maximum(floor, curve)
     else:
         curves = {
             c: np.array(curve)
