@@ -7,10 +7,15 @@ can fix (:class:`~scaletrain.errors.ScaletrainError`) become one line on stderr 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
+import tomllib
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from scaletrain.cli import bench, compare, deploy, estimate, profile, train, workloads
+from scaletrain.cli.formatter import DefaultsHelpFormatter
 from scaletrain.errors import Interrupted, ScaletrainError
 
 __all__ = ["main"]
@@ -23,10 +28,35 @@ def build_parser() -> argparse.ArgumentParser:
         prog="scaletrain",
         description="Train neural networks on many workers, measure and predict how training scales.",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser)
     for module in SUBCOMMANDS:
         module.add_parser(subparsers)
     return parser
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: its ``--help`` shows every flag's default unless it asks for another formatter."""
+
+    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+
+
+def package_version() -> str:
+    """The installed package's version; from a source checkout that is not installed, pyproject.toml's."""
+    try:
+        return importlib.metadata.version("scaletrain")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        project = {}
+    if project.get("name") == "scaletrain" and project.get("version"):
+        return f"{project['version']} (source checkout, not installed)"
+    return "unknown (not installed; pip install -e . sets it)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
