@@ -148,11 +148,22 @@ def test_the_reading_never_names_a_winner_inside_the_noise() -> None:
     assert any(line.startswith("- One-worker reference at batch 32: 23.8 batches/s") for line in lines)
 
 
-def test_the_reading_warns_when_a_ranking_rests_on_flagged_runs() -> None:
+def test_the_reading_ranks_nothing_that_rests_on_flagged_runs() -> None:
     rows = annotated([row("a", 1, 15.4), row("b", 1, 21.7), row("c", 1, 25.0), row("d", 1, 29.0)])
-    (one,) = [line for line in reading(rows) if line.startswith("- 1 worker")]
-    assert "a (15.4" in one.split("slower:")[1] and "not trustworthy" in one
-    assert any("1 run(s) flagged" in line for line in reading(rows))
+    rows += [row("a", 2, 30.0), row("d", 2, 31.0)]
+    lines = reading(annotated(rows))
+    (one,) = [line for line in lines if line.startswith("- 1 worker")]
+    assert one.startswith("- 1 worker, batch 32: not ranked: flagged runs are involved (d 29.0, ")
+    assert "fastest" not in one and "a 15.4" in one
+    assert "- 2 workers, batch 32: d and a are indistinguishable within noise (30.0–31.0 batches/s)" in lines
+    assert any(line.startswith("- a b32: throughput still grows") and "rests on flagged runs" in line for line in lines)
+    assert any(line.startswith("- d b32:") and "flagged" not in line for line in lines)
+    assert any("1 run(s) flagged" in line for line in lines)
+    # three repeats: the median is not moved far by one flagged run, so the ranking stands
+    repeated = annotated(
+        [row("a", 2, 10.0), row("a", 2, 10.2, repeat=1), row("a", 2, 5.0, repeat=2), row("b", 2, 20.0)]
+    )
+    assert repeated[2]["flag"] and reading(repeated)[1].startswith("- 2 workers, batch 32: fastest is **b** at 20.0")
 
 
 def test_text_table_lists_both_speedups_and_flags() -> None:

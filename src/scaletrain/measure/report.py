@@ -129,10 +129,17 @@ def _names(groups: list[Group]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _rests_on_flagged_runs(groups: list[Group]) -> bool:
+    """Whether a median of ``groups`` includes a flagged run and fewer than three runs (from three on, a
+    median is not moved far by one outlier)."""
+    return any(len(group.rows) < 3 and any(row.get("flag") for row in group.rows) for group in groups)
+
+
 def reading(rows: list[dict[str, Any]]) -> list[str]:
     """The generated reading of a sweep, one Markdown list item per line: the one-worker reference,
-    the noise, the fastest configurations at each worker count (never ranked inside the noise), where
-    each series stops scaling, and how many runs were flagged."""
+    the noise, the fastest configurations at each worker count (never ranked inside the noise, nor on
+    a median of fewer than three runs that include a flagged one), where each series stops scaling,
+    and how many runs were flagged."""
     groups = group_rows(rows)
     noise = Noise.of(groups)
     lines = []
@@ -155,6 +162,10 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
                 where + f"only **{tied[0].strategy}** measured, {_rate(tied[0])} batches/s{_speedups(tied[0])}"
             )
             continue
+        if _rests_on_flagged_runs(tied + slower):
+            listed = ", ".join(f"{g.strategy} {_rate(g)}" for g in tied + slower)
+            lines.append(where + f"not ranked: flagged runs are involved ({listed} batches/s); rerun with --repeats 3")
+            continue
         if len(tied) == 1:
             text = f"fastest is **{tied[0].strategy}** at {_rate(tied[0])} batches/s{_speedups(tied[0])}"
         else:
@@ -165,17 +176,16 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
             text += "; slower: " + ", ".join(
                 f"{g.strategy} ({_rate(g)}, {_percent(g.median('batches_per_second') / best - 1)})" for g in slower
             )
-        if any(row.get("flag") for group in tied + slower for row in group.rows):
-            text += "; flagged runs are involved, so this ranking is not trustworthy (rerun with --repeats 3)"
         lines.append(where + text)
     min_gain = max(GAIN_THRESHOLD, noise.level)
     for series, (stop, growing) in scaling_limits(groups, min_gain).items():
         if growing:
-            lines.append(f"- {series}: throughput still grows at {stop} workers, the most measured")
+            line = f"- {series}: throughput still grows at {stop} workers, the most measured"
         else:
-            lines.append(
-                f"- {series}: throughput stops growing (by more than {_percent(min_gain)}) after {stop} worker(s)"
-            )
+            line = f"- {series}: throughput stops growing (by more than {_percent(min_gain)}) after {stop} worker(s)"
+        if _rests_on_flagged_runs([g for g in groups if g.series == series]):
+            line += " — rests on flagged runs, not trustworthy"
+        lines.append(line)
     flagged = [row for row in rows if row.get("flag")]
     if flagged:
         lines.append(
