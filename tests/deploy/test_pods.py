@@ -164,7 +164,7 @@ def run_job(image: str, network: str, volume: Path, tmp: Path, name: str, **sett
 def test_indexed_job_allreduce_equals_a_local_run_and_survives_a_killed_pod(
     image: str, network: str, volume: Path, tmp_path: Path
 ) -> None:
-    steps = 120
+    steps = 80
     cluster, names = run_job(image, network, volume, tmp_path / "a", "fm", workers=2, steps=steps)
     try:
         cluster.wait(names, deadline=240)
@@ -199,6 +199,9 @@ def test_indexed_job_allreduce_equals_a_local_run_and_survives_a_killed_pod(
     assert restarts[1] >= 1, logs
     summary = json.loads((volume / "fm-kill" / "summary.json").read_text())
     assert summary["steps"] == steps
+    # The last attempt trained only the steps after the checkpoint it resumed from.
+    resumed_at = steps - summary["per_worker"][0]["steps"]
+    assert resumed_at >= 10 and resumed_at % TRAINING["checkpoint_every"] == 0, summary["per_worker"]
     assert_same_weights(volume / "fm-kill" / "model.pt", run / "model.pt")
 
 
