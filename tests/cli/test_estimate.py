@@ -114,6 +114,23 @@ def test_profile_numbers_are_refused_before_anything_is_measured(args, fragment,
     assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
 
 
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--runs", "0"], "--runs and --launches must be ≥ 1"),
+        (["--steps", "0"], "steps must be a whole number ≥ 1"),
+        (["--lr", "nan"], "lr must be a finite number"),
+        (["--momentum", "1.5"], "momentum must be in [0, 1)"),
+        (["--workers", "0,2"], "--workers must be a whole number ≥ 1, got 0"),
+    ],
+)
+def test_validation_numbers_are_refused_before_profiling(args, fragment, capsys, tmp_path):
+    assert main(["estimate", "lenet", "--validate", "--out", str(tmp_path / "v"), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
+    assert not (tmp_path / "v").exists()
+
+
 def test_zero_workers_is_one_line_and_no_traceback():
     result = run_cli("estimate", *NUMBERS, "--workers", "0")
     assert result.returncode == 2
