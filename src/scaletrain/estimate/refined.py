@@ -177,7 +177,7 @@ class Terms:
         return self._column("shares", workers, lambda n: _shares(self.profile.tensor_bytes, n))
 
 
-def _transfer(profile: Profile, size: float) -> float:
+def _transfer(profile: Profile, size: np.ndarray) -> np.ndarray:
     return profile.latency + size / profile.bytes_per_second
 
 
@@ -192,7 +192,7 @@ def _ring_allreduce(profile: Profile, n: np.ndarray) -> np.ndarray:
 
 def _central_exchange(profile: Profile, n: np.ndarray) -> np.ndarray:
     """N workers push at once through the server's downlink, then N replies share its uplink."""
-    return 2 * (profile.latency + n * _weight_bytes(profile) / profile.bytes_per_second)
+    return 2 * _transfer(profile, n * _weight_bytes(profile))
 
 
 def _shares(tensor_bytes: tuple[int, ...], n: int) -> dict[float, int]:
