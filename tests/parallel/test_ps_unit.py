@@ -46,15 +46,14 @@ def test_staleness_aware_rate_divides_by_the_staleness() -> None:
 
 def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
     # Two workers: the estimate starts at staleness 1 and sees 0 → 0.5, then 1 → 2/3; the explicit
-    # momentum is 0.9 − τ̄·0.1: 0.85, then 0.8333. Heavy ball (torch SGD): buf = μ·buf + g, w −= lr·buf.
+    # momentum is 0.9 − τ̄/(τ̄ + 1): 0.5667, then 0.5. Heavy ball (torch SGD): buf = μ·buf + g, w −= lr·buf.
     ps = server("momentum", contributors=2, momentum=0.9)
     _, weights = ps.contribute(torch.ones(3), version=0)  # buf = g = 1
     torch.testing.assert_close(weights, torch.full((3,), -0.5))
-    _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 1: buf = 0.8333 + 1
-    second = 0.9 - (2 / 3) * 0.1
-    torch.testing.assert_close(weights, torch.full((3,), -0.5 - 0.5 * (second + 1)))
-    assert ps.optimizer.param_groups[0]["momentum"] == pytest.approx(second)
-    assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.85 + second) / 2)
+    _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 1: buf = 0.5·1 + 1
+    torch.testing.assert_close(weights, torch.full((3,), -0.5 - 0.5 * 1.5))
+    assert ps.optimizer.param_groups[0]["momentum"] == pytest.approx(0.5)
+    assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.9 - 1 / 3 + 0.5) / 2)
 
 
 def test_no_compensation_keeps_the_requested_momentum() -> None:

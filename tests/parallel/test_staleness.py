@@ -38,16 +38,15 @@ def test_more_staleness_lowers_the_momentum_and_never_below_zero(momentum: float
 
 @pytest.mark.parametrize("momentum", (0.5, 0.8, 0.9))
 @pytest.mark.parametrize("staleness", (0.5, 1.0, 2.0, 3.0))
-def test_explicit_and_implicit_momentum_compound_to_the_requested_one(momentum: float, staleness: float) -> None:
+def test_explicit_and_implicit_momentum_add_up_to_the_requested_one(momentum: float, staleness: float) -> None:
     explicit = compensated_momentum(momentum, staleness)
     if explicit > 0:  # not clamped
-        total = 1 - (1 - explicit) * (1 - implicit_momentum(staleness))
-        assert total == pytest.approx(momentum)
+        assert explicit + implicit_momentum(staleness) == pytest.approx(momentum)
 
 
-def test_two_workers_turn_point_nine_into_point_eight() -> None:
-    # The case of issue 9: momentum 0.8 was what worked by hand for 2 asynchronous workers.
-    assert compensated_momentum(0.9, 1.0) == pytest.approx(0.8)
+def test_two_workers_turn_point_nine_into_point_four() -> None:
+    # Two workers take turns: mean staleness 1, implicit momentum 1/2 (Mitliagkas et al. 2016).
+    assert compensated_momentum(0.9, 1.0) == pytest.approx(0.4)
     assert implicit_momentum(1.0) == 0.5 and implicit_momentum(0.0) == 0.0
 
 
@@ -78,7 +77,7 @@ def test_modes_return_rate_factor_and_momentum() -> None:
         assert none.step(2) == (1.0, 0.9)
         assert lr.step(2) == (0.5, 0.9)
         momentum.step(2)
-    assert momentum.summary()["explicit_momentum"] == pytest.approx(0.7)
+    assert momentum.summary()["explicit_momentum"] == pytest.approx(0.9 - 2 / 3)
     assert momentum.summary()["staleness_estimate"] == pytest.approx(2.0)
     with pytest.raises(ValueError, match="momentum, lr, none"):
         Compensation("fast", momentum=0.9)
