@@ -1,7 +1,8 @@
 """The pods' contract, for real: the rendered pods run as containers of the image that
 ``scripts/build-image.sh`` builds, each with exactly its pod spec's command, args, environment and
-mounts plus what Kubernetes injects (``JOB_COMPLETION_INDEX``, the host name, DNS names
-``<host>.<subdomain>`` on a podman network, restarts for ``restartPolicy: OnFailure``).
+mounts plus what Kubernetes or the operator injects (``JOB_COMPLETION_INDEX``; the PyTorchJob
+operator's ``MASTER_ADDR``, ``RANK`` …; host names and DNS names on a podman network; restarts for
+``restartPolicy: OnFailure``).
 
 The volume claim is a host folder (the tests put the tiny dataset on it, as a user would on theirs)
 and the ConfigMap's files a read-only folder. Needs root, podman, runc and mmdebstrap; CI installs them.
@@ -78,8 +79,12 @@ class Cluster:
         for name, text in config_map["data"].items():
             (self.config / name).write_text(text)
 
-    def run_pod(self, spec: dict[str, Any], *, hostname: str, subdomain: str, index: int) -> str:
-        """``docker run`` of the pod's one container, as the kubelet would start it."""
+    def run_pod(self, spec: dict[str, Any], *, hostname: str, dns_name: str, injected: dict[str, str]) -> str:
+        """``docker run`` of the pod's one container, as the kubelet would start it.
+
+        ``dns_name`` is the name other pods reach it by; ``injected`` the variables Kubernetes or the
+        operator adds to the pod spec's own.
+        """
         (box,) = spec["containers"]
         name = f"{self.network}-{hostname}"
         mounts = {"runs": str(self.volume), "config": str(self.config)}
@@ -88,12 +93,12 @@ class Cluster:
             suffix = ":ro" if mount.get("readOnly") else ""
             volumes += ["--volume", f"{mounts[mount['name']]}:{mount['mountPath']}{suffix}"]
         env = [f"{item['name']}={item['value']}" for item in box.get("env", [])]
-        env.append(f"JOB_COMPLETION_INDEX={index}")  # Kubernetes' own, in every pod of an Indexed Job
+        env += [f"{key}={value}" for key, value in injected.items()]  # appended: they win, as in Kubernetes
         restart = {"OnFailure": "on-failure", "Never": "no"}[spec["restartPolicy"]]
         cpus = box.get("resources", {}).get("limits", {}).get("cpu")
         command = [
             "run", "--detach", "--name", name, "--hostname", hostname, "--network", self.network,
-            "--network-alias", f"{hostname}.{subdomain}", "--restart", restart, *LIMITS, *volumes,
+            "--network-alias", dns_name, "--restart", restart, *LIMITS, *volumes,
             *[arg for pair in env for arg in ("--env", pair)],
             *(["--cpus", str(int(cpus[:-1]) / 1000 if cpus.endswith("m") else cpus)] if cpus else []),
             "--entrypoint", json.dumps(box["command"]), self.image, *box["args"],
@@ -128,6 +133,41 @@ class Cluster:
             podman("rm", "--force", "--time", "0", name, check=False)
 
 
+def indexed_pod(hostname: str, subdomain: str, index: int) -> dict[str, Any]:
+    """A pod of an Indexed Job (alone or in a JobSet): host name, DNS name under the subdomain, index."""
+    return {
+        "hostname": hostname,
+        "dns_name": f"{hostname}.{subdomain}",
+        "injected": {"JOB_COMPLETION_INDEX": str(index)},
+    }
+
+
+def kubeflow_pods(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The PyTorchJob's pods as the training operator makes them: ``<job>-master-0``, ``<job>-worker-i``,
+    each with a Service of its own name, and the variables it appends (v1 operator, ``setPodEnv``)."""
+    (job,) = [obj for obj in objects if obj["kind"] == "PyTorchJob"]
+    name, replicas = job["metadata"]["name"], job["spec"]["pytorchReplicaSpecs"]
+    world = sum(spec["replicas"] for spec in replicas.values())
+    master = f"{name}-master-0"
+    port = str(replicas["Master"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"])
+    pods = []
+    for rtype, first_rank in (("Master", 0), ("Worker", 1)):
+        for index in range(replicas.get(rtype, {}).get("replicas", 0)):
+            host = f"{name}-{rtype.lower()}-{index}"
+            injected = {
+                "PYTHONUNBUFFERED": "0",
+                "MASTER_PORT": port,
+                "MASTER_ADDR": master,
+                "PET_MASTER_PORT": port,
+                "PET_MASTER_ADDR": master,
+                "WORLD_SIZE": str(world),
+                "RANK": str(first_rank + index),
+            }
+            spec = replicas[rtype]["template"]["spec"]
+            pods.append((spec, {"hostname": host, "dns_name": host, "injected": injected}))
+    return pods
+
+
 def job_pods(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], int, str]:
     (job,) = [obj for obj in objects if obj["kind"] == "Job"]
     return job["spec"]["template"]["spec"], job["spec"]["completions"], job["metadata"]["name"]
@@ -155,9 +195,7 @@ def run_job(image: str, network: str, volume: Path, tmp: Path, name: str, **sett
     objects = deploy_kubernetes("lenet", image=image, name=name, cpus=1, **TRAINING, **settings)
     cluster = Cluster(image, network, volume, objects, tmp)
     spec, completions, job = job_pods(objects)
-    names = [
-        cluster.run_pod(spec, hostname=f"{job}-{i}", subdomain=spec["subdomain"], index=i) for i in range(completions)
-    ]
+    names = [cluster.run_pod(spec, **indexed_pod(f"{job}-{i}", spec["subdomain"], i)) for i in range(completions)]
     return cluster, names
 
 
@@ -180,6 +218,18 @@ def test_indexed_job_allreduce_equals_a_local_run_and_survives_a_killed_pod(
     result = run_cli("train", "lenet", "--config", str(local_toml), timeout=300)
     assert result.returncode == 0, result.stderr
     assert_same_weights(run / "model.pt", tmp_path / "local" / "model.pt")
+
+    # The same run as a Kubeflow PyTorchJob, with what the operator injects: the same weights again.
+    objects = deploy_kubernetes(
+        "lenet", image=image, name="fm-kf", operator="kubeflow", cpus=1, workers=2, steps=steps, **TRAINING
+    )
+    cluster = Cluster(image, network, volume, objects, tmp_path / "kf")
+    try:
+        names = [cluster.run_pod(spec, **pod) for spec, pod in kubeflow_pods(objects)]
+        cluster.wait(names, deadline=240)
+    finally:
+        cluster.remove()
+    assert_same_weights(volume / "fm-kf" / "model.pt", run / "model.pt")
 
     # Kill one pod after a checkpoint: the restarted pods resume from the volume and end with the same weights.
     cluster, names = run_job(image, network, volume, tmp_path / "b", "fm-kill", workers=2, steps=steps)
@@ -218,17 +268,13 @@ def test_jobset_async_parameter_server_with_workers_started_before_the_server(
     jobs = {job["name"]: job["template"]["spec"] for job in jobset["spec"]["replicatedJobs"]}
     try:
         workers = [
-            cluster.run_pod(
-                jobs["worker"]["template"]["spec"], hostname=f"ps-worker-0-{i}", subdomain=subdomain, index=i
-            )
+            cluster.run_pod(jobs["worker"]["template"]["spec"], **indexed_pod(f"ps-worker-0-{i}", subdomain, i))
             for i in range(jobs["worker"]["completions"])
         ]
         time.sleep(8)  # the master's name does not exist yet: the workers must be waiting, not failed
         for name in workers:
             assert cluster.state(name)["Status"] == "running", cluster.logs()
-        server = cluster.run_pod(
-            jobs["server"]["template"]["spec"], hostname="ps-server-0-0", subdomain=subdomain, index=0
-        )
+        server = cluster.run_pod(jobs["server"]["template"]["spec"], **indexed_pod("ps-server-0-0", subdomain, 0))
         cluster.wait([server, *workers], deadline=240)
         assert all(cluster.restarts(name) == 0 for name in [server, *workers])
     finally:
