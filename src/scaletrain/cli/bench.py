@@ -47,22 +47,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="workload (or give --preset)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a sweep from the thesis (see above)")
     parser.add_argument("--quick", action="store_true", help="with --preset: 16 steps per run (2 of them warm-up)")
-    parser.add_argument("--workers", type=_numbers, help="worker counts, e.g. 1,2,5,10 (default 1,2)")
+    parser.add_argument("--workers", type=_numbers, help="worker counts, e.g. 1,2,5,10 (default: 1,2, or the preset's)")
     parser.add_argument(
         "--strategies",
         type=_names,
-        help="strategy specs: local, allreduce-join, allreduce-split, ps-central-join, ps-sharded-async, …",
+        help="strategy specs: local, allreduce-join, allreduce-split, ps-central-join, ps-sharded-async, … "
+        "(default: allreduce-join, or the preset's)",
     )
     parser.add_argument("--batch-sizes", type=_numbers, help="batch sizes (default: the workload's)")
-    parser.add_argument("--steps", type=int, help="optimizer steps per run (default 100)")
+    parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 100, or the preset's epochs)")
     parser.add_argument("--epochs", type=int, help="epochs per run instead of --steps")
-    parser.add_argument("--repeats", type=int, help="runs per configuration (default 1)")
-    parser.add_argument("--warmup-steps", type=int, help="first steps of each process left out of throughput")
-    parser.add_argument("--threads-per-worker", type=int, help="torch threads per process (default 1)")
+    parser.add_argument("--repeats", type=int, help="runs per configuration (default: 1)")
+    parser.add_argument("--warmup-steps", type=int, help="first steps of each process not timed (default: 5)")
+    parser.add_argument("--threads-per-worker", type=int, help="torch threads per process (default: 1)")
     parser.add_argument("--max-workers", type=int, help="leave out worker counts above this")
     parser.add_argument("--network", help="emulated network rate for every link, e.g. 1gbit, 100mbit (root)")
-    parser.add_argument("--lr", type=float, help="learning rate for every run")
-    parser.add_argument("--momentum", type=float, help="SGD momentum for every run")
+    parser.add_argument(
+        "--lr", type=float, help="learning rate for every run (default: the preset's or the workload's)"
+    )
+    parser.add_argument(
+        "--momentum", type=float, help="SGD momentum for every run (default: the preset's or the workload's)"
+    )
     parser.add_argument(
         "--async-compensation",
         choices=ASYNC_COMPENSATIONS,
@@ -70,7 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
-    parser.add_argument("--out", type=Path, help="output folder (default bench-results/WORKLOAD-DATE-TIME)")
+    parser.add_argument("--out", type=Path, help="output folder (default: bench-results/WORKLOAD-DATE-TIME)")
     add_model_flags(parser)
     parser.set_defaults(handler=run)
 
