@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
+FLOAT32_MAX = 3.4028234663852886e38
 #: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.staleness`).
 ASYNC_COMPENSATIONS = ("momentum", "lr", "none")
 
@@ -110,6 +112,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be a whole number ≥ 1, got {value!r}")
+        for name in ("lr", "momentum", "weight_decay", "clip_norm", "lr_decay", "timeout"):
+            value = getattr(self, name)
+            # Beyond float32's range a value overflows the first time it meets a tensor.
+            if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+                raise ConfigError(f"{name} must be a finite number (at most {FLOAT32_MAX:.3g}), got {value!r}")
         if self.lr is not None and not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr!r}")
         if self.clip_norm is not None and not self.clip_norm >= 0:

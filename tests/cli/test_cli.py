@@ -107,12 +107,49 @@ def test_missing_ptb_train_file_says_how_to_go_on(tiny_ptb: Path, tmp_path: Path
         (["-o", "nonsense"], "KEY=VALUE"),
         (["--config", "/nonexistent.toml"], "does not exist"),
         (["--resume"], "no checkpoint"),
+        (["--lr", "inf"], "lr must be a finite number"),
+        (["--lr", "nan"], "lr must be a finite number"),
+        (["--lr", "1e300"], "lr must be a finite number (at most 3.4e+38)"),
+        (["--timeout", "inf"], "timeout must be a finite number"),
+        (["--workers", "4", "--strategy", "ps", "--sync", "split", "--batch-size", "2"], "use --batch-size 4"),
+        (["--workers", "2", "--sync", "split", "--batch-size", "7"], "--batch-size 6 or 6"),
+        (["--network", "10mbit"], "this run has one process"),
     ],
 )
 def test_impossible_settings_exit_2(args: list[str], message: str, tiny_fmnist: Path, tmp_path: Path) -> None:
     result = run_cli("train", "lenet", "--data-dir", str(tiny_fmnist), "--out", str(tmp_path / "run"), *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path):
+    """A read-only tmpfs: unwritable even for root (as in CI)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {result.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("where", ["proc", "under-a-file", "read-only"])
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_an_unwritable_out_is_one_line(where: str, workers: str, tiny_fmnist: Path, tmp_path: Path, request) -> None:
+    if where == "proc":
+        out = Path("/proc/scaletrain-run")
+    elif where == "under-a-file":
+        (tmp_path / "a-file").write_text("")
+        out = tmp_path / "a-file" / "run"
+    else:
+        out = request.getfixturevalue("read_only_folder") / "run"
+    result = run_cli("train", "lenet", "--data-dir", str(tiny_fmnist), "--out", str(out), "--workers", workers)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"cannot write the run folder {out}" in result.stderr and "choose another --out" in result.stderr
 
 
 def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
+import tempfile
 import tomllib
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,3 +76,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # outside a run (a run says what it kept)
         print("scaletrain: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a file or folder the command could not use, where no check foresaw it
+        where = f" {exc.filename}" if exc.filename else ""
+        print(
+            f"scaletrain: error: cannot use{where}: {exc.strerror or exc}; check the path, its permissions "
+            "and the free space, or choose another",
+            file=sys.stderr,
+        )
+        return 2
+    except Exception as exc:  # a bug, or a failure nobody foresaw: one line here, the traceback in a file
+        where = _save_traceback()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"scaletrain: internal error: {type(exc).__name__}"
+            + (f": {first}" if first else "")
+            + (f"; the traceback is in {where}" if where else "")
+            + "; please report it with the command you ran",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _save_traceback() -> str | None:
+    """Write the current exception's traceback to a file in the temporary folder; its path, or None."""
+    try:
+        handle, path = tempfile.mkstemp(prefix="scaletrain-error-", suffix=".log")
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            traceback.print_exc(file=file)
+    except OSError:
+        return None
+    return path

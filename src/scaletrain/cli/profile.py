@@ -9,6 +9,7 @@ from scaletrain.api import profile
 from scaletrain.cli.bench import _numbers
 from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.measure.profile import Profile
+from scaletrain.train.checkpoint import check_writable
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
@@ -89,6 +90,8 @@ def describe(result: Profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:  # before minutes of measuring, not after
+        check_writable(args.out.parent, what="the profile's folder")
     result = profile(args.workload, **profile_settings(args))
     print(describe(result))
     print(f"written to {result.save(args.out or result.default_path())}")

@@ -9,13 +9,11 @@ checks that matter to them (a launcher of another kind may have started them).
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.plan import Layout
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, load_checkpoint, refuse_overwrite, unwritable
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, check_writable, load_checkpoint, refuse_overwrite
 from scaletrain.train.loop import check_compatible
 from scaletrain.workloads import Workload, create_workload
 
@@ -51,21 +49,5 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     refuse_overwrite(out, resume=config.resume)
     if config.resume:
         check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload)
-    _check_writable(out)
+    check_writable(out)
     return dataclasses.replace(config, out=out)
-
-
-def _check_writable(out: Path) -> None:
-    """Whether ``out`` can be created and written, without creating anything."""
-    path = Path(out).absolute()
-    existing = path
-    while not existing.exists():
-        if existing.is_symlink():
-            raise ConfigError(unwritable(out, f"{existing} is a broken link"))
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(unwritable(out, f"{existing} is a file, not a folder"))
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(unwritable(out, f"{existing} is not writable (read-only or not yours)"))
-    if str(existing).startswith(("/proc", "/sys")):
-        raise ConfigError(unwritable(out, f"{existing} is a kernel interface, not storage"))

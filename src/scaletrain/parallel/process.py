@@ -23,8 +23,10 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.config import TrainConfig
-from scaletrain.errors import ConfigError
+from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.parallel.allreduce import AllReduceExchange
+from scaletrain.parallel.failures import ProcessFailed, describe, write_traceback
+from scaletrain.parallel.heartbeat import Heartbeat
 from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups
 from scaletrain.parallel.rendezvous import Rendezvous, connect
@@ -68,13 +70,23 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
         config = dataclasses.replace(config, threads=rendezvous.threads_per_process())
     _record_process(config, rank, layout.role(rank))
     store = connect(rendezvous, timeout=config.timeout)
+    heartbeat = Heartbeat(rendezvous)
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
         prepared = prepare(config, workload, global_batch_factor=factor, coordinator=rank == 0)
         if layout.strategy == "ps":
             return _parameter_server(prepared, layout, rank, store)
         return _allreduce(prepared, layout, rank, store)
+    except (ScaletrainError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # c10d/gloo errors when a peer is lost, or a bug: one line, the traceback to a file
+        path = write_traceback(config.out, rank)
+        silent = heartbeat.silent_ranks()
+        peer = " and ".join(f"{layout.role(r)} rank {r}" for r in silent) or "another process"
+        where = f"; traceback in {path}" if path else ""
+        raise ProcessFailed(f"{layout.role(rank)} rank {rank}: {describe(exc, config.timeout, peer)}{where}") from exc
     finally:
+        heartbeat.stop()
         dist.destroy_process_group()
         _record_process(config, rank, layout.role(rank), finished=True)
 
@@ -121,7 +133,7 @@ def _parameter_server(prepared: Prepared, layout: Layout, rank: int, store: dist
         owners = workers
         owner_of = assign_greedy([p.numel() * p.element_size() for p in parameters], owners)
         pairs = [(a, b) for a in workers for b in workers if a < b]
-    groups = pair_groups(layout.world_size, pairs)
+    groups = pair_groups(layout.world_size, pairs, timeout=config.timeout)
     peers_of = {
         r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)} for r in range(layout.world_size)
     }

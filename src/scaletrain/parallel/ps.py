@@ -15,6 +15,7 @@ lock. Messages (tags keep the two directions of a pair apart):
 
 from __future__ import annotations
 
+import datetime
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.failures import describe
 from scaletrain.parallel.sharding import flatten
 from scaletrain.parallel.staleness import Compensation
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange
@@ -40,11 +42,19 @@ class PeerLost(ScaletrainError):
     """A process this one exchanges weights with failed or vanished."""
 
 
-def pair_groups(world_size: int, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], dist.ProcessGroup]:
-    """One two-process group per pair; every rank must call this with the same ``pairs``."""
+def pair_groups(
+    world_size: int, pairs: list[tuple[int, int]], timeout: float | None = None
+) -> dict[tuple[int, int], dist.ProcessGroup]:
+    """One two-process group per pair; every rank must call this with the same ``pairs``.
+
+    ``timeout`` (seconds) bounds every send and receive on the pairs. Give it: without it c10d
+    uses its default of 30 minutes, so a peer that stops answering without closing its
+    connection (a frozen process) would hold its partner that long.
+    """
+    limit = None if timeout is None else datetime.timedelta(seconds=timeout)
     groups = {}
     for first, second in pairs:
-        groups[(first, second)] = dist.new_group([first, second])
+        groups[(first, second)] = dist.new_group([first, second], timeout=limit)
     return groups
 
 
@@ -167,7 +177,7 @@ class ShardServer:
                 new_version, weights = self._apply(gradient, gradient_views, version)
                 self._reply(peer, group, new_version, weights)
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
                 self.stats.lost[peer] = reason
                 if self.synchronous and self._failure is None:

@@ -30,6 +30,7 @@ __all__ = [
     "ENV_WORLD_SIZE",
     "Rendezvous",
     "connect",
+    "own_keys",
 ]
 
 ENV_RANK = "RANK"
@@ -141,8 +142,7 @@ def connect(rendezvous: Rendezvous, *, timeout: float, backend: str = "gloo") ->
             timeout=limit,
             wait_for_workers=False,
         )
-        if rendezvous.agent_store:
-            store = dist.PrefixStore(f"/scaletrain/attempt_{rendezvous.restart_count}", store)
+        store = own_keys(store, rendezvous)
         dist.init_process_group(
             backend, store=store, rank=rendezvous.rank, world_size=rendezvous.world_size, timeout=limit
         )
@@ -159,6 +159,13 @@ def connect(rendezvous: Rendezvous, *, timeout: float, backend: str = "gloo") ->
             f"within {timeout:.0f} s ({reason}); check that every process was started, "
             "that the address is reachable and that the port is free"
         ) from None
+    return store
+
+
+def own_keys(store: dist.Store, rendezvous: Rendezvous) -> dist.Store:
+    """``store`` as this run sees it: under torchrun's agent store, its keys live under their own prefix."""
+    if rendezvous.agent_store:
+        return dist.PrefixStore(f"/scaletrain/attempt_{rendezvous.restart_count}", store)
     return store
 
 

@@ -18,6 +18,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 __all__ = [
     "CHECKPOINT_NAME",
     "atomic_save",
+    "check_writable",
     "load_checkpoint",
     "make_folder",
     "refuse_overwrite",
@@ -90,9 +91,28 @@ def make_folder(out: Path) -> None:
         raise ConfigError(unwritable(out, exc.strerror or str(exc))) from None
 
 
-def unwritable(out: Path, why: str) -> str:
+def check_writable(folder: Path, *, what: str = "the run folder") -> None:
+    """Fail now, before any work, if ``folder`` could not be created and written later.
+
+    Nothing is created: the nearest existing ancestor must be a writable folder on real storage.
+    """
+    path = Path(folder).absolute()
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise ConfigError(unwritable(folder, f"{existing} is a broken link", what=what))
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(unwritable(folder, f"{existing} is a file, not a folder", what=what))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(unwritable(folder, f"{existing} is not writable (read-only or not yours)", what=what))
+    if existing.parts[1:2] in (("proc",), ("sys",)):
+        raise ConfigError(unwritable(folder, f"{existing} is a kernel interface, not storage", what=what))
+
+
+def unwritable(out: Path, why: str, *, what: str = "the run folder") -> str:
     """The message for a run folder that cannot be written."""
-    return f"cannot write the run folder {out}: {why}; choose another --out"
+    return f"cannot write {what} {out}: {why}; choose another --out"
 
 
 def refuse_overwrite(out: Path, *, resume: bool) -> None:

@@ -1,0 +1,79 @@
+"""Heartbeats in the rendezvous store, to name the process that stopped answering.
+
+When a collective times out, every surviving process knows only that *someone* did not answer.
+Each process therefore counts up a key ``heartbeat/RANK`` in the store once a second from a
+thread of its own, over its own connection. A frozen process (``SIGSTOP``, a machine that hangs)
+stops counting; a survivor that hits a timeout reads the counters twice and names the ranks whose
+counters stood still. If the store itself does not answer, the process hosting it (rank 0, unless
+torchrun's agent hosts it) is the one that stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+
+import torch.distributed as dist
+
+from scaletrain.parallel.rendezvous import Rendezvous, own_keys
+
+__all__ = ["Heartbeat"]
+
+INTERVAL_SECONDS = 1.0
+#: How long a survivor watches the counters: a few beats, so a slow-but-alive process still counts.
+WATCH_SECONDS = 3.5 * INTERVAL_SECONDS
+STORE_TIMEOUT_SECONDS = 5.0
+
+
+class Heartbeat:
+    """This process's heartbeat; :meth:`silent_ranks` names the ranks whose heartbeat stopped."""
+
+    def __init__(self, rendezvous: Rendezvous) -> None:
+        self.rendezvous = rendezvous
+        self._stop = threading.Event()
+        self._store = _client(rendezvous)
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        key = f"heartbeat/{self.rendezvous.rank}"
+        while not self._stop.is_set():
+            try:
+                self._store.add(key, 1)
+            except RuntimeError:
+                return  # the store is gone: the run is ending, or its host stopped; the survivors say which
+            self._stop.wait(INTERVAL_SECONDS)
+
+    def silent_ranks(self) -> list[int]:
+        """The other ranks whose heartbeat did not move for :data:`WATCH_SECONDS` (blocks that long).
+
+        When the store does not answer, the rank that hosts it, if that is not this one.
+        """
+        others = [rank for rank in range(self.rendezvous.world_size) if rank != self.rendezvous.rank]
+        try:
+            before = {rank: self._count(rank) for rank in others}
+            time.sleep(WATCH_SECONDS)
+            after = {rank: self._count(rank) for rank in others}
+        except RuntimeError:
+            host = None if self.rendezvous.agent_store else 0
+            return [host] if host is not None and host != self.rendezvous.rank else []
+        return [rank for rank in others if before[rank] == after[rank]]
+
+    def _count(self, rank: int) -> int:
+        return self._store.add(f"heartbeat/{rank}", 0)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _client(rendezvous: Rendezvous) -> dist.Store:
+    """A connection of its own to the run's store (the main one may be blocked in a wait)."""
+    store = dist.TCPStore(
+        rendezvous.master_addr,
+        rendezvous.master_port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS),
+        wait_for_workers=False,
+    )
+    return own_keys(store, rendezvous)
