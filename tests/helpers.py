@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from PIL import Image
@@ -64,3 +66,21 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict
         text=True,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted on ``folder`` with mount ``options`` (e.g. ``size=1m`` or ``ro``), for real disk faults.
+
+    Needs root, as in CI; elsewhere the calling test is skipped.
+    """
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)

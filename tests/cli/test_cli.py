@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, make_fashion_mnist, run_cli
+from tests.helpers import REPO, make_fashion_mnist, mounted_tmpfs, run_cli
 
 
 def test_workloads_lists_parameter_counts() -> None:
@@ -126,14 +126,9 @@ def test_impossible_settings_exit_2(args: list[str], message: str, tiny_fmnist: 
 
 @pytest.fixture
 def read_only_folder(tmp_path: Path):
-    """A read-only tmpfs: unwritable even for root (as in CI)."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {result.stderr.decode().strip()}")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    """A read-only tmpfs: unwritable even for root."""
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as folder:
+        yield folder
 
 
 @pytest.mark.parametrize("where", ["proc", "under-a-file", "read-only"])

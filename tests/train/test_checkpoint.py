@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import mounted_tmpfs
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.train.checkpoint import atomic_save, load_checkpoint, resume_advice
@@ -13,14 +13,9 @@ from scaletrain.train.checkpoint import atomic_save, load_checkpoint, resume_adv
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
-    """A 1 MiB tmpfs, to run out of space for real (needs root, as in CI)."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.decode().strip()}")
-    yield mount_point
-    subprocess.run(["umount", str(mount_point)], check=True)
+    """A 1 MiB tmpfs, to run out of space for real."""
+    with mounted_tmpfs(tmp_path / "disk", "size=1m") as folder:
+        yield folder
 
 
 def test_full_disk_keeps_the_previous_checkpoint(tiny_disk: Path) -> None:
