@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,12 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
 
 
 @pytest.fixture(scope="session")
-def image() -> str:
+def image() -> Iterator[str]:
     """The image, built once per test session (or ``SCALETRAIN_TEST_IMAGE``, already built)."""
     given = os.environ.get("SCALETRAIN_TEST_IMAGE")
     if given:
-        return given
+        yield given
+        return
     missing = [tool for tool in ("podman", "runc", "mmdebstrap") if shutil.which(tool) is None]
     if missing or os.geteuid() != 0:
         pytest.skip(
@@ -55,7 +57,8 @@ def image() -> str:
     )
     assert build.returncode == 0, build.stdout + build.stderr
     print(build.stdout.strip().splitlines()[-1])  # size and build time, shown with pytest -s
-    return tag
+    yield tag
+    podman("rmi", "--force", tag, check=False)  # 1.4 GB per build otherwise; the base image is kept
 
 
 @pytest.fixture
