@@ -24,13 +24,13 @@ for tool in podman runc mmdebstrap; do
 done
 [ -x .venv/bin/pip ] || { echo "build-image: run scripts/setup.sh first (the wheels are collected with .venv's pip)" >&2; exit 2; }
 mkdir -p "$work"
+trap 'rm -rf "$work/wheels" "$work/rootfs.tar"' EXIT  # hundreds of MB, also when a step fails
 
 if [ -n "${SCALETRAIN_REBUILD_BASE:-}" ] || ! "${podman[@]}" image exists "$base"; then
     echo "build-image: base root filesystem from $mirror (mmdebstrap)"
     mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates,dataset-fashion-mnist \
         bookworm "$work/rootfs.tar" "$mirror"
     "${podman[@]}" import --quiet --change 'CMD ["/bin/bash"]' "$work/rootfs.tar" "$base" >/dev/null
-    rm -f "$work/rootfs.tar"
 fi
 
 echo "build-image: wheels for torch==2.13.0 and the package's dependencies"
@@ -39,9 +39,13 @@ rm -rf "$work/wheels"
     2> >(grep -v "^WARNING: Location" >&2)
 
 echo "build-image: podman build $tag"
+previous=$("${podman[@]}" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
 "${podman[@]}" build --quiet --pull=never --network none "${limits[@]}" \
     --build-arg BASE="$base" --build-arg OFFLINE=1 --tag "$tag" . >/dev/null
-rm -rf "$work/wheels"
+current=$("${podman[@]}" image inspect --format '{{.Id}}' "$tag")
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+    "${podman[@]}" rmi "$previous" >/dev/null 2>&1 || true  # the image this tag named before, now untagged
+fi
 
 size=$("${podman[@]}" image inspect --format '{{.Size}}' "$tag")
 echo "build-image: $tag built in $(( $(date +%s) - started )) s, $(( size / 1000000 )) MB"
