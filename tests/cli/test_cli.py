@@ -196,3 +196,19 @@ def test_killed_run_resumes_to_the_same_weights(tmp_path: Path) -> None:
     first = torch.load(out / "model.pt", weights_only=True)
     second = torch.load(tmp_path / "straight/model.pt", weights_only=True)
     assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "lenet", "--workers", "abc"], "invalid int value: 'abc'; see 'scaletrain train --help'"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        (["estimate", "--output", "pdf"], "invalid choice: 'pdf'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_flags_argparse_refuses_are_one_line(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert "usage:" not in result.stderr

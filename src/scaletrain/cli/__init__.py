@@ -27,7 +27,7 @@ SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate, deploy)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="scaletrain",
         description="Train neural networks on many workers, measure and predict how training scales.",
     )
@@ -38,7 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class _SubcommandParser(argparse.ArgumentParser):
+class _OneLineErrors(argparse.ArgumentParser):
+    """A parser whose errors are one line that names the fix (argparse would print the usage block first)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}; see '{self.prog} --help'\n")
+
+
+class _SubcommandParser(_OneLineErrors):
     """A subcommand's parser: its ``--help`` shows every flag's default unless it asks for another formatter."""
 
     def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter,
