@@ -44,6 +44,7 @@ __all__ = [
     "bench",
     "compare",
     "deploy_kubernetes",
+    "deploy_kubernetes_bench",
     "estimate",
     "list_workloads",
     "make_config",
@@ -240,6 +241,42 @@ def deploy_kubernetes(
     from scaletrain.deploy import kubernetes, write_folder
 
     objects = kubernetes(workload, image=image, config_file=config_file, **settings)
+    if out is not None:
+        write_folder(objects, Path(out))
+    return objects
+
+
+def deploy_kubernetes_bench(
+    workload: str | None = None,
+    *,
+    image: str,
+    preset: str | None = None,
+    quick: bool = False,
+    out: Path | None = None,
+    **settings: Any,
+) -> list[dict[str, Any]]:
+    """A :func:`bench` sweep as Kubernetes objects, one run per configuration; written to ``out`` if given.
+
+    ``settings`` are the sweep's :class:`~scaletrain.measure.sweep.SweepConfig` fields (``workers``,
+    ``strategies``, ``batch_sizes``, ``steps``, ``repeats`` …) and the cluster settings of
+    :class:`scaletrain.deploy.DeployConfig` (``name``, default ``<workload>-bench``; ``operator``,
+    ``cpus`` …); ``None`` values count as not given. Every run shares the volume claim
+    ``<name>-runs`` and trains in ``/runs/<name>/runs/<configuration>``. See :mod:`scaletrain.deploy.sweep`.
+
+    >>> objects = deploy_kubernetes_bench("lenet", image="scaletrain:cpu", workers=(1, 2),
+    ...                                   strategies=("allreduce-join", "ps-central-async"), batch_sizes=(64,))
+    >>> for obj in objects:
+    ...     if obj["kind"] == "Job":
+    ...         print(obj["metadata"]["name"])
+    lenet-bench-allreduce-join-b64-w1-r0
+    lenet-bench-allreduce-join-b64-w2-r0
+    lenet-bench-ps-central-async-b64-w1-r0
+    lenet-bench-ps-central-async-b64-w2-r0
+    """
+    from scaletrain.deploy import write_folder
+    from scaletrain.deploy.sweep import kubernetes_sweep
+
+    objects = kubernetes_sweep(workload, image=image, preset=preset, quick=quick, **settings)
     if out is not None:
         write_folder(objects, Path(out))
     return objects

@@ -1,10 +1,13 @@
 """Rendered manifests: every core object validates strictly against Kubernetes 1.32's schemas, the
-PyTorchJob and JobSet against their CRDs' ``openAPIV3Schema`` (``../shared/deploy/crds``), and the
-written folder is a Kustomize base that ``kubectl kustomize`` renders."""
+PyTorchJob and JobSet against their CRDs' ``openAPIV3Schema`` (``../shared/deploy/crds``), the
+written folder is a Kustomize base that ``kubectl kustomize`` renders, and a bench sweep renders one
+valid, uniquely named run per configuration."""
 
 from __future__ import annotations
 
 import functools
+import itertools
+import re
 import shutil
 import subprocess
 import tomllib
@@ -17,6 +20,7 @@ import pytest
 import yaml
 from tests.helpers import REPO
 
+from scaletrain.api import deploy_kubernetes_bench
 from scaletrain.config import load_toml
 from scaletrain.deploy import DeployConfig, plan, render, to_yaml, write_folder
 from scaletrain.errors import ConfigError
@@ -240,3 +244,114 @@ def test_validation_catches_a_misspelt_field(operator: str) -> None:
     pod_specs(training)[0]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises((jsonschema.ValidationError, kubernetes_validate.ValidationError)):
         validate(training)
+
+
+#: A sweep's grid, and the configurations it must come out as, worked out here independently of the
+#: code: (strategy, server, sync) × workers × batch size × repeat. ``ps-distributed-join`` is
+#: ``ps-sharded-join`` again and ``local`` runs at one worker only, as in a local bench.
+GRID = dict(
+    workers=(1, 3),
+    strategies=("local", "allreduce-join", "ps-central-async", "ps-sharded-join", "ps-distributed-join"),
+    batch_sizes=(16, 32),
+    repeats=2,
+    steps=30,
+)
+CONFIGURATIONS = {("local", "central", "join", 1, batch, repeat) for batch in (16, 32) for repeat in (0, 1)} | {
+    (*strategy, workers, batch, repeat)
+    for strategy, workers, batch, repeat in itertools.product(
+        [("allreduce", "central", "join"), ("ps", "central", "async"), ("ps", "sharded", "join")],
+        (1, 3),
+        (16, 32),
+        (0, 1),
+    )
+}
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def processes(obj: dict) -> int:
+    """How many pods (processes) a training object starts."""
+    if obj["kind"] == "Job":
+        return obj["spec"]["completions"]
+    if obj["kind"] == "PyTorchJob":
+        return sum(r["replicas"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
+    return sum(r["template"]["spec"]["completions"] for r in obj["spec"]["replicatedJobs"])
+
+
+@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
+    objects = deploy_kubernetes_bench("lenet", image="scaletrain:cpu", name="fm", operator=operator, **GRID)
+    for obj in objects:
+        validate(obj)
+    names = [(obj["kind"], obj["metadata"]["name"]) for obj in objects]
+    assert len(set(names)) == len(names)
+    assert all(DNS_LABEL.match(name) and len(name) <= 63 for _, name in names)
+    (claim,) = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
+    assert claim["metadata"]["name"] == "fm-runs"
+    config_maps = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "ConfigMap"}
+    training = [obj for obj in objects if obj["kind"] in ("Job", "PyTorchJob", "JobSet")]
+    assert len(training) == len(config_maps) == len(CONFIGURATIONS)
+    if operator == "none":
+        services = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "Service"}
+        assert services == {obj["metadata"]["name"] for obj in training}  # each Job its own headless Service
+    found, folders = set(), set()
+    for obj in training:
+        specs = pod_specs(obj)
+        volumes = {v["name"]: v for spec in specs for v in spec["volumes"]}
+        assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == "fm-runs"
+        toml = tomllib.loads(config_maps[volumes["config"]["configMap"]["name"]]["data"]["run.toml"])
+        repeat = int(re.fullmatch(r".*-r([0-9]+)", obj["metadata"]["name"]).group(1))
+        configuration = (toml["strategy"], toml["server"], toml["sync"], toml["workers"], toml["batch-size"], repeat)
+        found.add(configuration)
+        strategy, server, sync, workers, batch, repeat = configuration
+        world = workers + (strategy == "ps" and server == "central")  # the central server is one process more
+        assert processes(obj) == world, obj["metadata"]["name"]
+        label = (
+            "local"
+            if strategy == "local"
+            else f"{strategy}-{sync}"
+            if strategy == "allreduce"
+            else f"ps-{server}-{sync}"
+        )
+        folder = f"{label}-b{batch}-w{workers}-r{repeat}"
+        assert obj["metadata"]["name"] == f"fm-{folder}"
+        assert toml["out"] == f"/runs/fm/runs/{folder}"  # the layout of a local bench's folder
+        assert toml["steps"] == 30 and toml["tensorboard"] is False
+        folders.add(folder)
+        for spec in specs:
+            env = {item["name"]: item["value"] for item in spec["containers"][0].get("env", [])}
+            if operator != "kubeflow":  # the training operator sets WORLD_SIZE itself
+                assert env["WORLD_SIZE"] == str(world)
+            # Pod host names (<job>-<index>, <set>-<job>-0-<index>) must stay DNS labels.
+            assert len(f"{obj['metadata']['name']}-worker-0-{world - 1}") <= 63
+    assert found == CONFIGURATIONS and len(folders) == len(CONFIGURATIONS)
+
+
+def test_sweep_with_cpus_gives_each_process_its_cores() -> None:
+    objects = deploy_kubernetes_bench(
+        "lenet", image="x", workers=(2,), strategies=("allreduce-join",), cpus=2, memory="2Gi", namespace="ml"
+    )
+    (job,) = [obj for obj in objects if obj["kind"] == "Job"]
+    assert job["metadata"]["name"] == "lenet-bench-allreduce-join-bdefault-w2-r0"
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "2", "memory": "2Gi"}
+    (config_map,) = [obj for obj in objects if obj["kind"] == "ConfigMap"]
+    assert tomllib.loads(config_map["data"]["run.toml"])["threads"] == 2
+    assert all(obj["metadata"]["namespace"] == "ml" for obj in objects)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"strategies": ("allreduce-async",)}, "strategy spec 'allreduce-async'"),
+        ({"strategies": ("ring",)}, "strategy spec 'ring'"),
+        ({"strategies": ()}, "--strategies"),
+        ({"workers": (0, 2)}, "--workers"),
+        ({"network": "1gbit"}, "--network"),
+        ({"max_workers": 4}, "--max-workers"),
+        ({"quick": True}, "--preset"),
+        ({"preset": "thesis-rnn"}, "trains ptb-lstm, not lenet"),
+        ({"name": "a-name-that-is-far-too-long-for-the-runs"}, "--name of at most"),
+    ],
+)
+def test_bad_sweep_names_the_fix(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        deploy_kubernetes_bench("lenet", image="x", **settings)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from scaletrain.api import bench
 from scaletrain.cli.train import add_model_flags, workload_options
@@ -17,7 +18,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
 from scaletrain.workloads import WORKLOADS
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "sweep_settings"]
 
 
 def _numbers(text: str) -> tuple[int, ...]:
@@ -80,6 +81,34 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The grid and the runs' settings from the flags above, as :func:`scaletrain.api.bench` takes them."""
+    return {
+        "workers": args.workers,
+        "strategies": args.strategies,
+        "batch_sizes": args.batch_sizes,
+        "steps": args.steps,
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+        "warmup_steps": args.warmup_steps,
+        "threads_per_worker": args.threads_per_worker,
+        "max_workers": args.max_workers,
+        "network": args.network,
+        "data_dir": args.data_dir,
+        "options": workload_options(args) or None,
+        "settings": {
+            key: value
+            for key, value in (
+                ("lr", args.lr),
+                ("momentum", args.momentum),
+                ("async_compensation", args.async_compensation),
+            )
+            if value is not None
+        }
+        or None,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.workload is None and args.preset is None:
         raise ConfigError("name a workload (e.g. scaletrain bench lenet) or a --preset")
@@ -91,28 +120,7 @@ def run(args: argparse.Namespace) -> int:
         preset=args.preset,
         quick=args.quick,
         out=args.out,
-        workers=args.workers,
-        strategies=args.strategies,
-        batch_sizes=args.batch_sizes,
-        steps=args.steps,
-        epochs=args.epochs,
-        repeats=args.repeats,
-        warmup_steps=args.warmup_steps,
-        threads_per_worker=args.threads_per_worker,
-        max_workers=args.max_workers,
-        network=args.network,
-        data_dir=args.data_dir,
-        options=workload_options(args) or None,
-        settings={
-            key: value
-            for key, value in (
-                ("lr", args.lr),
-                ("momentum", args.momentum),
-                ("async_compensation", args.async_compensation),
-            )
-            if value is not None
-        }
-        or None,
+        **sweep_settings(args),
     )
     failed = sum(1 for row in result["rows"] if row.get("status") != "ok")
     if result["table"].count("\n"):  # a header and at least one configuration

@@ -1,8 +1,11 @@
-"""``scaletrain deploy kubernetes WORKLOAD [train flags] --workers N --image IMG``: manifests to apply.
+"""``scaletrain deploy kubernetes WORKLOAD [train flags] --workers N --image IMG``: manifests to apply;
+``scaletrain deploy kubernetes-bench WORKLOAD [bench flags] --image IMG``: a bench sweep, one run per
+configuration.
 
-The training flags are ``scaletrain train``'s own (its parser is the parent of this one); ``--out``
-here is where the manifests go (a Kustomize base) instead of the run folder, which is ``/runs/NAME``
-on the volume claim. Without ``--out`` the YAML goes to stdout for ``kubectl apply -f -``.
+The training flags are ``scaletrain train``'s own, the sweep's ``scaletrain bench``'s own (their
+parsers are the parents of these); ``--out`` here is where the manifests go (a Kustomize base)
+instead of the run folder, which is ``/runs/NAME`` on the volume claim. Without ``--out`` the YAML
+goes to stdout for ``kubectl apply -f -``.
 """
 
 from __future__ import annotations
@@ -11,20 +14,22 @@ import argparse
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
-from scaletrain.api import deploy_kubernetes
-from scaletrain.cli import train
+from scaletrain.api import deploy_kubernetes, deploy_kubernetes_bench
+from scaletrain.cli import bench, train
 from scaletrain.config import TrainConfig
 from scaletrain.deploy.common import OPERATORS, PULL_POLICIES, to_yaml
 from scaletrain.errors import ConfigError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "run_bench"]
 
 
-def _train_parser() -> argparse.ArgumentParser:
+def _parser_of(command: Any, name: str) -> argparse.ArgumentParser:
+    """The parser of ``scaletrain NAME``, to be the parent of a deploy target's parser."""
     holder = argparse.ArgumentParser(add_help=False).add_subparsers()
-    train.add_parser(holder)
-    return holder.choices["train"]
+    command.add_parser(holder)
+    return holder.choices[name]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -32,26 +37,50 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     targets = parser.add_subparsers(dest="target", required=True, metavar="TARGET")
     kube = targets.add_parser(
         "kubernetes",
-        parents=[_train_parser()],
+        parents=[_parser_of(train, "train")],
         conflict_handler="resolve",  # --out names the manifests' folder here
         argument_default=None,
         help="Indexed Job, Kubeflow PyTorchJob or JobSet, with volume, ConfigMap and TensorBoard",
         description="Render a training run as Kubernetes objects; the training flags are those of "
         "`scaletrain train`. Apply with `kubectl apply -f -` (stdout) or `kubectl apply -k OUT`.",
     )
-    group = kube.add_argument_group("cluster")
+    cluster = _add_cluster_flags(kube, default_name="scaletrain-WORKLOAD")
+    cluster.add_argument(
+        "--no-tensorboard-deployment",
+        dest="tensorboard_deployment",
+        action="store_false",
+        default=True,
+        help="leave out the TensorBoard Deployment and Service",
+    )
+    kube.set_defaults(handler=run)
+    sweep = targets.add_parser(
+        "kubernetes-bench",
+        parents=[_parser_of(bench, "bench")],
+        conflict_handler="resolve",
+        help="a bench sweep: one training Job (or PyTorchJob, JobSet) per configuration, one shared volume",
+        description="Render a `scaletrain bench` sweep as Kubernetes objects: one run per configuration "
+        "(strategy, workers, batch size, repeat), each in its own folder /runs/NAME/runs/CONFIGURATION on "
+        "one volume claim; the grid flags are those of `scaletrain bench`. Assemble the results afterwards "
+        "with `scaletrain bench` on a copy of /runs/NAME (see the README).",
+    )
+    _add_cluster_flags(sweep, default_name="WORKLOAD-bench")
+    for flag in ("--network", "--max-workers"):  # local-only; still parsed, so that giving one says why not
+        sweep.add_argument(flag, help=argparse.SUPPRESS)
+    sweep.set_defaults(handler=run_bench)
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser, *, default_name: str) -> argparse._ArgumentGroup:
+    group = parser.add_argument_group("cluster")
     group.add_argument("--image", required=True, help="container image with scaletrain (scripts/build-image.sh)")
     group.add_argument("--operator", choices=OPERATORS, default="none", help="none: Indexed Job (default)")
-    group.add_argument(
-        "--name", help="name of every object and of the run folder /runs/NAME (default scaletrain-WORKLOAD)"
-    )
+    group.add_argument("--name", help=f"name of the objects and of the run folder /runs/NAME (default {default_name})")
     group.add_argument(
         "--out", type=Path, help="write one file per object and kustomization.yaml here (default stdout)"
     )
     group.add_argument("--namespace", help="namespace of every object")
     group.add_argument("--service-account", help="service account of the pods")
     group.add_argument("--pull-policy", choices=PULL_POLICIES, help="image pull policy (default IfNotPresent)")
-    group.add_argument("--cpus", type=float, help="CPU cores per process (request = limit; sets --threads)")
+    group.add_argument("--cpus", type=float, help="CPU cores per process (request = limit; sets the torch threads)")
     group.add_argument("--memory", help="memory per process, e.g. 4Gi (request = limit)")
     group.add_argument("--gpus", type=int, help="GPUs per process (nvidia.com/gpu)")
     group.add_argument(
@@ -64,14 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--max-restarts", type=int, help="restarts from the last checkpoint before giving up (default 3)"
     )
-    group.add_argument(
-        "--no-tensorboard-deployment",
-        dest="tensorboard_deployment",
-        action="store_false",
-        default=True,
-        help="leave out the TensorBoard Deployment and Service",
-    )
-    kube.set_defaults(handler=run)
+    return group
 
 
 def _node_selector(pairs: list[str]) -> dict[str, str]:
@@ -84,34 +106,58 @@ def _node_selector(pairs: list[str]) -> dict[str, str]:
     return selector
 
 
+def _placement(args: argparse.Namespace) -> dict[str, Any]:
+    """The cluster flags as :class:`~scaletrain.deploy.DeployConfig` fields (``None``: not given)."""
+    return {
+        "name": args.name,
+        "operator": args.operator,
+        "namespace": args.namespace,
+        "service_account": args.service_account,
+        "pull_policy": args.pull_policy,
+        "cpus": args.cpus,
+        "memory": args.memory,
+        "gpus": args.gpus,
+        "node_selector": _node_selector(args.node_selector) or None,
+        "volume_size": args.volume_size,
+        "storage_class": args.storage_class,
+        "access_mode": args.access_mode,
+        "port": args.port,
+        "max_restarts": args.max_restarts,
+    }
+
+
+def _write(objects: list[dict[str, Any]], out: Path | None) -> int:
+    if out is None:
+        sys.stdout.write(to_yaml(objects))
+    else:
+        kinds = ", ".join(f"{obj['kind']} {obj['metadata']['name']}" for obj in objects)
+        print(f"wrote {kinds} to {out}; apply with: kubectl apply -k {out}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in ("workload", "out")}
     training["options"] = train.workload_options(args) or None
     objects = deploy_kubernetes(
         args.workload,
         image=args.image,
-        name=args.name,
         config_file=args.config,
         out=args.out,
-        operator=args.operator,
-        namespace=args.namespace,
-        service_account=args.service_account,
-        pull_policy=args.pull_policy,
-        cpus=args.cpus,
-        memory=args.memory,
-        gpus=args.gpus,
-        node_selector=_node_selector(args.node_selector) or None,
-        volume_size=args.volume_size,
-        storage_class=args.storage_class,
-        access_mode=args.access_mode,
-        port=args.port,
-        max_restarts=args.max_restarts,
         tensorboard_deployment=args.tensorboard_deployment,
+        **_placement(args),
         **training,
     )
-    if args.out is None:
-        sys.stdout.write(to_yaml(objects))
-    else:
-        kinds = ", ".join(f"{obj['kind']} {obj['metadata']['name']}" for obj in objects)
-        print(f"wrote {kinds} to {args.out}; apply with: kubectl apply -k {args.out}")
-    return 0
+    return _write(objects, args.out)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    objects = deploy_kubernetes_bench(
+        args.workload,
+        image=args.image,
+        preset=args.preset,
+        quick=args.quick,
+        out=args.out,
+        **_placement(args),
+        **bench.sweep_settings(args),
+    )
+    return _write(objects, args.out)

@@ -1,6 +1,6 @@
 """Deploying a training run to Kubernetes: manifests in three flavours (see :mod:`.job`, :mod:`.kubeflow`,
 :mod:`.jobset`), sharing the run folder's volume claim, the run configuration as a ConfigMap and
-TensorBoard (:mod:`.common`).
+TensorBoard (:mod:`.common`); a bench sweep as one run per configuration on one volume (:mod:`.sweep`).
 
     >>> from scaletrain.deploy import DeployConfig, plan, render
     >>> run = plan("lenet", DeployConfig(name="demo", image="scaletrain:cpu"), {"workers": 2, "steps": 100})
@@ -11,7 +11,7 @@ TensorBoard (:mod:`.common`).
 from __future__ import annotations
 
 from dataclasses import fields
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from scaletrain.config import TrainConfig, load_toml, merge
@@ -44,12 +44,19 @@ _DECIDED_HERE = {
 
 
 def plan(
-    workload: str, deploy: DeployConfig, settings: dict[str, Any], *, config_file: Path | None = None
+    workload: str,
+    deploy: DeployConfig,
+    settings: dict[str, Any],
+    *,
+    config_file: Path | None = None,
+    sweep: str | None = None,
+    folder: PurePosixPath | None = None,
 ) -> Deployment:
     """Check the training settings (``config_file`` < ``settings``) and work out the processes.
 
     The pods get ``progress = "plain"`` and, with ``--cpus``, as many torch threads as whole cores
-    unless the settings say otherwise.
+    unless the settings say otherwise. ``sweep`` and ``folder`` place a run of a bench sweep on the
+    sweep's volume (see :class:`Deployment`).
     """
     if workload not in WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
@@ -63,13 +70,13 @@ def plan(
     given.setdefault("progress", "plain")
     if deploy.cpus is not None:
         given.setdefault("threads", max(1, int(deploy.cpus)))
-    given["out"] = str(deploy.run_dir)
+    given["out"] = str(folder or deploy.run_dir)
     # In TrainConfig's order, whatever order the file and flags came in: the same run, the same ConfigMap.
     given = {f.name: given[f.name] for f in fields(TrainConfig) if f.name in given}
     given = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()}
     train = TrainConfig(workload=workload, **given)
     layout = Layout(train.strategy, train.workers, train.server, train.sync)
-    return Deployment(deploy, train, given, layout)
+    return Deployment(deploy, train, given, layout, sweep=sweep, folder=folder)
 
 
 def render(run: Deployment) -> list[dict[str, Any]]:

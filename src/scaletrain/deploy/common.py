@@ -25,6 +25,7 @@ from scaletrain.parallel.plan import Layout
 __all__ = [
     "CONFIG_DIR",
     "CONFIG_FILE",
+    "LONGEST_NAME",
     "OPERATORS",
     "PULL_POLICIES",
     "RUNS_DIR",
@@ -48,6 +49,8 @@ CONFIG_FILE = "run.toml"
 #: Where the image's virtual environment puts ``scaletrain`` and ``tensorboard`` (see Dockerfile).
 DEFAULT_PORT = 29500
 TENSORBOARD_PORT = 6006
+#: The longest ``--name``: ``<name>-tensorboard`` must still be a DNS label (63 characters).
+LONGEST_NAME = 63 - len("-tensorboard")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$")
 _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -84,7 +87,7 @@ class DeployConfig:
     tensorboard_deployment: bool = True
 
     def __post_init__(self) -> None:
-        longest = 63 - len("-tensorboard")
+        longest = LONGEST_NAME
         if not _NAME.match(self.name) or len(self.name) > longest:
             raise ConfigError(
                 f"--name {self.name!r} must be lower-case letters, digits and '-', start with a letter and be at "
@@ -129,27 +132,45 @@ class DeployConfig:
 
 @dataclass(frozen=True)
 class Deployment:
-    """One rendered run: the settings, the training's configuration and its process layout."""
+    """One rendered run: the settings, the training's configuration and its process layout.
+
+    A run of a bench sweep (:mod:`scaletrain.deploy.sweep`) names the ``sweep``: it mounts the
+    sweep's volume claim ``<sweep>-runs`` and trains in its own ``folder`` there; a run of its own
+    has the claim ``<name>-runs`` and the folder ``/runs/<name>``.
+    """
 
     deploy: DeployConfig
     train: TrainConfig
     settings: dict[str, Any]  # what the user set (file and flags), written to the ConfigMap as TOML
     layout: Layout
+    sweep: str | None = None
+    folder: PurePosixPath | None = None
+
+    @property
+    def claim_name(self) -> str:
+        return f"{self.sweep or self.deploy.name}-runs"
+
+    @property
+    def run_dir(self) -> PurePosixPath:
+        return self.folder or self.deploy.run_dir
 
     @property
     def synchronous(self) -> bool:
         """A lost process stops everyone (all-reduce, sync modes, sharded servers): restart them all."""
         return not (self.layout.has_server_process and self.layout.sync == "async")
 
-    def labels(self, component: str) -> dict[str, str]:
-        return {
+    def labels(self, component: str, *, instance: str | None = None) -> dict[str, str]:
+        labels = {
             "app.kubernetes.io/name": "scaletrain",
-            "app.kubernetes.io/instance": self.deploy.name,
+            "app.kubernetes.io/instance": instance or self.deploy.name,
             "app.kubernetes.io/component": component,
         }
+        if self.sweep:
+            labels["app.kubernetes.io/part-of"] = self.sweep
+        return labels
 
-    def metadata(self, name: str, component: str) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "labels": self.labels(component)}
+    def metadata(self, name: str, component: str, *, instance: str | None = None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "labels": self.labels(component, instance=instance)}
         if self.deploy.namespace:
             meta["namespace"] = self.deploy.namespace
         return meta
@@ -205,7 +226,7 @@ def volume_claim(run: Deployment) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": run.metadata(f"{run.deploy.name}-runs", "storage"),
+        "metadata": run.metadata(run.claim_name, "storage", instance=run.sweep),  # a sweep's runs share it
         "spec": spec,
     }
 
@@ -218,7 +239,7 @@ def _start_script(run: Deployment, first_rank: int | None) -> str:
         rank = "$JOB_COMPLETION_INDEX" if first_rank == 0 else f"$((JOB_COMPLETION_INDEX + {first_rank}))"
         lines.append(f"export RANK={rank}")
     lines += [
-        f'if [ -e "{run.deploy.run_dir}/checkpoint.pt" ]; then set -- "$@" --resume; fi',
+        f'if [ -e "{run.run_dir}/checkpoint.pt" ]; then set -- "$@" --resume; fi',
         'exec scaletrain train "$@"',
     ]
     return "\n".join(lines)
@@ -265,7 +286,7 @@ def pod_spec(run: Deployment, containers: list[dict], *, restart_policy: str) ->
         "restartPolicy": restart_policy,
         "containers": containers,
         "volumes": [
-            {"name": "runs", "persistentVolumeClaim": {"claimName": f"{deploy.name}-runs"}},
+            {"name": "runs", "persistentVolumeClaim": {"claimName": run.claim_name}},
             {"name": "config", "configMap": {"name": f"{deploy.name}-config"}},
         ],
     }
@@ -285,13 +306,13 @@ def tensorboard(run: Deployment) -> list[dict[str, Any]]:
         "name": "tensorboard",
         "image": deploy.image,
         "imagePullPolicy": deploy.pull_policy,
-        "command": ["tensorboard", "--logdir", str(deploy.run_dir), "--bind_all", "--port", str(TENSORBOARD_PORT)],
+        "command": ["tensorboard", "--logdir", str(run.run_dir), "--bind_all", "--port", str(TENSORBOARD_PORT)],
         "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT, "protocol": "TCP"}],
         "volumeMounts": [{"name": "runs", "mountPath": str(RUNS_DIR), "readOnly": True}],
     }
     pod: dict[str, Any] = {
         "containers": [board],
-        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{deploy.name}-runs", "readOnly": True}}],
+        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": run.claim_name, "readOnly": True}}],
     }
     if deploy.node_selector:
         pod["nodeSelector"] = dict(deploy.node_selector)

@@ -26,7 +26,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.plan import ALIASES, SERVERS, SYNC_MODES, Layout
 
-__all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_sweep"]
+__all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
 
 DEFAULT_STEPS = 100
 WARMUP_RUN_STEPS = 30  # steps of the unmeasured warm-up run (fewer when the measured runs are shorter)
@@ -154,13 +154,12 @@ def run_sweep(
     """
     runs, notes = plan_runs(config)
     machine = machine_info(config.network)
-    steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
     say = progress or (lambda line: None)
     warmed_up = not config.warmup_run
     rows = []
     for index, run in enumerate(runs, 1):
         folder = config.out / "runs" / run.folder()
-        settings = _settings(config, run, steps, folder)
+        settings = _settings(config, run, folder)
         try:
             if (folder / "summary.json").exists():
                 say(f"[{index}/{len(runs)}] {run.describe()}: measured before, kept")
@@ -184,8 +183,16 @@ def run_sweep(
     return rows, notes
 
 
-def _settings(config: SweepConfig, run: Run, steps: int | None, folder: Path) -> dict[str, Any]:
-    """The :func:`scaletrain.train` settings of one run."""
+def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
+    """The training settings of one run wherever it runs: here (:func:`run_sweep`) or in a cluster's
+    pods (:mod:`scaletrain.deploy.sweep`); without the run folder and the emulated network.
+
+    >>> config = SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), batch_sizes=(64,))
+    >>> settings = run_settings(config, plan_runs(config)[0][-1])
+    >>> [settings[key] for key in ("strategy", "server", "sync", "workers", "batch_size", "steps")]
+    ['ps', 'central', 'async', 2, 64, 100]
+    """
+    steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
     return {
         **config.settings,
         "workers": run.workers,
@@ -197,12 +204,19 @@ def _settings(config: SweepConfig, run: Run, steps: int | None, folder: Path) ->
         "epochs": config.epochs,
         "warmup_steps": config.warmup_steps,
         "threads": config.threads_per_worker,
-        "network": config.network,
         "data_dir": config.data_dir,
         "options": dict(config.options),
-        "out": folder,
         "progress": "off",
         "tensorboard": False,
+    }
+
+
+def _settings(config: SweepConfig, run: Run, folder: Path) -> dict[str, Any]:
+    """The :func:`scaletrain.train` settings of one run here."""
+    return {
+        **run_settings(config, run),
+        "network": config.network,
+        "out": folder,
         # A sweep run again in the same folder continues: finished runs are kept, an interrupted
         # one resumes from its checkpoint.
         "resume": (folder / "checkpoint.pt").exists(),
