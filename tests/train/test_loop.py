@@ -124,7 +124,7 @@ def test_existing_run_is_not_overwritten_and_resume_needs_a_checkpoint(tiny_fmni
     assert (tmp_path / "run/checkpoint.pt").read_bytes() == before
     with pytest.raises(ScaletrainError, match="no checkpoint"):
         small_lenet(tiny_fmnist, tmp_path / "empty", resume=True)
-    with pytest.raises(ConfigError, match="batch_size=16 but this run asks for 32"):
+    with pytest.raises(ConfigError, match="written with batch size 16 but this run asks for 32"):
         small_lenet(tiny_fmnist, tmp_path / "run", resume=True, batch_size=32)
 
 
