@@ -19,7 +19,6 @@ from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, check_inputs
-from scaletrain.estimate.plots import plot_curves
 from scaletrain.estimate.thesis import CASES, KINDS
 from scaletrain.estimate.validate import DEFAULT_STRATEGIES
 from scaletrain.measure.profile import Profile
@@ -127,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         print(";".join(f"{value:{DIGITS}}" for value in speedups))
     else:
         configuration = Configuration.from_thesis(args.kind, args.server, args.strategy)
+        from scaletrain.estimate.plots import plot_curves  # matplotlib only when drawing
+
         path = plot_curves(
             args.plot_file,
             labels=[configuration.label],

@@ -24,7 +24,6 @@ from typing import Any
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
-from scaletrain.estimate.plots import plot_curves
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
@@ -194,6 +193,8 @@ def write_validation(
     def predict(model: str, label: str, workers: int) -> float:
         batches = 128
         return predicted_speedup(model, profile, Configuration.parse(label), workers, batches=batches, cores=cores)
+
+    from scaletrain.estimate.plots import plot_curves  # matplotlib only when drawing
 
     picture = plot_curves(
         out / "validation.png",

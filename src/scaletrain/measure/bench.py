@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.measure.plots import plot_all
 from scaletrain.measure.presets import PRESETS
 from scaletrain.measure.report import reading, text_table, write_report
 from scaletrain.measure.results import add_speedups, flag_outliers, group_rows, read_results, write_results
@@ -73,6 +72,8 @@ def run_bench(
     _, notes = run_sweep(config, on_row=keep, progress=progress)
     flag_outliers(add_speedups(rows))
     write_results(rows, out)
+    from scaletrain.measure.plots import plot_all  # matplotlib only when drawing
+
     pictures = plot_all({"results": group_rows(rows)}, out) if group_rows(rows) else []
     report = write_report(rows, notes, out, title=title or f"Scaling of {config.workload}", pictures=pictures)
     return {
@@ -118,6 +119,8 @@ def compare_results(sources: list[Path], out: Path, *, names: list[str] | None =
         sets[name] = group_rows(rows)
         all_rows += [{**row, "strategy": f"{row['strategy']} [{name}]"} for row in rows]
     out.mkdir(parents=True, exist_ok=True)
+    from scaletrain.measure.plots import plot_all  # matplotlib only when drawing
+
     pictures = plot_all(sets, out)
     notes = [f"set {name}: {source}" for name, source in zip(names, sources, strict=True)]
     report = write_report(all_rows, notes, out, title="Comparison of scaling results", pictures=pictures)
