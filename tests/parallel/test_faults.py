@@ -185,6 +185,8 @@ def test_async_run_survives_a_stopped_worker(data: Path, tmp_path: Path) -> None
     [lost] = summary["lost_workers"]
     assert lost["rank"] == 2 and "stopped answering" in lost["reason"], lost
     assert lost["batches_not_done"] > 0
+    assert "lost worker rank 2 (no answer from worker rank 2 within 20 s" in stderr
+    assert f"{lost['batches_not_done']} of its batches not done" in stderr
     assert summary["server_updates"] == 12 * (2048 // 8) - lost["batches_not_done"]
     assert_no_survivors(out)
 

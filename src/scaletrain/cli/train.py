@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -184,6 +185,11 @@ def run(args: argparse.Namespace) -> int:
         + (f"{rate:.1f} batches/s, " if rate else "")
         + f"outputs in {summary['out']}"
     )
+    for lost in summary.get("lost_workers") or []:  # an asynchronous run went on without them
+        print(
+            f"lost worker rank {lost['rank']} ({lost['reason']}): {lost['batches_not_done']} of its batches not done",
+            file=sys.stderr,
+        )
     if args.nodefile is not None or ENV_RANK in os.environ:
         exit_now(0)  # this process was a member of a process group started elsewhere
     return 0
