@@ -189,16 +189,14 @@ def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
         running = False
         clock = time.monotonic()
         for child in children:
-            code = child.process.poll()
+            code = _observe(child, clock)
             if code is None:
                 running = True
-                frozen = _is_stopped(child.process.pid)
-                child.stopped_since = (child.stopped_since or clock) if frozen else None
+                frozen = child.stopped_since is not None
                 # A frozen asynchronous worker is the server's to count as lost; anyone else fails the run.
                 if frozen and clock - child.stopped_since > timeout and not (asynchronous and child.role != SERVER):
                     _fail(children)
                 continue
-            child.failed_at = child.failed_at or (clock if code != 0 else None)
             lost_worker = asynchronous and child.role != SERVER and code not in (0, ConfigError.exit_code)
             if code != 0 and not lost_worker:
                 _fail(children)
@@ -230,6 +228,16 @@ def _fail(children: list[_Child]) -> None:
     raise error
 
 
+def _observe(child: _Child, clock: float) -> int | None:
+    """Poll ``child``; note when it was first seen frozen or failed. Returns its exit code, None while it runs."""
+    code = child.process.poll()
+    if code is None:
+        child.stopped_since = (child.stopped_since or clock) if _is_stopped(child.process.pid) else None
+    elif code != 0:
+        child.failed_at = child.failed_at or clock
+    return code
+
+
 def _is_stopped(pid: int) -> bool:
     """Whether ``pid`` is frozen (``SIGSTOP``/``SIGTSTP``, or traced), from ``/proc/PID/stat``."""
     try:
@@ -250,12 +258,7 @@ def _first_cause(children: list[_Child]) -> _Child:
     time.sleep(CAUSE_SETTLE_SECONDS)
     clock = time.monotonic()
     for child in children:
-        code = child.process.poll()
-        if code is None:
-            frozen = _is_stopped(child.process.pid)
-            child.stopped_since = (child.stopped_since or clock) if frozen else None
-        elif code != 0:
-            child.failed_at = child.failed_at or clock
+        _observe(child, clock)
     candidates = [child for child in children if child.stopped_since is not None or child.failed_at is not None]
 
     def order(child: _Child) -> tuple:
