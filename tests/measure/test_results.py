@@ -20,8 +20,11 @@ from scaletrain.measure.sweep import SweepConfig, parse_strategy, plan_runs
 
 
 def row(strategy: str, workers: int, bps: float, batch: int = 32, status: str = "ok", repeat: int = 0) -> dict:
+    kind, _, rest = strategy.partition("-")  # a bench spec, e.g. ps-central-join, or a bare name
     return {
         "strategy": strategy,
+        "strategy_kind": kind,
+        "server": rest.partition("-")[0] if kind == "ps" else "",
         "workers": workers,
         "batch_size": batch,
         "batches_per_second": bps,
@@ -119,32 +122,69 @@ def test_a_slow_first_baseline_is_flagged_against_the_other_one_worker_runs() ->
 
 def test_noise_is_measured_from_repeats_or_stated_for_single_runs() -> None:
     repeated = group_rows(
-        [row("a", 1, 9.0), row("a", 1, 11.0, repeat=1), row("b", 1, 20.0), row("b", 1, 21.0, repeat=1)]
+        [row("a", 2, 9.0), row("a", 2, 11.0, repeat=1), row("b", 2, 20.0), row("b", 2, 21.0, repeat=1)]
     )
     assert Noise.of(repeated).level == pytest.approx((0.2 + 1 / 20.5) / 2)
-    assert "measured more than once" in Noise.of(repeated).source
-    assert Noise.of(group_rows([row("a", 1, 10.0), row("a", 1, 10.1, repeat=1)])).level == pytest.approx(0.05)  # floor
-    single = Noise.of(group_rows([row("a", 1, 10.0), row("b", 1, 12.0)]))
+    assert "2 configuration(s) measured more than once" in Noise.of(repeated).source
+    assert Noise.of(group_rows([row("a", 2, 10.0), row("a", 2, 10.1, repeat=1)])).level == pytest.approx(0.05)  # floor
+    single = Noise.of(group_rows([row("a", 2, 10.0), row("b", 2, 12.0)]))
     assert single.level == pytest.approx(0.15) and "stated tolerance" in single.source
+
+
+def test_one_worker_runs_that_do_the_same_work_measure_the_noise() -> None:
+    # at one worker all-reduce and the sharded server are one process exchanging nothing: their spread is noise
+    same = Noise.of(group_rows([row("allreduce-join", 1, 26.3), row("ps-sharded-join", 1, 21.4)]))
+    assert same.level == pytest.approx(4.9 / 23.85)
+    assert "1 set(s) of one-worker runs that do the same work" in same.source
+    # a central server is a second process: not the same work, so no noise is measured from it
+    other = Noise.of(group_rows([row("allreduce-join", 1, 26.3), row("ps-central-join", 1, 21.4)]))
+    assert other.level == pytest.approx(0.15) and "stated tolerance" in other.source
+
+
+def test_the_reading_never_ranks_one_worker_runs_that_do_the_same_work() -> None:
+    # the quickstart on a fresh clone: one run each; allreduce-join was 23 % faster than ps-sharded-join at one
+    # worker although both ran the same single process (the report used to call it "fastest")
+    rows = annotated(
+        [
+            row("allreduce-join", 1, 26.3),
+            row("ps-sharded-join", 1, 21.4),
+            row("ps-central-async", 1, 19.6),
+            row("allreduce-join", 2, 33.5),
+            row("ps-sharded-join", 2, 30.8),
+            row("ps-central-async", 2, 37.3),
+        ]
+    )
+    lines = reading(rows)
+    one = next(line for line in lines if line.startswith("- 1 worker, batch 32"))
+    assert one.startswith("- 1 worker, batch 32: not ranked — allreduce-join and ps-sharded-join do the same work")
+    assert "21.4–26.3 batches/s differ by noise alone" in one and "fastest" not in one
+    assert "ps-central-async 19.6 (-18 % against their median, within noise)" in one  # 19.6 ÷ 23.85 − 1
+    assert any(line.startswith("- Noise: ±21 % — ") for line in lines)  # 4.9 ÷ 23.85
+    two = next(line for line in lines if line.startswith("- 2 workers, batch 32"))
+    assert "indistinguishable within noise (30.8–37.3 batches/s)" in two  # 30.8 is 17 % below 37.3: inside 21 %
+    assert any(line.startswith("- One-worker reference at batch 32: 23.9 batches/s, the median of 2") for line in lines)
+    assert [row["reference_batches_per_second"] for row in rows] == pytest.approx([23.85] * 6)
 
 
 def test_the_reading_never_names_a_winner_inside_the_noise() -> None:
     rows = annotated(
         [
-            row("allreduce-join", 1, 23.0),
-            row("ps-central-join", 1, 24.5),
-            row("ps-sharded-join", 1, 25.0),
-            row("ps-central-async", 1, 22.0),
-            row("allreduce-join", 2, 41.0),
-            row("ps-sharded-join", 2, 30.0),
+            row("ps-central-join", 1, 23.0),
+            row("ps-central-async", 1, 24.5),
+            row("ps-central-join", 2, 41.0),
+            row("ps-central-async", 2, 36.0),
+            row("ps-central-split", 2, 30.0),
         ]
     )
     lines = reading(rows)
     one = next(line for line in lines if line.startswith("- 1 worker, batch 32"))
     assert "indistinguishable within noise" in one and "fastest" not in one
     two = next(line for line in lines if line.startswith("- 2 workers, batch 32"))
-    assert "fastest is **allreduce-join**" in two and "ps-sharded-join (30.0, -27 %)" in two
+    # 36 is 12 % below 41: inside the 15 % tolerance; 30 is 27 % below
+    assert "fastest" not in two and "ps-central-join and ps-central-async are indistinguishable" in two
+    assert "slower: ps-central-split (30.0, -27 %)" in two
     assert any("stated tolerance of 15 %" in line for line in lines)
+    # no one-worker run that works alone: the reference is the median of all one-worker runs
     assert any(line.startswith("- One-worker reference at batch 32: 23.8 batches/s") for line in lines)
 
 
@@ -153,15 +193,15 @@ def test_the_reading_ranks_nothing_that_rests_on_flagged_runs() -> None:
     rows += [row("a", 2, 30.0), row("d", 2, 31.0)]
     lines = reading(annotated(rows))
     (one,) = [line for line in lines if line.startswith("- 1 worker")]
-    assert one.startswith("- 1 worker, batch 32: not ranked: flagged runs are involved (d 29.0, ")
-    assert "fastest" not in one and "a 15.4" in one
+    assert one.startswith("- 1 worker, batch 32: not ranked — a, b, c and d do the same work")
+    assert "fastest" not in one and "15.4–29.0 batches/s" in one
     assert "- 2 workers, batch 32: d and a are indistinguishable within noise (30.0–31.0 batches/s)" in lines
     assert any(line.startswith("- a b32: throughput still grows") and "rests on flagged runs" in line for line in lines)
     assert any(line.startswith("- d b32:") and "flagged" not in line for line in lines)
     assert any("1 run(s) flagged" in line for line in lines)
     # three repeats: the median is not moved far by one flagged run, so the ranking stands
     repeated = annotated(
-        [row("a", 2, 10.0), row("a", 2, 10.2, repeat=1), row("a", 2, 5.0, repeat=2), row("b", 2, 20.0)]
+        [row("a", 2, 10.0), row("a", 2, 10.2, repeat=1), row("a", 2, 7.0, repeat=2), row("b", 2, 20.0)]
     )
     assert repeated[2]["flag"] and reading(repeated)[1].startswith("- 2 workers, batch 32: fastest is **b** at 20.0")
 

@@ -102,7 +102,10 @@ def _outcome(row: dict[str, Any]) -> str:
         text += f", speedup {', '.join(speedups)}" if speedups else ", no one-worker run yet for a speedup"
     elif row.get("speedup_common") is not None:
         text += f", {row['speedup_common']:.2f}× the one-worker reference so far"
-    return text + (f" — flagged: {row['flag']}" if row.get("flag") else "")
+    # the report decides on all runs; a run off from the few measured so far may end up unflagged
+    if row.get("flag"):
+        text += f" — off so far: {row['flag']} (the report re-checks it against all runs)"
+    return text
 
 
 def compare_results(sources: list[Path], out: Path, *, names: list[str] | None = None) -> dict[str, Any]:

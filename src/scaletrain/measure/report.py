@@ -1,7 +1,9 @@
 """``report.md``: the table of medians, the pictures, and a short generated reading of them.
 
 The reading never ranks configurations whose batches/s differ by less than the noise: the spread of
-repeated runs when there are repeats, a stated tolerance when every configuration ran once.
+repeated runs and of one-worker runs that do the same work, or a stated tolerance when every
+configuration ran once and no two one-worker runs do the same work. One-worker runs that do the same
+work are never ranked against each other at all: whatever separates them is noise.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaletrain.measure.results import OUTLIER_TOLERANCE, Group, group_rows
+from scaletrain.measure.results import OUTLIER_TOLERANCE, Group, group_rows, works_alone
 
 __all__ = ["Noise", "rank_configurations", "reading", "scaling_limits", "text_table", "write_report"]
 
@@ -32,18 +34,30 @@ class Noise:
     @classmethod
     def of(cls, groups: list[Group]) -> Noise:
         """The median relative range, (max − min) ÷ median, of the configurations measured two or more
-        times (at least 5 %); 15 % when every configuration ran once.
+        times and of each batch size's one-worker runs that do the same work (their medians; at least
+        5 %); 15 % when there is neither.
 
-        >>> g = lambda bps: Group("a", 8, 1, tuple({"batches_per_second": x} for x in bps))
+        >>> def g(rates, workers=2, kind="allreduce", server=""):
+        ...     rows = tuple({"batches_per_second": x, "strategy_kind": kind, "server": server} for x in rates)
+        ...     return Group(f"{kind}-{server}", 8, workers, rows)
         >>> Noise.of([g((9.0, 10.0, 11.0)), g((19.0, 20.0, 21.0)), g((4.0, 5.0, 6.0))]).level  # 20 %, 10 %, 40 %
         0.2
         >>> Noise.of([g((10.0,))]).level
+        0.15
+        >>> Noise.of([g((21.0,), 1), g((26.0,), 1, "ps", "sharded")]).level  # one worker, same work: 5 ÷ 23.5
+        0.2127659574468085
+        >>> Noise.of([g((21.0,), 1), g((26.0,), 1, "ps", "central")]).level  # a server process: not the same work
         0.15
         """
         ranges = []
         for group in groups:
             rates = [row["batches_per_second"] for row in group.rows]
             if len(rates) > 1:
+                ranges.append((max(rates) - min(rates)) / statistics.median(rates))
+        repeated = len(ranges)
+        for alone in _same_work_at_one_worker(groups).values():
+            if len(alone) > 1:
+                rates = [group.median("batches_per_second") for group in alone]
                 ranges.append((max(rates) - min(rates)) / statistics.median(rates))
         if not ranges:
             return cls(
@@ -52,10 +66,10 @@ class Noise:
                 "(--repeats 3 measures the noise)",
             )
         measured = statistics.median(ranges)
-        source = (
-            f"the median relative range (max − min) ÷ median of the {len(ranges)} configuration(s) "
-            f"measured more than once, {_percent(measured, 1)}"
-        )
+        parts = [f"{repeated} configuration(s) measured more than once"] if repeated else []
+        if len(ranges) > repeated:
+            parts.append(f"{len(ranges) - repeated} set(s) of one-worker runs that do the same work")
+        source = f"the median relative range (max − min) ÷ median of {' and '.join(parts)}, {_percent(measured, 1)}"
         if measured < NOISE_FLOOR:
             source += f", raised to the floor of {_percent(NOISE_FLOOR)}"
         return cls(max(measured, NOISE_FLOOR), source)
@@ -67,6 +81,16 @@ class Noise:
 def _percent(fraction: float, digits: int = 0) -> str:
     """``0.15`` → ``15 %``."""
     return f"{fraction * 100:.{digits}f} %"
+
+
+def _same_work_at_one_worker(groups: list[Group]) -> dict[int, list[Group]]:
+    """By batch size: the one-worker configurations that do the same work (one process, nothing
+    exchanged; see :func:`~scaletrain.measure.results.works_alone`)."""
+    alone = defaultdict(list)
+    for group in groups:
+        if group.workers == 1 and works_alone(group.rows[0]):
+            alone[group.batch_size].append(group)
+    return alone
 
 
 def rank_configurations(groups: list[Group], noise: Noise) -> dict[tuple[int, int], tuple[list[Group], list[Group]]]:
@@ -85,7 +109,7 @@ def rank_configurations(groups: list[Group], noise: Noise) -> dict[tuple[int, in
     for key, items in sorted(by_count.items()):
         items.sort(key=lambda g: g.median("batches_per_second"), reverse=True)
         best = items[0].median("batches_per_second")
-        tied = [g for g in items if g.median("batches_per_second") * (1 + noise.level) >= best]
+        tied = [g for g in items if g.median("batches_per_second") >= best * (1 - noise.level)]
         ranked[key] = (tied, [g for g in items if g not in tied])
     return ranked
 
@@ -129,6 +153,26 @@ def _names(groups: list[Group]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
+def _one_worker_line(alone: list[Group], everyone: list[Group], noise: Noise) -> str:
+    """One worker at a batch size where two or more strategies do the same work: not ranked; the
+    others (a server process as well) against the median of those."""
+    rates = [g.median("batches_per_second") for g in alone]
+    text = (
+        f"not ranked — {_names(alone)} do the same work at one worker (one process, nothing exchanged), so "
+        f"their {min(rates):.1f}–{max(rates):.1f} batches/s differ by noise alone"
+    )
+    middle = statistics.median(rates)
+    others = [g for g in everyone if g not in alone]
+    if others:
+        offs = [g.median("batches_per_second") / middle - 1 for g in others]
+        text += "; with a server process as well: " + ", ".join(
+            f"{g.strategy} {_rate(g)} ({_percent(off)} against their median"
+            f"{', within noise' if abs(off) <= noise.level else ''})"
+            for g, off in zip(others, offs, strict=True)
+        )
+    return text
+
+
 def _rests_on_flagged_runs(groups: list[Group]) -> bool:
     """Whether a median of ``groups`` includes a flagged run and fewer than three runs (from three on, a
     median is not moved far by one outlier)."""
@@ -147,16 +191,22 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
         row["batch_size"]: row.get("reference_batches_per_second") for row in rows if row.get("status") == "ok"
     }
     for batch, reference in sorted(references.items(), key=lambda item: str(item[0])):
-        ones = [row["batches_per_second"] for row in rows if row.get("status") == "ok" and row["workers"] == 1
-                and row["batch_size"] == batch]  # fmt: skip
-        if reference is not None and ones:
+        ones = [row for row in rows if row.get("status") == "ok" and row["workers"] == 1 and row["batch_size"] == batch]
+        same = [row for row in ones if works_alone(row)]
+        which = "that do the same work (one process, nothing exchanged)" if same else "of all strategies"
+        rates = [row["batches_per_second"] for row in same or ones]
+        if reference is not None and rates:
             lines.append(
-                f"- One-worker reference at batch {batch}: {reference:.1f} batches/s, the median of {len(ones)} "
-                f"one-worker run(s) of all strategies ({min(ones):.1f}–{max(ones):.1f})"
+                f"- One-worker reference at batch {batch}: {reference:.1f} batches/s, the median of {len(rates)} "
+                f"one-worker run(s) {which} ({min(rates):.1f}–{max(rates):.1f})"
             )
     lines.append(f"- Noise: ±{noise} — {noise.source}; differences within it are not ranked")
+    alone = _same_work_at_one_worker(groups)
     for (workers, batch), (tied, slower) in rank_configurations(groups, noise).items():
         where = f"- {workers} worker{'s' if workers > 1 else ''}, batch {batch}: "
+        if workers == 1 and len(alone.get(batch, [])) > 1:
+            lines.append(where + _one_worker_line(alone[batch], tied + slower, noise))
+            continue
         if len(tied) == 1 and not slower:
             lines.append(
                 where + f"only **{tied[0].strategy}** measured, {_rate(tied[0])} batches/s{_speedups(tied[0])}"
@@ -190,7 +240,7 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
     if flagged:
         lines.append(
             f"- {len(flagged)} run(s) flagged: batches/s more than {_percent(OUTLIER_TOLERANCE)} away from their "
-            "repeats or from the other one-worker runs (listed under Flagged runs)"
+            "repeats or, at one worker, from the runs that do the same work (listed under Flagged runs)"
         )
     return lines
 
@@ -244,10 +294,11 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
         "Throughput is SPEC eq. 4.1 (batches of the batch size processed by all workers per second, warm-up "
         "left out; a short unmeasured warm-up run precedes the first measured run). Speedup is eq. 4.2 against "
         "the same strategy and batch size at one worker; common speedup is against one reference for all "
-        "strategies, the median of every one-worker run at the batch size (at one worker every strategy does "
-        "the same training). Cells show the median over repeats and [min–max]. A run is flagged when its "
-        f"batches/s is more than {_percent(OUTLIER_TOLERANCE)} away from the median of its repeats (from the "
-        "other one when there are two) or, at one worker, likewise from the one-worker runs of all strategies.",
+        "strategies, the median of the one-worker runs that do the same work at the batch size (one process "
+        "that exchanges nothing: all-reduce and the sharded server; a central server adds a process). Cells show "
+        "the median over repeats and [min–max]. A run is flagged when its batches/s is more than "
+        f"{_percent(OUTLIER_TOLERANCE)} away from the median of its repeats (from the other one when there are "
+        "two) or, at one worker, likewise from the one-worker runs that do the same work.",
         "",
     ]
     lines += [f"- Note: {note}" for note in notes]

@@ -33,6 +33,7 @@ __all__ = [
     "flag_outliers",
     "group_rows",
     "read_results",
+    "works_alone",
     "write_results",
 ]
 
@@ -58,19 +59,30 @@ def _ok(row: dict[str, Any]) -> bool:
     return row.get("status") == "ok" and row.get("batches_per_second") is not None
 
 
+def works_alone(row: dict[str, Any]) -> bool:
+    """Whether a one-worker run of this row's strategy is one process that exchanges nothing (all-reduce,
+    the sharded server whose only shard is the worker's own), so that all such runs do the same work; a
+    central server is a second process that every step talks to."""
+    return not (row.get("strategy_kind") == "ps" and row.get("server") == "central")
+
+
 def _one_worker_rates(rows: list[dict[str, Any]]) -> dict[int | None, list[float]]:
-    """Batches/s of every successful one-worker run, by batch size (all strategies together)."""
-    rates = defaultdict(list)
+    """Batches/s of the successful one-worker runs that work alone (:func:`works_alone`), by batch size;
+    at a batch size where none does, of every one-worker run."""
+    alone, every = defaultdict(list), defaultdict(list)
     for row in rows:
         if _ok(row) and row["workers"] == 1:
-            rates[row["batch_size"]].append(row["batches_per_second"])
-    return rates
+            every[row["batch_size"]].append(row["batches_per_second"])
+            if works_alone(row):
+                alone[row["batch_size"]].append(row["batches_per_second"])
+    return {batch: alone.get(batch) or rates for batch, rates in every.items()}
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Speedup = batches/s ÷ the median batches/s of the same strategy and batch size at one worker;
-    common speedup = batches/s ÷ ``reference_batches_per_second``, the median batches/s of all
-    one-worker runs (every strategy, every repeat) of the same batch size.
+    common speedup = batches/s ÷ ``reference_batches_per_second``, the median batches/s of the
+    one-worker runs that do the same work (:func:`works_alone`; every such strategy, every repeat) of
+    the same batch size.
 
     Rows without a baseline get ``None``; efficiency = speedup ÷ workers (both kinds).
     """
@@ -96,8 +108,8 @@ def flag_outliers(rows: list[dict[str, Any]], tolerance: float = OUTLIER_TOLERAN
     every row.
 
     A run is flagged when it is more than ``tolerance`` away from the median of its repeats (from the
-    other one when there are two), or — at one worker, where every strategy does the same training —
-    likewise from the one-worker runs of all strategies at its batch size.
+    other one when there are two), or — at one worker, for the strategies that then do the same work
+    (:func:`works_alone`) — likewise from those strategies' one-worker runs at its batch size.
 
     >>> rows = [{"strategy": s, "batch_size": 8, "workers": 1, "batches_per_second": bps, "status": "ok"}
     ...         for s, bps in (("a", 15.4), ("b", 21.7), ("c", 25.0), ("d", 29.0))]
@@ -120,7 +132,7 @@ def flag_outliers(rows: list[dict[str, Any]], tolerance: float = OUTLIER_TOLERAN
             if abs(row["deviation"]) > tolerance:
                 reasons.append(f"{_percent(row['deviation'])} {_against(mine, 'repeat')}")
         others = one_worker.get(row["batch_size"], [])
-        if row["workers"] == 1 and len(others) > 1:
+        if row["workers"] == 1 and works_alone(row) and len(others) > 1:
             off = _deviation(rate, others)
             if abs(off) > tolerance:
                 reasons.append(f"{_percent(off)} {_against(others, 'one-worker run')} at batch {row['batch_size']}")
