@@ -172,7 +172,7 @@ def _worker_side(model: nn.Module, ps_group: Any, raw_group: Any, options: dict[
     optimizer = torch.optim.SGD(params, lr=LR)  # PSExchange.step takes it but does not use it
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    exchange = PSExchange(rank=1, owner_of=[0] * len(params), groups={0: ps_group})
+    exchange = PSExchange(rank=1, plan=lambda tensors: [0] * len(tensors), groups={0: ps_group})
     exchange.start(model, optimizer)
     outbound, inbound = torch.randn(numel), torch.empty(numel)
 

@@ -37,7 +37,6 @@ from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
-from scaletrain.train.loop import run_training
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
 __all__ = [
@@ -82,8 +81,8 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     layout = layout_of(config)  # checks the strategy flags before anything starts
     if config.nodefile is not None:
         return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
-    if layout.world_size == 1:
-        return run_training(check_before_start(config, layout, own), own)
+    if layout.world_size == 1:  # the same driver as every process of a distributed run, in this process
+        return run_process(check_before_start(config, layout, own), Rendezvous.alone(), own)
     if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
         return _run_launched(config, Rendezvous.from_env(), own)
     if own is not None:

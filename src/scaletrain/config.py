@@ -66,7 +66,12 @@ class TrainConfig:
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.staleness`),
     ``timeout`` (seconds any wait for another process may take), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
-    local process in its own network namespace behind links of that rate (root only).
+    local process in its own network namespace behind links of that rate (root only). ``strategy``
+    may also be a whole spec as the bench writes it (``ps-central-async``), which sets ``server``
+    and ``sync`` too.
+
+    ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
+    changes the model, batch or precision while training (see :mod:`scaletrain.efficient`).
     """
 
     workload: str
@@ -101,6 +106,8 @@ class TrainConfig:
     nodefile: Path | None = None
     index: int | None = None
     network: str | None = None
+    technique: str | None = None
+    technique_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -133,6 +140,13 @@ class TrainConfig:
             raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
         if self.strategy is None:
             object.__setattr__(self, "strategy", "local" if self.workers == 1 else "allreduce")
+        elif "-" in self.strategy:
+            from scaletrain.parallel.strategies import parse_spec  # one vocabulary: the bench's specs
+
+            strategy, server, sync = parse_spec(self.strategy)
+            object.__setattr__(self, "strategy", strategy)
+            object.__setattr__(self, "server", server or self.server)
+            object.__setattr__(self, "sync", sync)
         if self.ps_admission not in ("none", "exclusive"):
             raise ConfigError(f"ps_admission must be none or exclusive, got {self.ps_admission!r}")
         if self.async_compensation not in ASYNC_COMPENSATIONS:
@@ -149,6 +163,12 @@ class TrainConfig:
             parse_rate(self.network)
         if not isinstance(self.options, dict):
             raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
+        if not isinstance(self.technique_options, dict):
+            raise ConfigError('technique_options must be a table, e.g. [technique_options] layer = "classifier.1"')
+        if self.technique is not None:
+            from scaletrain.efficient import create_technique  # checks the name and options early
+
+            create_technique(self.technique, self.technique_options)
 
 
 def _field_names() -> set[str]:
@@ -188,8 +208,8 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            if key == "options":
-                merged["options"] = {**merged.get("options", {}), **value}
+            if key in ("options", "technique_options"):
+                merged[key] = {**merged.get(key, {}), **value}
             else:
                 merged[key] = value
     return merged

@@ -230,7 +230,8 @@ def test_results_files_round_trip(tmp_path: Path) -> None:
 
 
 def test_strategy_specs() -> None:
-    assert parse_strategy("allreduce-split") == ("allreduce", "central", "split")
+    assert parse_strategy("allreduce-split") == ("allreduce", "", "split")  # all-reduce has no server
+    assert parse_strategy("ps-distributed-none") == ("ps", "sharded", "async")  # the thesis's words
     assert parse_strategy("PS-Central-Async") == ("ps", "central", "async")
     for bad in ("allreduce-async", "ps-ring-join", "mpi"):
         with pytest.raises(ConfigError, match="strategy spec"):

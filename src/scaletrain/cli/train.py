@@ -11,8 +11,10 @@ from pathlib import Path
 from scaletrain.api import train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
+from scaletrain.efficient import TECHNIQUES
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
+from scaletrain.parallel.strategies import STRATEGIES, all_specs
 from scaletrain.parallel.worker import exit_now
 from scaletrain.workloads import WORKLOADS
 
@@ -66,11 +68,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--workers", type=int, help="worker processes")
     group.add_argument(
         "--strategy",
-        choices=("local", "allreduce", "ps"),
-        help="local (1 worker), allreduce (default for >1), ps",
+        choices=strategy_choices(),
+        metavar="STRATEGY",
+        help=f"{', '.join(STRATEGIES)} (default: local for 1 worker, else allreduce), or a whole spec as the bench "
+        f"names it: {', '.join(all_specs()[1:])}",
     )
-    group.add_argument("--server", choices=("central", "sharded", "distributed"), help="parameter server type")
-    group.add_argument("--sync", choices=("join", "split", "async", "none"), help="update mode")
+    servers = sorted({server for s in STRATEGIES.values() for server in s.servers} | {"distributed"})
+    syncs = sorted({sync for s in STRATEGIES.values() for sync in s.syncs} | {"none"})
+    group.add_argument("--server", choices=servers, help="parameter server type")
+    group.add_argument("--sync", choices=syncs, help="update mode")
     group.add_argument(
         "--ps-admission",
         choices=("none", "exclusive"),
@@ -94,9 +100,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="workload option, e.g. -o num_steps=35 -o train_split=valid for ptb-lstm",
     )
+    add_technique_flags(parser)
     add_model_flags(parser)
     _name_config_defaults(parser)
     parser.set_defaults(handler=run)
+
+
+def strategy_choices() -> list[str]:
+    """What ``--strategy`` accepts: every strategy's name and every spec (from the registry)."""
+    return list(dict.fromkeys([*STRATEGIES, *all_specs()]))
+
+
+def add_technique_flags(parser: argparse.ArgumentParser) -> None:
+    """``--technique NAME`` and ``-T KEY=VALUE``: what changes the model, batch or precision while training."""
+    group = parser.add_argument_group("techniques (scaletrain.efficient)")
+    group.add_argument("--technique", choices=sorted(TECHNIQUES), help="a technique to apply while training")
+    group.add_argument(
+        "-T",
+        "--technique-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="technique option, e.g. -T layer=classifier.1 -T fraction=0.5 for narrow",
+    )
 
 
 def _name_config_defaults(parser: argparse.ArgumentParser) -> None:
@@ -132,13 +158,15 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_options(pairs: list[str]) -> dict[str, str]:
+def parse_options(
+    pairs: list[str], *, what: str = "workload option", example: str = "-o num_steps=35"
+) -> dict[str, str]:
     """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ConfigError(f"workload option {pair!r} must look like KEY=VALUE, e.g. -o num_steps=35")
+            raise ConfigError(f"{what} {pair!r} must look like KEY=VALUE, e.g. {example}")
         options[key.strip()] = value.strip()
     return options
 
@@ -170,10 +198,17 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         f.name: getattr(args, f.name)
         for f in fields(TrainConfig)
-        if f.name not in ("workload", "options") and hasattr(args, f.name)
+        if f.name not in ("workload", "options", "technique_options") and hasattr(args, f.name)
     }
     options = workload_options(args)
-    summary = train(args.workload, config_file=args.config, options=options or None, **settings)
+    technique_options = parse_options(args.technique_option, what="technique option", example="-T fraction=0.5")
+    summary = train(
+        args.workload,
+        config_file=args.config,
+        options=options or None,
+        technique_options=technique_options or None,
+        **settings,
+    )
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher
         print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
         exit_now(0)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from scaletrain.parallel.ps import REPLY, REQUEST
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.meter import now
+from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
 
 __all__ = ["main", "time_gradient", "time_transfers"]
@@ -39,7 +40,7 @@ def _synchronize(model: torch.nn.Module) -> None:
 
 def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     """Median-able samples of t_grad per batch size and of t_update, after ``job['warmup']`` rounds."""
-    torch.set_num_threads(job["threads"])
+    configure_process(job["threads"])  # threads and allocator as in a training process
     workload = create_workload(job["workload"], job["options"])
     data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
     torch.manual_seed(0)

@@ -24,7 +24,8 @@ from typing import Any
 
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
-from scaletrain.parallel.plan import ALIASES, SERVERS, SYNC_MODES, Layout
+from scaletrain.parallel.plan import Layout
+from scaletrain.parallel.strategies import get_strategy, parse_spec
 
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
 
@@ -34,25 +35,12 @@ CHILD_POLL_SECONDS = 0.5
 
 
 def parse_strategy(spec: str) -> tuple[str, str, str]:
-    """``local``, ``allreduce-SYNC``, ``ps-SERVER-SYNC`` → (strategy, server, sync)."""
-    parts = spec.strip().lower().split("-")
-    try:
-        if parts == ["local"]:
-            return "local", "central", "join"
-        if parts[0] == "allreduce" and len(parts) == 2:
-            sync = ALIASES.get(parts[1], parts[1])
-            Layout("allreduce", 2, "central", sync)
-            return "allreduce", "central", sync
-        if parts[0] == "ps" and len(parts) == 3:
-            server, sync = ALIASES.get(parts[1], parts[1]), ALIASES.get(parts[2], parts[2])
-            Layout("ps", 2, server, sync)
-            return "ps", server, sync
-    except ConfigError as exc:
-        raise ConfigError(f"strategy spec {spec!r}: {exc}") from None
-    raise ConfigError(
-        f"strategy spec {spec!r} is not one of: local, allreduce-{{join,split}}, "
-        f"ps-{{{','.join(SERVERS)}}}-{{{','.join(SYNC_MODES)}}}"
-    )
+    """A strategy spec (``local``, ``allreduce-join``, ``ps-central-async`` …) → (strategy, server, sync).
+
+    >>> parse_strategy("ps-sharded-split")
+    ('ps', 'sharded', 'split')
+    """
+    return parse_spec(spec)
 
 
 def label(strategy: str, server: str, sync: str) -> str:
@@ -133,11 +121,14 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     for repeat in range(config.repeats):
         for spec, batch, count in itertools.product(config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
-            if strategy == "local" and count > 1:
+            most = get_strategy(strategy).max_workers
+            if most is not None and count > most:
                 continue
             runs.append(Run(strategy, server, sync, count, batch, repeat))
-    if "local" in config.strategies and any(n > 1 for n in workers):
-        notes.append("local runs only at 1 worker")
+    for spec in config.strategies:
+        most = get_strategy(parse_strategy(spec)[0]).max_workers
+        if most is not None and any(n > most for n in workers):
+            notes.append(f"{spec} runs only at 1 worker" if most == 1 else f"{spec} runs only up to {most} workers")
     return runs, notes
 
 
@@ -280,7 +271,7 @@ def _identity(config: SweepConfig, run: Run, machine: dict[str, Any]) -> dict[st
         "workload": config.workload,
         "strategy": run.label,
         "strategy_kind": run.strategy,
-        "server": run.server if run.strategy == "ps" else "",
+        "server": Layout(run.strategy, 1, run.server, run.sync).server,
         "sync": run.sync,
         "workers": run.workers,
         "batch_size": run.batch_size,
@@ -296,7 +287,8 @@ def _row(config: SweepConfig, run: Run, summary: dict[str, Any], machine: dict[s
     identity["batch_size"] = summary["batch_size"]
     metric = summary["metric"]
     # One epoch in samples: a join step consumes a global batch of workers × batch_size.
-    join = run.sync == "join" and run.strategy != "local"
+    layout = Layout(run.strategy, run.workers, run.server, run.sync)
+    join = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor > 1
     epoch_samples = summary["steps_per_epoch"] * summary["batch_size"] * (run.workers if join else 1)
     rate = summary["samples_per_second"]
     return {

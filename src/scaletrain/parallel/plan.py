@@ -4,33 +4,34 @@ Vocabulary of Šlampa (2017, §6.1): ``join`` — each worker computes a whole b
 and one update joins N batches (= one worker with batch N·b); ``split`` — one batch of
 ``--batch-size`` is split over the N workers (= sequential training); ``async`` (Downpour SGD) —
 each worker trains its own share of the epoch's batches and the server applies every gradient as it
-arrives.
+arrives. Which strategies take which modes comes from the registry
+(:mod:`scaletrain.parallel.strategies`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies import ALIASES, Strategy, get_strategy
 from scaletrain.train.plan import WorkerPlan
-from scaletrain.workloads.base import Part
 
-__all__ = ["SERVER", "STRATEGIES", "SYNC_MODES", "WORKER", "Layout"]
+__all__ = ["SERVER", "WORKER", "Layout"]
 
-STRATEGIES = ("local", "allreduce", "ps")
-SERVERS = ("central", "sharded")
-SYNC_MODES = ("join", "split", "async")
-ALIASES = {"distributed": "sharded", "none": "async"}
 SERVER, WORKER = "server", "worker"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A strategy's processes: N workers, plus a parameter-server process at rank 0 for ``ps central``.
+    """A strategy's processes: N workers, plus any extra processes of the strategy (a central
+    parameter server) at the first ranks. ``server`` is ``""`` for a strategy without servers.
 
     >>> layout = Layout("ps", workers=2, server="central", sync="async")
-    >>> layout.world_size, layout.role(0), layout.worker_index(2)
-    (3, 'server', 1)
+    >>> layout.world_size, layout.role(0), layout.worker_index(2), layout.label
+    (3, 'server', 1, 'ps-central-async')
+    >>> Layout("allreduce", 2, server="central").label  # a server kind means nothing to all-reduce
+    'allreduce-join'
     """
 
     strategy: str
@@ -39,46 +40,56 @@ class Layout:
     sync: str = "join"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "server", ALIASES.get(self.server, self.server))
-        object.__setattr__(self, "sync", ALIASES.get(self.sync, self.sync))
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
-        if self.server not in SERVERS:
-            raise ConfigError(f"unknown server {self.server!r}; choose central or sharded (alias distributed)")
-        if self.sync not in SYNC_MODES:
+        strategy = get_strategy(self.strategy)
+        server = ALIASES.get(self.server, self.server) if strategy.servers else ""
+        sync = ALIASES.get(self.sync, self.sync)
+        object.__setattr__(self, "server", server)
+        object.__setattr__(self, "sync", sync)
+        if strategy.servers and server not in strategy.servers:
+            raise ConfigError(
+                f"unknown server {self.server!r}; choose {' or '.join(strategy.servers)} (alias distributed)"
+            )
+        if sync not in strategy.syncs:
+            if sync in ("join", "split", "async"):
+                raise ConfigError(
+                    f"{strategy.name} takes --sync {' or '.join(strategy.syncs)}, not {sync}"
+                    + ("; for asynchronous updates use --strategy ps --sync async" if sync == "async" else "")
+                )
             raise ConfigError(f"unknown sync mode {self.sync!r}; choose join, split or async (alias none)")
         if self.workers < 1:
             raise ConfigError(f"--workers must be ≥ 1, got {self.workers}")
-        if self.strategy == "local" and self.workers > 1:
-            raise ConfigError(
-                f"--strategy local trains in one process; for {self.workers} workers use "
-                "--strategy allreduce or --strategy ps"
-            )
-        if self.strategy == "allreduce" and self.sync == "async":
-            raise ConfigError("all-reduce is synchronous; for asynchronous updates use --strategy ps --sync async")
+        strategy.check(self)
+
+    @property
+    def plugin(self) -> Strategy:
+        return get_strategy(self.strategy)
 
     @property
     def has_server_process(self) -> bool:
-        return self.strategy == "ps" and self.server == "central"
+        return self.extra_processes > 0
+
+    @property
+    def extra_processes(self) -> int:
+        return self.plugin.extra_processes(self)
 
     @property
     def world_size(self) -> int:
-        return self.workers + (1 if self.has_server_process else 0)
+        return self.workers + self.extra_processes
 
     def role(self, rank: int) -> str:
-        return SERVER if self.has_server_process and rank == 0 else WORKER
+        return SERVER if rank < self.extra_processes else WORKER
 
     def worker_index(self, rank: int) -> int:
         """0..N−1 for the workers."""
-        return rank - 1 if self.has_server_process else rank
+        return rank - self.extra_processes
 
     def worker_ranks(self) -> list[int]:
-        first = 1 if self.has_server_process else 0
+        first = self.extra_processes
         return list(range(first, first + self.workers))
 
     def worker_plan(self, rank: int) -> WorkerPlan:
         """The data worker ``rank`` computes: its part of each global batch, or its async chunk."""
-        if self.strategy == "local":
+        if self.workers == 1:
             return WorkerPlan()
         index = Part(self.worker_index(rank), self.workers)
         if self.sync == "async":
@@ -90,8 +101,4 @@ class Layout:
     @property
     def label(self) -> str:
         """``local``, ``allreduce-join``, ``ps-central-async`` … (the bench's strategy specs)."""
-        if self.strategy == "local":
-            return "local"
-        if self.strategy == "allreduce":
-            return f"allreduce-{self.sync}"
-        return f"ps-{self.server}-{self.sync}"
+        return self.plugin.label(self.server, self.sync)

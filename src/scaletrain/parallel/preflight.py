@@ -13,8 +13,13 @@ import dataclasses
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.plan import Layout
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, check_writable, load_checkpoint, refuse_overwrite
-from scaletrain.train.loop import check_compatible
+from scaletrain.train.checkpoint import (
+    CHECKPOINT_NAME,
+    check_compatible,
+    check_writable,
+    load_checkpoint,
+    refuse_overwrite,
+)
 from scaletrain.workloads import Workload, create_workload
 
 __all__ = ["check_before_start"]
@@ -33,7 +38,7 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     workload = workload or create_workload(config.workload, config.options)
     resolved = resolve(config, workload.defaults)
     batch = resolved.batch_size
-    if layout.strategy != "local" and layout.sync == "split" and batch % layout.workers:
+    if layout.sync == "split" and batch % layout.workers:
         smaller = "" if batch < layout.workers else f" or {batch - batch % layout.workers}"
         raise ConfigError(
             f"--sync split divides each batch of {batch} over {layout.workers} workers, which does not go evenly; "

@@ -6,9 +6,11 @@ its own links: an asynchronous central server carries on with the others. An own
 peer from its own thread; the threads meet in :class:`ShardServer`, which applies updates under a
 lock. Messages (tags keep the two directions of a pair apart):
 
-- worker → owner, ``REQUEST``: header ``[kind, version, batches_done]`` then, for a gradient, the
-  flat gradient of the owner's tensors;
-- owner → worker, ``REPLY``: header ``[version]`` then the owner's flat weights;
+- worker → owner, ``REQUEST``: header ``[kind, version, batches_done, layout_id, numel]`` then, for
+  a gradient, the flat gradient of the owner's tensors (kinds: gradient, done, reconfigure — the
+  worker is at a step boundary where the network changes; ``version`` then holds the epoch);
+- owner → worker, ``REPLY``: header ``[version, layout_id, numel]`` then the owner's flat weights
+  (no weights when the layouts differ: both sides then stop with both layouts named);
 - owner → worker, ``GRANT``: with ``--ps-admission exclusive``, permission to send (Šlampa 2017
   §7.2: one transfer at a time into the server, one out).
 """
@@ -26,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
 from scaletrain.parallel.failures import describe
 from scaletrain.parallel.sharding import flatten
 from scaletrain.parallel.staleness import Compensation
@@ -35,7 +38,8 @@ from scaletrain.train.meter import now
 __all__ = ["PSExchange", "PeerLost", "ShardServer", "pair_groups"]
 
 REQUEST, REPLY, GRANT = 1, 2, 3
-GRADIENT, DONE = 0, 1
+GRADIENT, DONE, RECONFIGURE = 0, 1, 2
+REQUEST_FIELDS, REPLY_FIELDS = 5, 3
 
 
 class PeerLost(ScaletrainError):
@@ -106,13 +110,19 @@ class ShardServer:
         compensation: Compensation | None = None,
         on_update: Callable[[int], None] | None = None,
         timeout: float = 60.0,
+        stats: ServerStats | None = None,
+        codec: WireCodec | None = None,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
         self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
         self.on_update, self.timeout = on_update, timeout
         self.version = version
-        self.stats = ServerStats()
+        self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
+        self.layout = TensorLayout.of(master)
+        self.codec = codec or WireCodec()
+        #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
+        self.reconfiguring: dict[int, int] = {}
         self._condition = threading.Condition()
         # The master tensors become views of one flat buffer, so a reply sends it as it is; gradients
         # arrive in flat buffers whose views are handed to the optimizer as .grad. Nothing is packed
@@ -127,6 +137,7 @@ class ShardServer:
         self._round = 0
         self._snapshot = self._flat if synchronous else self._flat.clone()
         self._failure: tuple[int, str] | None = None
+        self._mismatch: str | None = None
         self._receiving = threading.Semaphore(1) if exclusive else None
         self._sending = threading.Semaphore(1) if exclusive else None
         self._threads = [
@@ -146,9 +157,16 @@ class ShardServer:
         return self._apply(gradient, views_of(gradient, self.master), version)
 
     def join(self, deadline_seconds: float | None = None) -> ServerStats:
-        """Wait for every peer to finish; in synchronous mode a lost peer is an error."""
-        for thread in self._threads:
-            thread.join(deadline_seconds)
+        """Wait for every peer to finish or to reach a reconfiguration; in synchronous mode a lost peer
+        is an error, and in every mode a peer whose network differs from this server's."""
+        deadline = None if deadline_seconds is None else now() + deadline_seconds
+        with self._condition:  # woken by every thread's end or failure; a mismatch stops the run at once
+            while self._mismatch is None and any(thread.is_alive() for thread in self._threads):
+                if deadline is not None and now() > deadline:
+                    break
+                self._condition.wait(0.2)
+        if self._mismatch is not None:
+            raise LayoutMismatch(self._mismatch)
         if self.synchronous and self._failure is not None:
             peer, reason = self._failure
             raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
@@ -157,8 +175,9 @@ class ShardServer:
     # -- one thread per peer ------------------------------------------------------------------
     def _serve(self, peer: int) -> None:
         group = self.peers[peer]
-        header = torch.zeros(3, dtype=torch.int64)
+        header = torch.zeros(REQUEST_FIELDS, dtype=torch.int64)
         gradient = torch.zeros_like(self._sum)
+        wire = self.codec.receive_buffer(gradient)
         gradient_views = views_of(gradient, self.master)
         try:
             self._reply(peer, group, self.version, self.weights())
@@ -167,12 +186,21 @@ class ShardServer:
                     if self._receiving is not None:
                         dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
                     dist.recv(header, src=peer, group=group, tag=REQUEST)
-                    kind, version, batches_done = (int(v) for v in header)
+                    kind, version, batches_done, layout_id, numel = (int(v) for v in header)
+                    theirs = TensorLayout(layout_id, numel)
+                    if theirs != self.layout:
+                        self._refuse(peer, group, theirs)
+                        return
                     if kind == GRADIENT:
-                        dist.recv(gradient, src=peer, group=group, tag=REQUEST)
+                        dist.recv(wire, src=peer, group=group, tag=REQUEST)
+                        self.codec.unpack(wire, gradient)
                 with self._condition:
                     self.stats.batches_done[peer] = batches_done
                 if kind == DONE:
+                    return
+                if kind == RECONFIGURE:
+                    with self._condition:
+                        self.reconfiguring[peer] = version
                     return
                 new_version, weights = self._apply(gradient, gradient_views, version)
                 self._reply(peer, group, new_version, weights)
@@ -184,10 +212,26 @@ class ShardServer:
                     self._failure = (peer, reason)
                 self._condition.notify_all()
 
+    def _refuse(self, peer: int, group: dist.ProcessGroup, theirs: TensorLayout) -> None:
+        """A worker whose network differs: tell it this server's layout (it stops with both named), and stop."""
+        message = (
+            f"worker rank {peer} sent tensors of layout {theirs} but its server holds layout {self.layout}; "
+            "every process must build the same network (same workload, options and reconfigurations)"
+        )
+        with self._condition:
+            self._mismatch = self._mismatch or message
+            self._failure = self._failure or (peer, message)
+            self._condition.notify_all()
+        with _held(self._sending):
+            dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
+
+    def _reply_header(self, version: int) -> torch.Tensor:
+        return torch.tensor([version, self.layout.layout_id, self.layout.numel], dtype=torch.int64)
+
     def _reply(self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor) -> None:
         with _held(self._sending):
-            dist.send(torch.tensor([version], dtype=torch.int64), dst=peer, group=group, tag=REPLY)
-            dist.send(weights, dst=peer, group=group, tag=REPLY)
+            dist.send(self._reply_header(version), dst=peer, group=group, tag=REPLY)
+            dist.send(self.codec.encode(weights), dst=peer, group=group, tag=REPLY)
 
     # -- updates --------------------------------------------------------------------------------
     def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor]:
@@ -259,34 +303,55 @@ class PSExchange(GradientExchange):
 
     The model's tensors become views of one flat weight buffer per owner, so weights are received
     straight into the model; gradients are packed into a reused flat buffer per owner.
+
+    ``plan(parameters)`` gives each tensor's owner (recomputed after a reconfiguration);
+    ``serve(owned, optimizer)``, for a worker that owns tensors (sharded server), builds and starts
+    its :class:`ShardServer` over clones of them with their optimizer state; ``gather(model,
+    optimizer)``, before a reconfiguration, brings every owner's master weights and optimizer state
+    into ``model`` and ``optimizer`` (sharded) or does nothing (central: the server reconfigures its own).
     """
 
     def __init__(
         self,
         *,
         rank: int,
-        owner_of: list[int],
+        plan: Callable[[list[nn.Parameter]], list[int]],
         groups: dict[int, dist.ProcessGroup],
-        local_server: ShardServer | None = None,
+        serve: Callable[[list[nn.Parameter], torch.optim.Optimizer], ShardServer] | None = None,
+        gather: Callable[[PSExchange, nn.Module, torch.optim.Optimizer], None] | None = None,
         exclusive: bool = False,
+        codec: WireCodec | None = None,
     ) -> None:
-        self.rank, self.owner_of, self.groups = rank, owner_of, groups
-        self.local_server, self.exclusive = local_server, exclusive
-        self.owners = sorted(set(owner_of))
-        self.versions = dict.fromkeys(self.owners, 0)
+        self.rank, self.plan, self.groups = rank, plan, groups
+        self.serve, self.gather, self.exclusive = serve, gather, exclusive
+        self.codec = codec or WireCodec()
+        self.local_server: ShardServer | None = None
+        self.owner_of: list[int] = []
+        self.owners: list[int] = []
+        self.versions: dict[int, int] = {}
         self.batches_done = 0
         self._owned: dict[int, list[nn.Parameter]] = {}
+        self._layouts: dict[int, TensorLayout] = {}
         self._weights: dict[int, torch.Tensor] = {}
         self._gradients: dict[int, torch.Tensor] = {}
-        self._header = torch.zeros(1, dtype=torch.int64)
+        self._header = torch.zeros(REPLY_FIELDS, dtype=torch.int64)
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         parameters = list(model.parameters())
+        self.owner_of = self.plan(parameters)
+        self.owners = sorted(set(self.owner_of))
+        self.versions = {owner: self.versions.get(owner, 0) for owner in self.owners}
+        self._owned, self._layouts, self._weights, self._gradients = {}, {}, {}, {}
         for owner in self.owners:
             owned = [p for p, o in zip(parameters, self.owner_of, strict=True) if o == owner]
             self._owned[owner] = owned
+            self._layouts[owner] = TensorLayout.of(owned)
             self._weights[owner] = flatten([p.detach() for p in owned])
             self._gradients[owner] = torch.zeros_like(self._weights[owner])
+        if self.rank in self._owned:
+            self.local_server = self.serve(self._owned[self.rank], optimizer)
+        for owner in self.owners:
+            owned = self._owned[owner]
             with torch.no_grad():
                 for parameter, view in zip(owned, views_of(self._weights[owner], owned), strict=True):
                     parameter.data = view
@@ -296,12 +361,23 @@ class PSExchange(GradientExchange):
                 self._receive_reply(owner)
 
     def _receive_reply(self, owner: int) -> float:
-        """Receive ``[version]`` + weights from ``owner`` into the model; returns the wait for the header."""
+        """Receive ``[version, layout]`` + weights from ``owner`` into the model; returns the wait for the header."""
         begin = now()
         dist.recv(self._header, src=owner, group=self.groups[owner], tag=REPLY)
         waited = now() - begin
-        dist.recv(self._weights[owner], src=owner, group=self.groups[owner], tag=REPLY)
-        self.versions[owner] = int(self._header[0])
+        version, layout_id, numel = (int(v) for v in self._header)
+        theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
+        if theirs != mine:
+            raise LayoutMismatch(
+                f"worker rank {self.rank} holds tensors of layout {mine} for the server at rank {owner}, which "
+                f"holds layout {theirs}; every process must build the same network (same workload, options and "
+                "reconfigurations)"
+            )
+        weights = self._weights[owner]
+        wire = self.codec.receive_buffer(weights)
+        dist.recv(wire, src=owner, group=self.groups[owner], tag=REPLY)
+        self.codec.unpack(wire, weights)
+        self.versions[owner] = version
         return waited
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
@@ -315,9 +391,8 @@ class PSExchange(GradientExchange):
             if owner == self.rank:
                 continue
             waited += self._await_grant(owner)
-            header = torch.tensor([GRADIENT, self.versions[owner], self.batches_done], dtype=torch.int64)
-            dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
-            dist.send(self._gradients[owner], dst=owner, group=self.groups[owner], tag=REQUEST)
+            self._send_header(owner, GRADIENT, self.versions[owner])
+            dist.send(self.codec.encode(self._gradients[owner]), dst=owner, group=self.groups[owner], tag=REQUEST)
         if self.rank in self._owned:
             arrive = now()
             version, weights = self.local_server.contribute(self._gradients[self.rank], self.versions[self.rank])
@@ -329,6 +404,11 @@ class PSExchange(GradientExchange):
                 waited += self._receive_reply(owner)
         return ExchangeTimes(communication=now() - begin - waited, wait=waited)
 
+    def _send_header(self, owner: int, kind: int, version: int) -> None:
+        layout = self._layouts[owner]
+        header = torch.tensor([kind, version, self.batches_done, layout.layout_id, layout.numel], dtype=torch.int64)
+        dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
+
     def _await_grant(self, owner: int) -> float:
         if not self.exclusive:
             return 0.0
@@ -338,12 +418,26 @@ class PSExchange(GradientExchange):
 
     def finish(self, model: nn.Module) -> None:
         """Tell every remote owner this worker is done."""
+        self._tell_owners(DONE)
+
+    def _tell_owners(self, kind: int, epoch: int | None = None) -> None:
         for owner in self.owners:
             if owner == self.rank:
                 continue
             self._await_grant(owner)
-            header = torch.tensor([DONE, self.versions[owner], self.batches_done], dtype=torch.int64)
-            dist.send(header, dst=owner, group=self.groups[owner], tag=REQUEST)
+            self._send_header(owner, kind, self.versions[owner] if epoch is None else epoch)
+
+    def prepare_reconfiguration(self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+        """At the agreed step boundary: tell every remote owner (their serving threads end), then bring the
+        owners' master weights and optimizer state into ``model`` and ``optimizer``."""
+        self._tell_owners(RECONFIGURE, epoch)
+        if self.gather is not None:
+            self.gather(self, model, optimizer)
+
+    def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Re-plan ownership over the new tensors, start this worker's new shard server (sharded) and pull
+        every owner's weights, as at the start."""
+        self.start(model, optimizer)
 
 
 def views_of(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -57,15 +57,16 @@ class Rendezvous:
     agent_store: bool = False  # torchrun's agent hosts the store: every rank connects as a client
     restart_count: int = 0  # torchrun's restarts so far; keys of each attempt are kept apart
 
-    def threads_per_process(self, cores: int | None = None) -> int:
-        """Default torch threads: this machine's cores shared by its processes."""
-        return max(1, (cores or os.cpu_count() or 1) // self.local_world_size)
-
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is outside a world of {self.world_size} processes")
-        if not 0 < self.master_port < 65536:
+        if self.world_size > 1 and not 0 < self.master_port < 65536:
             raise ConfigError(f"port {self.master_port} is not a valid TCP port")
+
+    @classmethod
+    def alone(cls) -> Rendezvous:
+        """A world of one process: it meets nobody, so it has no address to meet at."""
+        return cls(rank=0, world_size=1, master_addr="", master_port=0)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Rendezvous:

@@ -1,4 +1,4 @@
-"""Atomic checkpoints: written to a temporary file, flushed to disk, then renamed into place.
+"""Checkpoints: their format, and atomic writes (a temporary file, flushed, then renamed into place).
 
 A run killed at any moment leaves either the previous checkpoint or the new one, never half a file.
 """
@@ -8,17 +8,28 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
+from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, ScaletrainError
 
+if TYPE_CHECKING:
+    from scaletrain.train.loop import Prepared
+    from scaletrain.workloads import Workload
+
 __all__ = [
+    "CHECKPOINT_FORMAT",
     "CHECKPOINT_NAME",
+    "Position",
     "atomic_save",
+    "check_compatible",
     "check_writable",
+    "checkpoint_payload",
     "load_checkpoint",
     "make_folder",
     "refuse_overwrite",
@@ -147,3 +158,81 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"{fix}"
         )
     return content
+
+
+# -- the format -------------------------------------------------------------------------------------
+
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class Position:
+    """Where a run stands: next comes batch ``batch`` of epoch ``epoch``; ``step`` updates so far."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
+
+
+def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
+    """Refuse to resume a checkpoint written with other settings."""
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
+    expected_strategy = _strategy_label(config)
+    for key, expected, saved in (
+        ("workload", workload.name, checkpoint.get("workload")),
+        ("batch size", config.batch_size, checkpoint.get("batch_size")),
+        ("seed", config.seed, checkpoint.get("seed")),
+        ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy)),
+    ):
+        if saved != expected:
+            raise ConfigError(
+                f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
+                f"{expected}; use the same settings or another --out"
+            )
+
+
+def _strategy_label(config: TrainConfig) -> str:
+    """``allreduce-join, 2 workers`` — the strategy as the bench and the summary name it."""
+    from scaletrain.parallel.plan import Layout  # checkpoints know layouts only by their names
+
+    label = Layout(config.strategy, config.workers, config.server, config.sync).label
+    return f"{label}, {config.workers} worker{'s' if config.workers != 1 else ''}"
+
+
+def _saved_strategy(checkpoint: dict[str, Any], expected: str) -> str:
+    """The checkpoint's strategy label; files of 0.1.0 wrote ``strategy/server/sync/workers``."""
+    saved = checkpoint.get("strategy", expected)
+    parts = saved.split("/") if isinstance(saved, str) else []
+    if len(parts) == 4 and parts[3].isdigit():
+        strategy, server, sync, workers = parts
+        return _strategy_label(TrainConfig("-", strategy=strategy, server=server, sync=sync, workers=int(workers)))
+    return saved
+
+
+def checkpoint_payload(
+    prepared: Prepared, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, state: Any
+) -> dict[str, Any]:
+    """What ``checkpoint.pt`` holds; every strategy's coordinator writes this shape.
+
+    ``architecture``: the modules resized by reconfigurations so far (a resumed run rebuilds them
+    before loading the weights); ``decided_epochs``: through which epoch's end the technique has
+    decided; ``technique``: the technique's own state.
+    """
+    config = prepared.config
+    technique = prepared.technique
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "workload": prepared.workload.name,
+        "batch_size": config.batch_size,
+        "seed": config.seed,
+        "strategy": _strategy_label(config),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "position": asdict(position),
+        "workload_state": state,
+        "architecture": prepared.architecture,
+        "decided_epochs": prepared.decided_epochs,
+        "technique": technique.state_dict() if technique is not None else None,
+    }

@@ -36,6 +36,15 @@ class GradientExchange(ABC):
     def finish(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """After the last step: leave the final weights in ``model`` on the coordinator."""
 
+    def prepare_reconfiguration(  # noqa: B027 - optional hook
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int
+    ) -> None:
+        """At an agreed step boundary, before the network changes (after ``epoch``): bring the current
+        weights and optimizer state into ``model`` and ``optimizer`` wherever they are kept."""
+
+    def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
+        """The network in ``model`` changed shape: re-make whatever was sized for the old one."""
+
 
 def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
     if clip_norm:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,34 +18,49 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
-from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
+from scaletrain.efficient import Reconfiguration, Technique, create_technique
+from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
+from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.train.checkpoint import (
     CHECKPOINT_NAME,
+    Position,
     atomic_save,
+    check_compatible,
+    checkpoint_payload,
     load_checkpoint,
     make_folder,
     refuse_overwrite,
-    resume_advice,
 )
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import ThroughputMeter, now
 from scaletrain.train.plan import WorkerPlan
-from scaletrain.train.summary import WorkerStats, write_summary
+from scaletrain.train.runtime import ProcessSettings, configure_process
+from scaletrain.train.summary import WorkerStats
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["CHECKPOINT_FORMAT", "Diverged", "Position", "Prepared", "Role", "learning_rate", "prepare", "run_training"]
+__all__ = [
+    "Agreement",
+    "Diverged",
+    "Prepared",
+    "Role",
+    "Trainer",
+    "checkpoint_due",
+    "learning_rate",
+    "learning_rate_at_step",
+    "make_optimizer",
+    "prepare",
+]
 
-CHECKPOINT_FORMAT = 1
 
+class Agreement:
+    """How the processes of a run agree on a reconfiguration: here, the one process decides alone.
 
-@dataclass
-class Position:
-    """Where a run stands: next comes batch ``batch`` of epoch ``epoch``; ``step`` updates so far."""
+    :class:`scaletrain.parallel.agreement.StoreAgreement` has one process decide and the others read.
+    """
 
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
+    def agree(self, epoch: int, decide: Callable[[], Reconfiguration | None]) -> Reconfiguration | None:
+        return decide()
 
 
 @dataclass
@@ -60,6 +76,7 @@ class Role:
     coordinator: bool = True  # writes logs and evaluates
     checkpoints: bool = True  # writes checkpoint.pt from its own model and optimizer
     evaluate_each_epoch: bool = True
+    agreement: Agreement = field(default_factory=Agreement)
 
 
 @dataclass
@@ -77,11 +94,30 @@ class Prepared:
     state: Any
     resumed_from: int | None
     started: float
+    process: ProcessSettings  # threads and allocator, as configure_process set them
+    technique: Technique | None = None
+    #: How the network differs from the workload's own (resized modules), and through which epoch's
+    #: end the technique has decided: both kept in checkpoints.
+    architecture: Architecture = field(default_factory=dict)
+    decided_epochs: int = 0
 
 
 def learning_rate(config: TrainConfig, epoch: int) -> float:
     """Step decay as in Zaremba et al.: full rate for ``lr_decay_start`` epochs, then × ``lr_decay`` each."""
     return config.lr * config.lr_decay ** max(epoch + 1 - config.lr_decay_start, 0)
+
+
+def learning_rate_at_step(prepared: Prepared, step: int) -> float:
+    """The rate for update number ``step`` (0-based): the schedule of :func:`learning_rate` in updates,
+    as a parameter server counts them."""
+    return learning_rate(prepared.config, step // prepared.steps_per_epoch)
+
+
+def checkpoint_due(prepared: Prepared, step: int) -> bool:
+    """After update ``step``: every ``checkpoint_every`` updates, at each epoch's end, and at the end —
+    one rule for the loop and the parameter servers."""
+    every, last = prepared.config.checkpoint_every, prepared.total_steps
+    return step % every == 0 or step % prepared.steps_per_epoch == 0 or step == last
 
 
 def prepare(
@@ -99,8 +135,7 @@ def prepare(
     if coordinator:
         refuse_overwrite(out, resume=config.resume)
     make_folder(out)
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    process = configure_process(config.threads)
 
     data = workload.load_data(config.data_dir, download=config.download)
     global_batch = config.batch_size * global_batch_factor
@@ -117,17 +152,25 @@ def prepare(
     torch.manual_seed(config.seed)
     model = workload.build_model()
     model.train()
-    optimizer = make_optimizer(config, list(model.parameters()))
-    position, state, resumed_from = Position(), None, None
+    technique = create_technique(config.technique, config.technique_options) if config.technique else None
+    position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
+    checkpoint = None
     if config.resume:
         checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
         check_compatible(checkpoint, config, workload)
+        architecture = checkpoint.get("architecture") or {}
+        apply_architecture(model, architecture)  # the reconfigured network, before its weights go in
+    optimizer = make_optimizer(config, list(model.parameters()))
+    if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         torch.set_rng_state(checkpoint["rng"])
         position = Position(**checkpoint["position"])
         state = checkpoint["workload_state"]
         resumed_from = position.step
+        decided = checkpoint.get("decided_epochs", position.epoch)
+        if technique is not None and checkpoint.get("technique") is not None:
+            technique.load_state_dict(checkpoint["technique"])
     return Prepared(
         config,
         workload,
@@ -140,87 +183,16 @@ def prepare(
         state,
         resumed_from,
         started,
+        process,
+        technique,
+        architecture,
+        decided,
     )
 
 
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
     """SGD with the run's rate, momentum and weight decay."""
     return torch.optim.SGD(parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-
-
-def run_training(config: TrainConfig, workload: Workload | None = None) -> dict[str, Any]:
-    """Train in this process alone and return the summary it writes.
-
-    >>> from scaletrain.config import TrainConfig
-    >>> summary = run_training(TrainConfig("lenet", steps=20, out="/tmp/st-doc"))  # doctest: +SKIP
-    >>> summary["test_accuracy"] > 0.1  # doctest: +SKIP
-    True
-    """
-    prepared = prepare(config, workload)
-    trainer = Trainer(prepared, Role())
-    try:
-        trainer.train()
-        quality = trainer.final_quality()
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; {resume_advice(prepared.config.out)}") from None
-    finally:
-        trainer.close()
-    return write_summary(prepared, quality, [trainer.stats()], layout_fields={"strategy": "local", "workers": 1})
-
-
-def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
-    """Refuse to resume a checkpoint written with other settings."""
-    if checkpoint.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
-    expected_strategy = _strategy_label(config)
-    for key, expected, saved in (
-        ("workload", workload.name, checkpoint.get("workload")),
-        ("batch size", config.batch_size, checkpoint.get("batch_size")),
-        ("seed", config.seed, checkpoint.get("seed")),
-        ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy)),
-    ):
-        if saved != expected:
-            raise ConfigError(
-                f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
-                f"{expected}; use the same settings or another --out"
-            )
-
-
-def _strategy_label(config: TrainConfig) -> str:
-    """``allreduce-join, 2 workers`` — the strategy as the bench and the summary name it."""
-    from scaletrain.parallel.plan import Layout  # the loop knows layouts only by their names
-
-    label = Layout(config.strategy, config.workers, config.server, config.sync).label
-    return f"{label}, {config.workers} worker{'s' if config.workers != 1 else ''}"
-
-
-def _saved_strategy(checkpoint: dict[str, Any], expected: str) -> str:
-    """The checkpoint's strategy label; files of 0.1.0 wrote ``strategy/server/sync/workers``."""
-    saved = checkpoint.get("strategy", expected)
-    parts = saved.split("/") if isinstance(saved, str) else []
-    if len(parts) == 4 and parts[3].isdigit():
-        strategy, server, sync, workers = parts
-        return _strategy_label(TrainConfig("-", strategy=strategy, server=server, sync=sync, workers=int(workers)))
-    return saved
-
-
-def checkpoint_payload(
-    prepared: Prepared, model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, state: Any
-) -> dict[str, Any]:
-    """What ``checkpoint.pt`` holds; every strategy's coordinator writes this shape."""
-    config = prepared.config
-    return {
-        "format": CHECKPOINT_FORMAT,
-        "workload": prepared.workload.name,
-        "batch_size": config.batch_size,
-        "seed": config.seed,
-        "strategy": _strategy_label(config),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-        "position": asdict(position),
-        "workload_state": state,
-    }
 
 
 class Diverged(ScaletrainError):
@@ -238,6 +210,7 @@ class Trainer:
         self.steps_per_epoch, self.total_steps = prepared.steps_per_epoch, prepared.total_steps
         self.position = Position(**asdict(prepared.position))
         self.state = prepared.state
+        self.technique = prepared.technique
         self.meter = ThroughputMeter(config.warmup_steps)
         self.communication = self.wait = 0.0
         writes = role.coordinator
@@ -253,6 +226,11 @@ class Trainer:
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
+        if self.technique is not None:
+            self.technique.start(self.model)
+            if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
+                # resumed from a checkpoint written at an epoch's end before that epoch's decision
+                self._decide(self.position.epoch - 1)
         epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         while self.position.epoch < epochs:
             epoch = self.position.epoch
@@ -281,8 +259,12 @@ class Trainer:
             begin = now()
             objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
             self._check_finite(loss)
+            if self.technique is not None:
+                objective = self.technique.objective(objective, self.model)
             self.optimizer.zero_grad(set_to_none=True)
             objective.backward()
+            if self.technique is not None:
+                self.technique.after_backward(self.model)
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
             self.meter.add(now() - begin)
             if self.meter.measured_steps:  # after the warm-up, like the throughput
@@ -350,6 +332,13 @@ class Trainer:
         self.position.epoch += 1
         self.position.batch = 0
         self.state = None
+        self._log_epoch(epoch, train_loss)
+        if self.technique is not None:
+            self._decide(epoch)
+        if self.role.checkpoints:  # after the decision: a resumed run rebuilds the network it made
+            self.save_checkpoint()
+
+    def _log_epoch(self, epoch: int, train_loss: float) -> None:
         if self.metrics is None:
             return
         record = {"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss}
@@ -362,8 +351,33 @@ class Trainer:
             message += "".join(f", {key} {value:.4f}" for key, value in quality.items())
         self.metrics.write(record)
         self.progress.message(message)
-        if self.role.checkpoints:
-            self.save_checkpoint()
+
+    def _decide(self, epoch: int) -> None:
+        """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary."""
+        decision = self.role.agreement.agree(epoch, lambda: self.technique.epoch_end(epoch, self.model))
+        self.prepared.decided_epochs = epoch + 1  # before any checkpoint of the new network is written
+        if decision is not None:
+            self._reconfigure(decision, epoch)
+
+    def _reconfigure(self, decision: Reconfiguration, epoch: int) -> None:
+        """Rebuild the network as ``decision`` says, carry weights and momentum over, and let the exchange
+        re-make what it sized for the old network."""
+        if decision.batch_size is not None or decision.lr_scale != 1.0:
+            raise ConfigError(
+                f"technique {self.config.technique} asked for a batch size change, which this version of "
+                "scaletrain does not apply yet; run it without --technique"
+            )
+        exchange, prepared = self.role.exchange, self.prepared
+        exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
+        self.optimizer = reconfigure(
+            self.model, self.optimizer, decision, lambda parameters: make_optimizer(self.config, parameters)
+        )
+        prepared.optimizer = self.optimizer
+        prepared.architecture = resized_architecture(prepared.architecture, decision)
+        exchange.reconfigure(self.model, self.optimizer)
+        self.last_quality = None  # measured on the old network
+        changed = ", ".join(f"{path} {dict(sizes)}" for path, sizes in prepared.architecture.items())
+        self.progress.message(f"after epoch {epoch + 1}: reconfigured the network ({changed})")
 
     def final_quality(self) -> dict[str, float]:
         """Quality of the final weights, reusing the last epoch's evaluation when nothing changed since."""
@@ -389,6 +403,7 @@ class Trainer:
             wait_seconds=self.wait,
             batch_fraction=self.role.plan.batch_fraction,
             final_loss=self.last_loss,
+            minor_faults_per_step=self.meter.minor_faults_per_step(),
         )
 
     def close(self) -> None:

@@ -3,14 +3,19 @@
 The first ``warmup_steps`` steps of a process (allocator and thread-pool start-up, first-call
 overheads) are excluded from the rate; evaluation and checkpoint writing are not training time and
 are excluded too. Both exclusions are stated in ``summary.json``.
+
+The meter also counts the process's minor page faults over the same measured steps: a step whose
+buffers the C allocator gave back to the kernel faults them in again, which costs time the step
+timer sees but cannot explain (see :mod:`scaletrain.train.runtime`).
 """
 
 from __future__ import annotations
 
+import resource
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["ThroughputMeter"]
+__all__ = ["ThroughputMeter", "minor_faults"]
 
 
 @dataclass
@@ -29,12 +34,22 @@ class ThroughputMeter:
     measured_seconds: float = 0.0
     window_steps: int = 0
     window_seconds: float = 0.0
+    # ru_minflt when the last warm-up step ended, and when the latest measured step ended.
+    faults_before_measuring: int | None = field(default=None, repr=False)
+    faults_after_measuring: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps == 0:
+            self.faults_before_measuring = minor_faults()
 
     def add(self, seconds: float) -> None:
         """Record one step that took ``seconds``."""
         self.steps_seen += 1
         if self.steps_seen <= self.warmup_steps:
+            if self.steps_seen == self.warmup_steps:
+                self.faults_before_measuring = minor_faults()
             return
+        self.faults_after_measuring = minor_faults()  # a system call of about a microsecond
         self.measured_steps += 1
         self.measured_seconds += seconds
         self.window_steps += 1
@@ -46,11 +61,27 @@ class ThroughputMeter:
             return None
         return self.measured_steps / self.measured_seconds
 
+    def minor_faults_per_step(self) -> float | None:
+        """Minor page faults of this process per measured step; ``None`` while still warming up.
+
+        Counted from the end of the last warm-up step to the end of the latest measured step, so it
+        includes the work between steps (logs, a checkpoint write, an epoch's evaluation) but not the
+        final evaluation. The time, measured per step, leaves those out.
+        """
+        if self.measured_steps == 0 or self.faults_before_measuring is None or self.faults_after_measuring is None:
+            return None
+        return (self.faults_after_measuring - self.faults_before_measuring) / self.measured_steps
+
     def take_window(self) -> float | None:
         """Rate since the previous call (for periodic logs), then start a new window."""
         rate = self.window_steps / self.window_seconds if self.window_seconds > 0 else None
         self.window_steps, self.window_seconds = 0, 0.0
         return rate
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process (all its threads) so far: pages the kernel had to map in."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def now() -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaletrain.workloads.base import Part
+from scaletrain.data.sampler import Part
 
 __all__ = ["WorkerPlan"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,10 +40,12 @@ class WorkerStats:
     wait_seconds: float = 0.0
     batch_fraction: float = 1.0
     final_loss: float | None = None
+    minor_faults_per_step: float | None = None  # page faults the kernel served per step (see train/runtime.py)
 
 
 def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
-    """Batches and samples per second over all workers, and the mean per-step time split.
+    """Batches and samples per second over all workers, the mean per-step time split, and the median
+    over workers of their minor page faults per step.
 
     >>> two = [WorkerStats(0, 10, 10, 2.0, 0.5, 0.1), WorkerStats(1, 10, 10, 2.5, 0.5, 0.2)]
     >>> throughput(two, batch_size=32)["batches_per_second"]  # 20 batches in the slower worker's 2.5 s
@@ -58,6 +61,7 @@ def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | N
                 "compute_seconds_per_step",
                 "communication_seconds_per_step",
                 "wait_seconds_per_step",
+                "minor_faults_per_step",
             )
         }
     batches = sum(s.measured_steps * s.batch_fraction for s in measured)
@@ -73,11 +77,13 @@ def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | N
             ),
         )
     }
+    faults = [s.minor_faults_per_step for s in measured if s.minor_faults_per_step is not None]
     return {
         "batches_per_second": batches / duration,
         "samples_per_second": batches * batch_size / duration,
         "train_seconds": duration,
         **per_step,
+        "minor_faults_per_step": statistics.median(faults) if faults else None,
     }
 
 
@@ -111,7 +117,8 @@ def write_summary(
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
         "seed": config.seed,
-        "threads": torch.get_num_threads(),
+        "threads": prepared.process.threads,
+        "allocator": prepared.process.allocator,
         "options": asdict(workload.options),
         "parameters": count_parameters(model),
         **quality,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
-from scaletrain.workloads.base import Part, Workload
+from scaletrain.workloads.base import Workload
 from scaletrain.workloads.googlenet import GoogLeNetWorkload
 from scaletrain.workloads.lenet import LeNetWorkload
 from scaletrain.workloads.ptb_lstm import PTBLSTMWorkload

@@ -19,29 +19,10 @@ import torch
 from torch import nn
 
 from scaletrain.config import WorkloadDefaults
+from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 
 __all__ = ["Part", "Workload", "count_parameters", "parse_options"]
-
-
-@dataclass(frozen=True)
-class Part:
-    """Which consecutive slice of every global batch a worker computes: slice ``index`` of ``count``.
-
-    ``Part(0, 1)`` is the whole batch. The global batch size must divide evenly.
-    """
-
-    index: int = 0
-    count: int = 1
-
-    def slice(self, size: int) -> slice:
-        if size % self.count:
-            raise ConfigError(
-                f"a batch of {size} cannot be split evenly over {self.count} workers; "
-                f"choose a batch size that is a multiple of {self.count}"
-            )
-        share = size // self.count
-        return slice(self.index * share, (self.index + 1) * share)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -24,8 +24,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from scaletrain.config import WorkloadDefaults
+from scaletrain.data.sampler import Part
 from scaletrain.errors import DataError
-from scaletrain.workloads.base import Part, Workload
+from scaletrain.workloads.base import Workload
 
 __all__ = ["ClassificationData", "ClassificationWorkload", "epoch_permutation"]
 

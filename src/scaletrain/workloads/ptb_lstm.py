@@ -27,7 +27,8 @@ from torch.nn import functional as F
 from scaletrain.config import WorkloadDefaults
 from scaletrain.data.locate import find_ptb
 from scaletrain.data.ptb import PennTreebank, load_ptb
-from scaletrain.workloads.base import Part, Workload
+from scaletrain.data.sampler import Part
+from scaletrain.workloads.base import Workload
 
 __all__ = ["LSTMLanguageModel", "PTBLSTMWorkload", "PTBOptions"]
 

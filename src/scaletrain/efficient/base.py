@@ -1,0 +1,78 @@
+"""The technique interface: hooks in the order a step runs, and the reconfiguration a technique asks for.
+
+A technique only *decides*; the training loop applies (composer's ``core/event.py`` and
+``algorithms/`` show the split). The hooks, in order:
+
+1. :meth:`Technique.start` — once, before the first step (and after a resume);
+2. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
+3. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
+4. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
+   decided once (on the coordinating worker), agreed by every process and applied at this step
+   boundary by every strategy;
+5. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+__all__ = ["Reconfiguration", "Technique"]
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """A new architecture and/or batch size, as the loop applies it.
+
+    ``keep`` names modules (``model.get_submodule`` paths) and, per dimension, which of the old
+    channels each new channel is made from: ``{"classifier.1": {"out": [0, 1, ...]}, "classifier.3":
+    {"in": [0, 1, ...]}}`` keeps those output units of one layer and the matching inputs of the next.
+    An index may repeat (a copied channel, for widening). ``batch_size``: the new ``--batch-size``
+    from the next step on; ``lr_scale``: the factor on the learning rate that goes with it.
+
+    >>> decision = Reconfiguration(keep={"fc": {"out": [0, 2]}})
+    >>> Reconfiguration.from_json(decision.to_json()) == decision
+    True
+    """
+
+    keep: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    batch_size: int | None = None
+    lr_scale: float = 1.0
+
+    def to_json(self) -> str:
+        return json.dumps({"keep": self.keep, "batch_size": self.batch_size, "lr_scale": self.lr_scale})
+
+    @classmethod
+    def from_json(cls, text: str) -> Reconfiguration:
+        values = json.loads(text)
+        return cls(keep=values["keep"], batch_size=values["batch_size"], lr_scale=values["lr_scale"])
+
+
+class Technique:
+    """Base class: every hook does nothing. Subclass and override what the method needs."""
+
+    name: ClassVar[str]
+
+    def start(self, model: nn.Module) -> None:
+        """Before the first step."""
+
+    def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        """The loss to differentiate this step (``loss`` plus any regulariser)."""
+        return loss
+
+    def after_backward(self, model: nn.Module) -> None:
+        """Gradients are in ``model``; the exchange has not run yet."""
+
+    def epoch_end(self, epoch: int, model: nn.Module) -> Reconfiguration | None:
+        """After epoch ``epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""

@@ -1,0 +1,114 @@
+"""What parameter servers write while they serve: progress and metrics, ``checkpoint.pt``, shard files.
+
+The central server logs and checkpoints through :class:`ServerObserver`; each owner of a sharded
+server saves its master tensors and optimizer state through :class:`ShardCheckpointer`. Both follow
+the loop's rule for when a checkpoint is due (:func:`scaletrain.train.loop.checkpoint_due`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from scaletrain.errors import ConfigError
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, Position, atomic_save, checkpoint_payload, load_checkpoint
+from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
+from scaletrain.train.loop import Prepared, checkpoint_due
+from scaletrain.train.meter import now
+
+__all__ = ["SHARDS_DIR", "ServerObserver", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
+
+SHARDS_DIR = "shards"
+
+
+def save_checkpoint_at(prepared: Prepared, version: int) -> None:
+    """``checkpoint.pt`` from ``prepared``'s model and optimizer after ``version`` updates."""
+    epoch, batch = divmod(version, prepared.steps_per_epoch)
+    position = Position(epoch=epoch, batch=batch, step=version)
+    payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+    atomic_save(payload, prepared.config.out / CHECKPOINT_NAME)
+
+
+class ShardCheckpointer:
+    """Each owner of a sharded server saves its master tensors and optimizer state.
+
+    Synchronous owners update in lockstep, so their files share a version; rank 0 also writes
+    ``checkpoint.pt`` with the position. Asynchronous owners' files are each their own latest state.
+    """
+
+    def __init__(self, prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer) -> None:
+        self.prepared, self.rank, self.master, self.optimizer = prepared, rank, master, optimizer
+        (prepared.config.out / SHARDS_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, version: int) -> None:
+        if checkpoint_due(self.prepared, version):
+            self.save(version)
+
+    def save(self, version: int) -> None:
+        shard = {
+            "version": version,
+            "master": [p.detach() for p in self.master],
+            "optimizer": self.optimizer.state_dict(),
+        }
+        atomic_save(shard, self.prepared.config.out / SHARDS_DIR / f"rank-{self.rank}.pt")
+        if self.rank == 0:
+            save_checkpoint_at(self.prepared, version)
+
+
+def restore_shard(prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool) -> int:
+    """Load this owner's shard file on ``--resume``; returns the version to continue from."""
+    path = prepared.config.out / SHARDS_DIR / f"rank-{rank}.pt"
+    shard = load_checkpoint(path)
+    if synchronous and shard["version"] != prepared.position.step:
+        raise ConfigError(
+            f"shard checkpoint {path} is at update {shard['version']} but checkpoint.pt at "
+            f"{prepared.position.step} (a run stopped while writing them); start afresh"
+        )
+    with torch.no_grad():
+        for parameter, saved in zip(master, shard["master"], strict=True):
+            parameter.copy_(saved)
+    optimizer.load_state_dict(shard["optimizer"])
+    return shard["version"]
+
+
+class ServerObserver:
+    """Called by the central server after every update: logs progress and writes checkpoints.
+
+    A checkpoint is written every ``checkpoint_every`` updates, at each epoch's last update and at
+    the end; with asynchronous workers it holds the weights after that many applied gradients.
+    """
+
+    def __init__(self, prepared: Prepared) -> None:
+        self.prepared, self.config = prepared, prepared.config
+        resumed = prepared.resumed_from
+        self.metrics = MetricsLog(self.config.out, resume_step=resumed)
+        self.tensorboard = TensorBoardLog(self.config.out, enabled=self.config.tensorboard, purge_step=resumed)
+        self.progress = Progress(prepared.total_steps, mode=self.config.progress)
+        self._window = (now(), prepared.position.step)
+
+    def __call__(self, version: int) -> None:
+        prepared, config = self.prepared, self.config
+        epoch = version // prepared.steps_per_epoch
+        periodic = version % config.log_every == 0 or version == prepared.total_steps
+        if periodic:
+            began, first = self._window
+            rate = (version - first) / max(now() - began, 1e-9)
+            self._window = (now(), version)
+            lr, momentum = (prepared.optimizer.param_groups[0].get(key) for key in ("lr", "momentum"))
+            record = {"kind": "step", "step": version, "epoch": epoch, "lr": lr, "momentum": momentum}
+            record["updates_per_second"] = rate
+            self.metrics.write({**record, "time": time.time()})
+            self.tensorboard.scalars({"throughput/updates_per_second": rate}, version)
+        self.progress.update(version, epoch, None, None, periodic=periodic)
+        if checkpoint_due(prepared, version):
+            save_checkpoint_at(prepared, version)
+
+    def message(self, text: str) -> None:
+        self.progress.message(text)
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics.close()
+        self.tensorboard.close()

@@ -1,0 +1,104 @@
+"""``allreduce``: gradients averaged over every worker, then the same step everywhere.
+
+One flat buffer goes through ``all_reduce`` (gloo on CPU, NCCL on GPU), so its communication time
+can be read apart from computation; DistributedDataParallel would overlap the two and hide it.
+With one worker there is nothing to average and no collective is called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.parallel.sharding import flatten, unflatten_into
+from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
+from scaletrain.train.loop import Prepared, Role
+from scaletrain.train.meter import now
+from scaletrain.train.summary import write_summary
+
+if TYPE_CHECKING:
+    from scaletrain.parallel.plan import Layout
+
+__all__ = ["AllReduce", "AllReduceExchange"]
+
+
+class AllReduce(Strategy):
+    name = "allreduce"
+    description = "gradients averaged by all-reduce, the same step on every worker"
+    syncs = ("join", "split")
+
+    def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+        role = Role(
+            rank=rank,
+            plan=layout.worker_plan(rank),
+            exchange=AllReduceExchange(layout.workers, WireCodec.of()),
+            coordinator=rank == 0,
+            checkpoints=rank == 0,
+            evaluate_each_epoch=False,
+        )
+        trainer = train_worker(prepared, role, store)
+        if rank != 0:
+            return None
+        stats = collect_stats(store, layout.worker_ranks(), set(), prepared.config.timeout)
+        return write_summary(prepared, trainer.final_quality(), stats, layout_fields=layout_fields(layout))
+
+
+class AllReduceExchange(GradientExchange):
+    """Gradients averaged over all workers with ``all_reduce``; every worker then takes the same step."""
+
+    def __init__(self, workers: int, codec: WireCodec | None = None) -> None:
+        self.workers = workers
+        self.codec = codec or WireCodec()
+        self._ready = torch.zeros(1)
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if self.workers == 1:
+            return
+        parameters = list(model.parameters())
+        check_same_layout(parameters)
+        weights = flatten([p.detach() for p in parameters])
+        dist.broadcast(weights, src=0)
+        with torch.no_grad():
+            unflatten_into(weights, parameters)
+
+    def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        # Every worker rebuilt the same network from the agreed decision; the buffers are made per step.
+        if self.workers > 1:
+            check_same_layout(list(model.parameters()))
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
+        if self.workers == 1:
+            clip_and_step(model, optimizer, clip_norm)
+            return ExchangeTimes()
+        parameters = [p for p in model.parameters() if p.grad is not None]
+        begin = now()
+        # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it
+        # takes is waiting, and the big all-reduce after it is (mostly) transfer.
+        dist.all_reduce(self._ready)
+        arrived = now()
+        wire = self.codec.encode_gradients([p.grad for p in parameters])
+        dist.all_reduce(wire)
+        self.codec.decode_mean_into(wire, [p.grad for p in parameters], self.workers)
+        done = now()
+        clip_and_step(model, optimizer, clip_norm)
+        return ExchangeTimes(communication=done - arrived, wait=arrived - begin)
+
+
+def check_same_layout(parameters: list[torch.Tensor]) -> None:
+    """Every rank must hold tensors of the same shapes before a collective over them, or gloo fails
+    with a size error or hangs: compare a fingerprint of the shapes first and name both sides."""
+    mine = TensorLayout.of(parameters)
+    gathered = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine.as_tensor())
+    for rank, theirs in enumerate(gathered):
+        other = TensorLayout.from_tensor(theirs)
+        if other != mine:
+            raise LayoutMismatch(
+                f"worker rank {dist.get_rank()} holds tensors of layout {mine} but worker rank {rank} holds {other}; "
+                "every worker must build the same network"
+            )

@@ -1,0 +1,27 @@
+"""``local``: one process that trains alone (the exchange clips and steps; nothing goes anywhere)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from scaletrain.parallel.strategies.base import Strategy, layout_fields, train_worker
+from scaletrain.train.loop import Prepared, Role
+from scaletrain.train.summary import write_summary
+
+if TYPE_CHECKING:
+    from scaletrain.parallel.plan import Layout
+
+__all__ = ["Local"]
+
+
+class Local(Strategy):
+    name = "local"
+    description = "one process, nothing exchanged"
+    max_workers = 1
+    predicted = False
+
+    def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+        trainer = train_worker(prepared, Role(), store)
+        return write_summary(prepared, trainer.final_quality(), [trainer.stats()], layout_fields=layout_fields(layout))

@@ -1,0 +1,302 @@
+"""``ps``: a parameter server, central (one server process, rank 0) or sharded (every worker owns a
+share of the tensors, Šlampa 2017 Algorithm 3.7), with ``join``, ``split`` or ``async`` updates.
+
+The machinery (servers, the worker's exchange, the wire protocol) is in :mod:`scaletrain.parallel.ps`;
+this module assembles it for one process and handles a reconfiguration: the server side rebuilds its
+master tensors, buffers and optimizer state for the new network, and ownership is planned again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.efficient.surgery import reconfigure, resized_architecture
+from scaletrain.parallel.agreement import StoreAgreement
+from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
+from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard, save_checkpoint_at
+from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
+from scaletrain.parallel.staleness import Compensation
+from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.train.loop import Prepared, Role, learning_rate_at_step, make_optimizer
+from scaletrain.train.summary import write_summary
+
+if TYPE_CHECKING:
+    from scaletrain.parallel.plan import Layout
+
+__all__ = ["ParameterServer"]
+
+
+class ParameterServer(Strategy):
+    name = "ps"
+    description = "parameter server: central (a server process) or sharded over the workers"
+    servers = ("central", "sharded")
+    syncs = ("join", "split", "async")
+
+    def extra_processes(self, layout: Layout) -> int:
+        return 1 if layout.server == "central" else 0
+
+    def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+        setup = _Setup.of(prepared, layout, store)
+        if layout.has_server_process and rank == 0:
+            return _central_server(setup)
+        return _worker(setup, rank)
+
+
+@dataclass
+class _Setup:
+    """What every process of a parameter-server run builds the same way."""
+
+    prepared: Prepared
+    layout: Layout
+    store: dist.Store
+    peers_of: dict[int, dict[int, dist.ProcessGroup]]
+    options: dict[str, Any]
+
+    @classmethod
+    def of(cls, prepared: Prepared, layout: Layout, store: dist.Store) -> _Setup:
+        config, workers = prepared.config, layout.worker_ranks()
+        if layout.server == "central":
+            pairs = [(0, worker) for worker in workers]
+        else:
+            pairs = [(a, b) for a in workers for b in workers if a < b]
+        groups = pair_groups(layout.world_size, pairs, timeout=config.timeout)
+        peers_of = {
+            r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)} for r in range(layout.world_size)
+        }
+        options = dict(
+            contributors=layout.workers,
+            synchronous=layout.sync != "async",
+            exclusive=config.ps_admission == "exclusive",
+            clip_norm=config.clip_norm,
+            learning_rate=lambda version: learning_rate_at_step(prepared, version),
+            timeout=config.timeout,
+        )
+        return cls(prepared, layout, store, peers_of, options)
+
+    @property
+    def synchronous(self) -> bool:
+        return self.layout.sync != "async"
+
+    def compensation(self) -> Compensation | None:
+        """One per server: each measures the staleness of the gradients it applies."""
+        if self.synchronous:
+            return None
+        config = self.prepared.config
+        return Compensation(config.async_compensation, momentum=config.momentum, workers=self.layout.workers)
+
+    def agreement(self, rank: int) -> StoreAgreement:
+        deciding = rank == self.layout.worker_ranks()[0]
+        return StoreAgreement(self.store, deciding=deciding, timeout=self.prepared.config.timeout)
+
+
+def _central_server(setup: _Setup) -> dict[str, Any]:
+    """Rank 0 of ``ps central``: serve until every worker is done; at a reconfiguration rebuild the
+    master network, carry its optimizer state, and serve the survivors again."""
+    prepared, layout = setup.prepared, setup.layout
+    observer = ServerObserver(prepared)
+    peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
+    try:
+        while True:
+            server = ShardServer(
+                master=list(prepared.model.parameters()),
+                optimizer=prepared.optimizer,
+                version=version,
+                peers=peers,
+                on_update=observer,
+                compensation=compensation,
+                stats=stats,
+                **setup.options,
+            )
+            server.start()
+            stats = server.join()
+            if not server.reconfiguring:
+                break
+            epoch = max(server.reconfiguring.values())
+            _reconfigure_master(prepared, setup.agreement(0).read(epoch), epoch)
+            version = server.version
+            save_checkpoint_at(prepared, version)
+            observer.message(f"after epoch {epoch + 1}: reconfigured the network")
+            peers = {peer: group for peer, group in peers.items() if peer not in stats.lost}
+    finally:
+        observer.close()
+    lost = set(stats.lost)
+    worker_stats = collect_stats(setup.store, layout.worker_ranks(), lost, prepared.config.timeout)
+    quality = prepared.workload.evaluate(prepared.model, prepared.data)
+    return write_summary(
+        prepared,
+        quality,
+        worker_stats,
+        layout_fields=layout_fields(layout),
+        steps=server.version,
+        extra=_server_extra(stats, layout, prepared, server.compensation),
+    )
+
+
+def _reconfigure_master(prepared: Prepared, decision, epoch: int) -> None:
+    if decision is not None:
+        config = prepared.config
+        prepared.optimizer = reconfigure(
+            prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
+        )
+        prepared.architecture = resized_architecture(prepared.architecture, decision)
+    prepared.decided_epochs = epoch + 1
+
+
+def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
+    prepared, layout, config = setup.prepared, setup.layout, setup.prepared.config
+    workers = layout.worker_ranks()
+    shards = _Shards(setup, rank) if layout.server == "sharded" else None
+    exchange = PSExchange(
+        rank=rank,
+        plan=shards.plan if shards else (lambda parameters: [0] * len(parameters)),
+        groups=setup.peers_of[rank],
+        serve=shards.serve if shards else None,
+        gather=shards.gather if shards else None,
+        exclusive=config.ps_admission == "exclusive",
+    )
+    role = Role(
+        rank=rank,
+        plan=layout.worker_plan(rank),
+        exchange=exchange,
+        coordinator=rank == 0,
+        checkpoints=False,
+        evaluate_each_epoch=False,
+        agreement=setup.agreement(rank),
+    )
+    trainer = train_worker(prepared, role, setup.store)
+    local_server = exchange.local_server
+    if local_server is None:
+        return None
+    server_stats = local_server.join()
+    if layout.world_size > 1:  # gather the final shards on rank 0: each owner broadcasts its master copy
+        parameters = list(prepared.model.parameters())
+        for owner in exchange.owners:
+            shard = [p for p, o in zip(parameters, exchange.owner_of, strict=True) if o == owner]
+            buffer = (
+                flatten([p.detach() for p in local_server.master]) if owner == rank else flatten(shard).detach().clone()
+            )
+            dist.broadcast(buffer, src=owner)
+            with torch.no_grad():
+                unflatten_into(buffer, shard)
+    if rank != 0:
+        return None
+    stats = collect_stats(setup.store, workers, set(), config.timeout)
+    return write_summary(
+        prepared,
+        trainer.final_quality(),
+        stats,
+        layout_fields=layout_fields(layout),
+        steps=local_server.version,
+        extra=_server_extra(server_stats, layout, prepared, local_server.compensation),
+    )
+
+
+class _Shards:
+    """A sharded worker's own server: who owns what, starting this worker's shard, and gathering every
+    shard before a reconfiguration (ownership is planned again over the new tensors)."""
+
+    def __init__(self, setup: _Setup, rank: int) -> None:
+        self.setup, self.rank = setup, rank
+        self.version: int | None = None  # where the next server starts (None: the run's start)
+        self.stats: ServerStats | None = None
+
+    def plan(self, parameters: list[nn.Parameter]) -> list[int]:
+        return assign_greedy([p.numel() * p.element_size() for p in parameters], self.setup.layout.worker_ranks())
+
+    def serve(self, owned: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> ShardServer:
+        """Start this worker's server over clones of ``owned``, with their state in ``optimizer``."""
+        setup, prepared = self.setup, self.setup.prepared
+        master = [nn.Parameter(p.detach().clone()) for p in owned]
+        shard_optimizer = make_optimizer(prepared.config, master)
+        for parameter, copy in zip(owned, master, strict=True):
+            state = optimizer.state.get(parameter)
+            if state:
+                shard_optimizer.state[copy] = {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+        checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer)
+        if self.version is None:
+            version = (
+                restore_shard(prepared, self.rank, master, shard_optimizer, setup.synchronous)
+                if prepared.config.resume
+                else 0
+            )
+        else:
+            version = self.version
+            checkpointer.save(version)  # the new network's shards, and (rank 0) checkpoint.pt
+        server = ShardServer(
+            master=master,
+            optimizer=shard_optimizer,
+            version=version,
+            peers=setup.peers_of[self.rank],
+            on_update=checkpointer,
+            compensation=setup.compensation(),
+            stats=self.stats,
+            **setup.options,
+        )
+        server.start()
+        return server
+
+    def gather(self, exchange: PSExchange, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Every owner's master weights (into ``model``) and momentum (into ``optimizer``), on every worker."""
+        old = exchange.local_server
+        if old is not None:
+            self.stats = old.join()  # every peer said it reached the boundary
+        version = torch.tensor([old.version if old is not None else 0], dtype=torch.int64)
+        single = self.setup.layout.world_size == 1
+        if not single:
+            dist.all_reduce(version, op=dist.ReduceOp.MAX)
+        self.version = int(version)
+        momentum = self.setup.prepared.config.momentum > 0
+        parameters = list(model.parameters())
+        for owner in exchange.owners:
+            shard = [p for p, o in zip(parameters, exchange.owner_of, strict=True) if o == owner]
+            mine = owner == self.rank
+            weights = flatten([p.detach() for p in old.master]) if mine else flatten(shard).detach().clone()
+            buffers = _momentum(old) if mine and momentum else torch.zeros_like(weights)
+            if not single:
+                dist.broadcast(weights, src=owner)
+                if momentum:
+                    dist.broadcast(buffers, src=owner)
+            with torch.no_grad():
+                unflatten_into(weights, shard)
+            if momentum:
+                for parameter, view in zip(shard, views_of(buffers, shard), strict=True):
+                    optimizer.state[parameter]["momentum_buffer"] = view.clone()
+
+
+def _momentum(server: ShardServer) -> torch.Tensor:
+    state = server.optimizer.state
+    return flatten([state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in server.master])
+
+
+def _server_extra(
+    stats: ServerStats, layout: Layout, prepared: Prepared, compensation: Compensation | None
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"server_updates": stats.updates, "ps_admission": prepared.config.ps_admission}
+    if layout.sync == "async":
+        extra["staleness"] = stats.staleness_summary()
+        extra["async_compensation"] = compensation.summary() if compensation else None
+    planned = _planned_batches(prepared, layout)
+    extra["lost_workers"] = [
+        {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
+        for rank, reason in sorted(stats.lost.items())
+    ]
+    return extra
+
+
+def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
+    """How many batches each worker was to compute over the rest of the run."""
+    planned = {}
+    for rank in layout.worker_ranks():
+        plan, position, total = layout.worker_plan(rank), prepared.position, 0
+        epoch, start = position.epoch, position.batch
+        while epoch * prepared.steps_per_epoch < prepared.total_steps:
+            stop = min(prepared.steps_per_epoch, prepared.total_steps - epoch * prepared.steps_per_epoch)
+            total += len(plan.numbers(start, stop))
+            epoch, start = epoch + 1, 0
+        planned[rank] = total
+    return planned
