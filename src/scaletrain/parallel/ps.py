@@ -17,6 +17,7 @@ lock. Messages (tags keep the two directions of a pair apart):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 from collections import Counter
@@ -368,6 +369,10 @@ class PSExchange(GradientExchange):
         version, layout_id, numel = (int(v) for v in self._header)
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
+            if version >= 0:  # the server has not seen it yet: take its weights, then our header stops it too
+                with contextlib.suppress(RuntimeError):
+                    dist.recv(self.codec.buffer(theirs.numel), src=owner, group=self.groups[owner], tag=REPLY)
+                    self._send_header(owner, DONE, version)
             raise LayoutMismatch(
                 f"worker rank {self.rank} holds tensors of layout {mine} for the server at rank {owner}, which "
                 f"holds layout {theirs}; every process must build the same network (same workload, options and "

@@ -1,0 +1,236 @@
+"""A network that changes shape mid-run, under every strategy, with real processes on loopback.
+
+The ``narrow`` technique halves LeNet's hidden layer (``classifier.1``, keeping its first 250 units
+and the matching inputs of ``classifier.3``) at the end of epoch 1. Synchronous strategies must end
+weight for weight equal to the same reconfiguration in one process (split = the same batch, join =
+N× the batch); asynchronous ones must finish every batch on the narrowed network; a run stopped
+after the reconfiguration and resumed must end like an uninterrupted one; and processes that hold
+different networks must stop with both layouts named instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import REPO, make_fashion_mnist
+
+import scaletrain
+
+pytestmark = pytest.mark.multiprocess
+
+NARROW = {"technique": "narrow", "technique_options": {"layer": "classifier.1", "fraction": "0.5", "epoch": "1"}}
+COMMON = {"epochs": 2, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5, **NARROW}
+TRAIN = 192  # samples: 16 steps per epoch at batch 12
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def assert_same_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
+    assert first.keys() == second.keys()
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fashion_mnist(tmp_path_factory.mktemp("reconfigure") / "fmnist", train=TRAIN, test=32)
+
+
+@pytest.fixture(scope="module")
+def local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, torch.Tensor]]:
+    """The reconfiguration in one process, at batch 12 (= split over N) and 24 (= join of 2)."""
+    runs = {}
+    for batch in (12, 24):
+        out = tmp_path_factory.mktemp(f"narrow-local-{batch}") / "run"
+        summary = scaletrain.train("lenet", data_dir=data, out=out, batch_size=batch, **COMMON)
+        assert summary["strategy"] == "local"
+        runs[batch] = weights(out)
+        assert runs[batch]["classifier.1.weight"].shape == (250, 800)
+        assert runs[batch]["classifier.3.weight"].shape == (10, 250)
+    return runs
+
+
+SYNCHRONOUS = [
+    ("allreduce", "", "join", 2),
+    ("allreduce", "", "split", 2),
+    ("ps", "central", "join", 2),
+    ("ps", "central", "split", 2),
+    ("ps", "sharded", "join", 2),
+    ("ps", "sharded", "split", 2),
+    ("ps", "sharded", "split", 3),  # ownership is planned again over three owners
+]
+
+
+@pytest.mark.parametrize(("strategy", "server", "sync", "workers"), SYNCHRONOUS)
+def test_synchronous_reconfiguration_matches_one_process(
+    strategy: str, server: str, sync: str, workers: int, data: Path, local_runs: dict, tmp_path: Path
+) -> None:
+    summary = scaletrain.train(
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=workers,
+        strategy=strategy,
+        server=server or "central",
+        sync=sync,
+        **COMMON,
+    )
+    per_epoch = TRAIN // (12 * (workers if sync == "join" else 1))
+    assert summary["steps"] == 2 * per_epoch
+    assert summary["parameters"] == 20 * 25 + 20 + 50 * 20 * 25 + 50 + 250 * 800 + 250 + 10 * 250 + 10
+    if workers == 2:
+        assert_same_weights(weights(tmp_path / "run"), local_runs[12 if sync == "split" else 24])
+
+
+@pytest.mark.parametrize("server", ["central", "sharded"])
+def test_asynchronous_workers_finish_every_batch_on_the_new_network(server: str, data: Path, tmp_path: Path) -> None:
+    summary = scaletrain.train(
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=2,
+        strategy="ps",
+        server=server,
+        sync="async",
+        **COMMON,
+    )
+    assert summary["lost_workers"] == []
+    assert summary["server_updates"] == summary["steps"] == 2 * (TRAIN // 12)
+    assert sum(worker["steps"] for worker in summary["per_worker"]) == 2 * (TRAIN // 12)
+    assert weights(tmp_path / "run")["classifier.1.weight"].shape == (250, 800)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "server", "sync"),
+    [("local", "", "join"), ("allreduce", "", "join"), ("ps", "central", "split"), ("ps", "sharded", "join")],
+)
+def test_a_run_stopped_after_the_reconfiguration_resumes_into_the_same_weights(
+    strategy: str, server: str, sync: str, data: Path, tmp_path: Path
+) -> None:
+    workers = 1 if strategy == "local" else 2
+    layout = {"workers": workers, "strategy": strategy, "server": server or "central", "sync": sync}
+    settings = {"data_dir": data, "batch_size": 12, **layout, **COMMON}
+    straight = scaletrain.train("lenet", out=tmp_path / "straight", **settings)
+    per_epoch = straight["steps"] // 2
+    stopped = scaletrain.train("lenet", out=tmp_path / "stopped", steps=per_epoch + 3, **settings)
+    assert stopped["steps"] == per_epoch + 3
+    checkpoint = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)
+    assert checkpoint["architecture"] == {"classifier.1": {"out": 250}, "classifier.3": {"in": 250}}
+    resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **settings)
+    assert resumed["resumed_from_step"] == per_epoch + 3 and resumed["steps"] == straight["steps"]
+    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "stopped"))
+
+
+MISMATCH_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch
+    from torch import nn
+    import scaletrain
+    from scaletrain import ClassificationWorkload
+
+    torch.manual_seed(0)
+    x, y = torch.randn(96, 8), torch.randint(0, 2, (96,))
+    hidden = 5 if os.environ["RANK"] == sys.argv[2] else 4  # one process builds another network
+    workload = ClassificationWorkload.from_tensors(
+        "mine", lambda: nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2)), train=(x, y), test=(x, y)
+    )
+    scaletrain.train(workload, out=sys.argv[1], workers=2, strategy=sys.argv[3], server="central", sync=sys.argv[4],
+                     epochs=1, batch_size=8, progress="off", tensorboard=False, threads=1, timeout=20)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "sync", "odd_rank"), [("ps", "async", 2), ("ps", "join", 1), ("allreduce", "join", 1)]
+)
+def test_processes_with_different_networks_stop_naming_both_layouts(
+    strategy: str, sync: str, odd_rank: int, tmp_path: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    world = 3 if strategy == "ps" else 2
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT)
+    processes = []
+    for rank in range(world):
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO / "src"),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        command = [sys.executable, str(script), str(tmp_path / "run"), str(odd_rank), strategy, sync]
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    for process in processes:
+        _, stderr = process.communicate(timeout=120)  # the run's timeout is 20 s: nobody may hang
+        outputs.append((process.returncode, stderr))
+    assert all(code != 0 for code, _ in outputs), outputs
+    # the process with the other network, and the server (or every all-reduce peer), name both layouts
+    for rank in {odd_rank, 0}:
+        last = outputs[rank][1].strip().splitlines()[-1]
+        assert "LayoutMismatch" in last and last.count("elements)") == 2, outputs[rank][1]
+
+
+def test_a_run_killed_after_the_reconfiguration_resumes_into_the_same_weights(data: Path, tmp_path: Path) -> None:
+    """SIGKILL of the whole process group (launcher and workers) once a checkpoint of the narrowed network
+    exists; ``--resume`` rebuilds that network and ends where an uninterrupted run ends."""
+    args = [
+        "train", "lenet", "--data-dir", str(data), "--batch-size", "12", "--epochs", "40", "--workers", "2",
+        "--momentum", "0.9", "--seed", "5", "--threads", "1", "--progress", "off", "--no-tensorboard",
+        "--checkpoint-every", "1", "--technique", "narrow", "-T", "layer=classifier.1", "-T", "epoch=1",
+    ]  # fmt: skip
+    environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SCALETRAIN_OFFLINE": "1"}
+    killed = tmp_path / "killed"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", *args, "--out", str(killed)],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        end = time.monotonic() + 300
+        while not _narrowed_checkpoint(killed / "checkpoint.pt"):
+            assert run.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < end, "no checkpoint of the narrowed network within 300 s"
+            time.sleep(0.05)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=60)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "scaletrain", *args, "--out", str(killed), "--resume"],
+        env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    straight = subprocess.run(
+        [sys.executable, "-m", "scaletrain", *args, "--out", str(tmp_path / "straight")],
+        env=environment, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert straight.returncode == 0, straight.stderr
+    assert_same_weights(weights(tmp_path / "straight"), weights(killed))
+
+
+def _narrowed_checkpoint(path: Path) -> bool:
+    """Whether ``path`` holds a checkpoint written after the reconfiguration (read while the run writes it)."""
+    try:
+        checkpoint = torch.load(path, weights_only=True)
+    except (OSError, RuntimeError, EOFError):
+        return False
+    return bool(checkpoint.get("architecture"))
