@@ -234,3 +234,75 @@ def _narrowed_checkpoint(path: Path) -> bool:
     except (OSError, RuntimeError, EOFError):
         return False
     return bool(checkpoint.get("architecture"))
+
+
+REBATCH = {"epochs": 3, "technique": "rebatch", "technique_options": {"batch_size": "24", "epoch": "1"}}
+
+
+@pytest.fixture(scope="module")
+def rebatched_local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, torch.Tensor]]:
+    """One process doubling its batch after epoch 1 (rate doubled too): 12 → 24 (= split), 24 → 48 (= join of 2)."""
+    runs = {}
+    for batch in (12, 24):
+        out = tmp_path_factory.mktemp(f"rebatch-local-{batch}") / "run"
+        options = {"batch_size": str(2 * batch), "epoch": "1"}
+        settings = {**COMMON, **REBATCH, "technique_options": options}
+        summary = scaletrain.train("lenet", data_dir=data, out=out, batch_size=batch, **settings)
+        steps = TRAIN // batch
+        assert summary["steps"] == steps + 2 * (steps // 2)  # epoch 1 at the old batch, 2 and 3 at the new
+        assert [(s["batch_size"], s["lr_scale"]) for s in summary["batch_schedule"]] == [(batch, 1.0), (2 * batch, 2.0)]
+        runs[batch] = weights(out)
+    return runs
+
+
+@pytest.mark.parametrize(
+    ("strategy", "server", "sync"),
+    [("allreduce", "", "join"), ("allreduce", "", "split"), ("ps", "central", "join"), ("ps", "sharded", "split")],
+)
+def test_a_batch_change_matches_one_process(
+    strategy: str, server: str, sync: str, data: Path, rebatched_local_runs: dict, tmp_path: Path
+) -> None:
+    summary = scaletrain.train(
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=2,
+        strategy=strategy,
+        server=server or "central",
+        sync=sync,
+        **{**COMMON, **REBATCH},
+    )
+    per_epoch = TRAIN // (12 * (2 if sync == "join" else 1))
+    assert summary["steps"] == per_epoch + 2 * (per_epoch // 2)
+    assert_same_weights(weights(tmp_path / "run"), rebatched_local_runs[12 if sync == "split" else 24])
+
+
+def test_asynchronous_workers_follow_a_batch_change(data: Path, tmp_path: Path) -> None:
+    summary = scaletrain.train(
+        "lenet",
+        data_dir=data,
+        out=tmp_path / "run",
+        batch_size=12,
+        workers=2,
+        strategy="ps",
+        server="central",
+        sync="async",
+        **{**COMMON, **REBATCH},
+    )
+    assert summary["lost_workers"] == []
+    assert summary["server_updates"] == summary["steps"] == 16 + 8 + 8
+
+
+@pytest.mark.parametrize(("strategy", "server", "sync"), [("allreduce", "", "split"), ("ps", "central", "split")])
+def test_a_run_stopped_after_a_batch_change_resumes_into_the_same_weights(
+    strategy: str, server: str, sync: str, data: Path, tmp_path: Path
+) -> None:
+    settings = {"data_dir": data, "batch_size": 12, "workers": 2, "strategy": strategy, "server": server or "central"}
+    settings.update(sync=sync, **{**COMMON, **REBATCH})
+    straight = scaletrain.train("lenet", out=tmp_path / "straight", **settings)
+    stopped = scaletrain.train("lenet", out=tmp_path / "stopped", steps=16 + 3, **settings)
+    assert stopped["steps"] == 19
+    resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **settings)
+    assert resumed["steps"] == straight["steps"] == 32
+    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "stopped"))

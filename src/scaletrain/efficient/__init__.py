@@ -9,14 +9,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scaletrain.efficient.base import Reconfiguration, Technique
+from scaletrain.efficient.base import EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.narrow import Narrow
+from scaletrain.efficient.rebatch import Rebatch
 from scaletrain.errors import ConfigError
 
-__all__ = ["TECHNIQUES", "Reconfiguration", "Technique", "create_technique"]
+__all__ = ["TECHNIQUES", "EpochEnd", "Reconfiguration", "Technique", "create_technique"]
 
 TECHNIQUES: dict[str, type[Technique]] = {
     "narrow": Narrow,
+    "rebatch": Rebatch,
 }
 
 

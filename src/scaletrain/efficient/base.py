@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["Reconfiguration", "Technique"]
+__all__ = ["EpochEnd", "Reconfiguration", "Technique"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,16 @@ class Reconfiguration:
         return cls(keep=values["keep"], batch_size=values["batch_size"], lr_scale=values["lr_scale"])
 
 
+@dataclass(frozen=True)
+class EpochEnd:
+    """What a technique is told when an epoch ends: which one (0-based), the ``--batch-size`` in force,
+    and the updates so far."""
+
+    epoch: int
+    batch_size: int
+    step: int
+
+
 class Technique:
     """Base class: every hook does nothing. Subclass and override what the method needs."""
 
@@ -67,8 +77,8 @@ class Technique:
     def after_backward(self, model: nn.Module) -> None:
         """Gradients are in ``model``; the exchange has not run yet."""
 
-    def epoch_end(self, epoch: int, model: nn.Module) -> Reconfiguration | None:
-        """After epoch ``epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
+    def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        """After epoch ``end.epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
         return None
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,12 +15,11 @@ epoch, counted from 1; default 1), ``select`` (``first`` or ``norm``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import fx, nn
 
-from scaletrain.efficient.base import Reconfiguration, Technique
+from scaletrain.efficient.base import EpochEnd, Reconfiguration, Technique
 from scaletrain.errors import ConfigError
 
 __all__ = ["Narrow", "narrow_decision"]
@@ -104,10 +103,7 @@ class Narrow(Technique):
         if self.epoch < 1:
             raise ConfigError(f"narrow: epoch counts from 1, got {self.epoch}")
 
-    def epoch_end(self, epoch: int, model: nn.Module) -> Reconfiguration | None:
-        if epoch + 1 != self.epoch:
+    def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        if end.epoch + 1 != self.epoch:
             return None
         return narrow_decision(model, self.layer, self.fraction, self.select)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from scaletrain.errors import ConfigError
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, Position, atomic_save, checkpoint_payload, load_checkpoint
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.loop import Prepared, checkpoint_due
 from scaletrain.train.meter import now
@@ -25,8 +25,7 @@ SHARDS_DIR = "shards"
 
 def save_checkpoint_at(prepared: Prepared, version: int) -> None:
     """``checkpoint.pt`` from ``prepared``'s model and optimizer after ``version`` updates."""
-    epoch, batch = divmod(version, prepared.steps_per_epoch)
-    position = Position(epoch=epoch, batch=batch, step=version)
+    position = prepared.schedule.position(version)
     payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
     atomic_save(payload, prepared.config.out / CHECKPOINT_NAME)
 
@@ -90,7 +89,7 @@ class ServerObserver:
 
     def __call__(self, version: int) -> None:
         prepared, config = self.prepared, self.config
-        epoch = version // prepared.steps_per_epoch
+        epoch = prepared.schedule.position(version).epoch
         periodic = version % config.log_every == 0 or version == prepared.total_steps
         if periodic:
             began, first = self._window

@@ -216,8 +216,9 @@ def checkpoint_payload(
     """What ``checkpoint.pt`` holds; every strategy's coordinator writes this shape.
 
     ``architecture``: the modules resized by reconfigurations so far (a resumed run rebuilds them
-    before loading the weights); ``decided_epochs``: through which epoch's end the technique has
-    decided; ``technique``: the technique's own state.
+    before loading the weights); ``schedule``: the batch size and steps per epoch of each stretch of
+    epochs; ``batch_size`` stays the one the run was started with; ``decided_epochs``: through which
+    epoch's end the technique has decided; ``technique``: the technique's own state.
     """
     config = prepared.config
     technique = prepared.technique
@@ -233,6 +234,7 @@ def checkpoint_payload(
         "position": asdict(position),
         "workload_state": state,
         "architecture": prepared.architecture,
+        "schedule": prepared.schedule.to_list(),
         "decided_epochs": prepared.decided_epochs,
         "technique": technique.state_dict() if technique is not None else None,
     }

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
-from scaletrain.efficient import Reconfiguration, Technique, create_technique
+from scaletrain.efficient import EpochEnd, Reconfiguration, Technique, create_technique
 from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.train.checkpoint import (
@@ -36,6 +36,7 @@ from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import ThroughputMeter, now
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings, configure_process
+from scaletrain.train.schedule import Schedule
 from scaletrain.train.summary import WorkerStats
 from scaletrain.workloads import Workload, create_workload
 
@@ -45,7 +46,10 @@ __all__ = [
     "Prepared",
     "Role",
     "Trainer",
+    "apply_decision",
+    "change_batch",
     "checkpoint_due",
+    "describe_decision",
     "learning_rate",
     "learning_rate_at_step",
     "make_optimizer",
@@ -86,8 +90,7 @@ class Prepared:
     config: TrainConfig
     workload: Workload
     data: Any
-    steps_per_epoch: int
-    total_steps: int
+    schedule: Schedule  # steps per epoch, which a batch-size change alters
     model: nn.Module
     optimizer: torch.optim.Optimizer
     position: Position
@@ -100,6 +103,21 @@ class Prepared:
     #: end the technique has decided: both kept in checkpoints.
     architecture: Architecture = field(default_factory=dict)
     decided_epochs: int = 0
+    global_batch_factor: int = 1
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of the current epoch (of the first one, for a run that never changed its batch)."""
+        return self.schedule.current.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total_steps
+
+    @property
+    def batch_size(self) -> int:
+        """``--batch-size`` now (a reconfiguration may have changed it)."""
+        return self.schedule.current.batch_size
 
 
 def learning_rate(config: TrainConfig, epoch: int) -> float:
@@ -110,14 +128,15 @@ def learning_rate(config: TrainConfig, epoch: int) -> float:
 def learning_rate_at_step(prepared: Prepared, step: int) -> float:
     """The rate for update number ``step`` (0-based): the schedule of :func:`learning_rate` in updates,
     as a parameter server counts them."""
-    return learning_rate(prepared.config, step // prepared.steps_per_epoch)
+    schedule = prepared.schedule
+    return learning_rate(prepared.config, schedule.position(step).epoch) * schedule.lr_scale_at(step)
 
 
 def checkpoint_due(prepared: Prepared, step: int) -> bool:
     """After update ``step``: every ``checkpoint_every`` updates, at each epoch's end, and at the end —
     one rule for the loop and the parameter servers."""
     every, last = prepared.config.checkpoint_every, prepared.total_steps
-    return step % every == 0 or step % prepared.steps_per_epoch == 0 or step == last
+    return step % every == 0 or prepared.schedule.epoch_ends_at(step) or step == last
 
 
 def prepare(
@@ -138,16 +157,10 @@ def prepare(
     process = configure_process(config.threads)
 
     data = workload.load_data(config.data_dir, download=config.download)
-    global_batch = config.batch_size * global_batch_factor
-    steps_per_epoch = workload.batches_per_epoch(data, global_batch)
-    if steps_per_epoch < 1:
-        raise ConfigError(
-            f"a global batch of {global_batch} leaves no full batch in one epoch of {workload.name}; "
-            "use a smaller --batch-size (or fewer workers with --sync join)"
-        )
-    total_steps = config.epochs * steps_per_epoch
-    if config.steps is not None:
-        total_steps = min(total_steps, config.steps)
+    steps_per_epoch = _steps_per_epoch(workload, data, config.batch_size * global_batch_factor)
+    schedule = Schedule.starting(
+        steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
+    )
 
     torch.manual_seed(config.seed)
     model = workload.build_model()
@@ -169,14 +182,14 @@ def prepare(
         state = checkpoint["workload_state"]
         resumed_from = position.step
         decided = checkpoint.get("decided_epochs", position.epoch)
+        schedule.restore(checkpoint.get("schedule"))
         if technique is not None and checkpoint.get("technique") is not None:
             technique.load_state_dict(checkpoint["technique"])
     return Prepared(
         config,
         workload,
         data,
-        steps_per_epoch,
-        total_steps,
+        schedule,
         model,
         optimizer,
         position,
@@ -187,7 +200,54 @@ def prepare(
         technique,
         architecture,
         decided,
+        global_batch_factor,
     )
+
+
+def apply_decision(prepared: Prepared, decision: Reconfiguration, epoch: int) -> None:
+    """The network (weights and momentum carried over) and the batch of every epoch after ``epoch``, as
+    ``decision`` says: what every process — worker or server — does at the agreed step boundary."""
+    if decision.keep:
+        config = prepared.config
+        prepared.optimizer = reconfigure(
+            prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
+        )
+        prepared.architecture = resized_architecture(prepared.architecture, decision)
+    change_batch(prepared, decision, epoch)
+
+
+def describe_decision(prepared: Prepared, decision: Reconfiguration) -> str:
+    parts = []
+    if decision.keep:
+        sizes = ", ".join(f"{path} {dict(sizes)}" for path, sizes in prepared.architecture.items())
+        parts.append(f"reconfigured the network ({sizes})")
+    if decision.batch_size is not None or decision.lr_scale != 1.0:
+        segment = prepared.schedule.current
+        parts.append(
+            f"batch size {segment.batch_size}, {segment.steps_per_epoch} steps per epoch, "
+            f"learning rate ×{segment.lr_scale:g}"
+        )
+    return "; ".join(parts)
+
+
+def _steps_per_epoch(workload: Workload, data: Any, global_batch: int) -> int:
+    steps = workload.batches_per_epoch(data, global_batch)
+    if steps < 1:
+        raise ConfigError(
+            f"a global batch of {global_batch} leaves no full batch in one epoch of {workload.name}; "
+            "use a smaller --batch-size (or fewer workers with --sync join)"
+        )
+    return steps
+
+
+def change_batch(prepared: Prepared, decision: Reconfiguration, epoch: int) -> None:
+    """From epoch ``epoch + 1`` on: the decision's batch size (and learning-rate factor), with the steps
+    per epoch that follow from it — on every process, the same way."""
+    if decision.batch_size is None and decision.lr_scale == 1.0:
+        return
+    batch = decision.batch_size or prepared.batch_size
+    steps = _steps_per_epoch(prepared.workload, prepared.data, batch * prepared.global_batch_factor)
+    prepared.schedule.change(epoch=epoch + 1, steps_per_epoch=steps, batch_size=batch, lr_scale=decision.lr_scale)
 
 
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -207,7 +267,7 @@ class Trainer:
         config = prepared.config
         self.config, self.workload, self.model = config, prepared.workload, prepared.model
         self.optimizer, self.data = prepared.optimizer, prepared.data
-        self.steps_per_epoch, self.total_steps = prepared.steps_per_epoch, prepared.total_steps
+        self.schedule = prepared.schedule
         self.position = Position(**asdict(prepared.position))
         self.state = prepared.state
         self.technique = prepared.technique
@@ -218,7 +278,7 @@ class Trainer:
         self.tensorboard = TensorBoardLog(
             config.out, enabled=config.tensorboard and writes, purge_step=prepared.resumed_from
         )
-        self.progress = Progress(self.total_steps, mode=config.progress if writes else "off")
+        self.progress = Progress(self.schedule.total_steps, mode=config.progress if writes else "off")
         self.last_loss: float | None = None
         self.last_quality: tuple[int, dict[str, float]] | None = None
         self._loss_sum = torch.zeros(())
@@ -231,29 +291,30 @@ class Trainer:
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
                 # resumed from a checkpoint written at an epoch's end before that epoch's decision
                 self._decide(self.position.epoch - 1)
-        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
-        while self.position.epoch < epochs:
+        schedule = self.schedule
+        while schedule.first_step(self.position.epoch) < schedule.total_steps:
             epoch = self.position.epoch
-            stop = min(self.steps_per_epoch, self.total_steps - epoch * self.steps_per_epoch)
+            steps = schedule.steps_in(epoch)
+            stop = min(steps, schedule.total_steps - schedule.first_step(epoch))
             self._train_epoch(self.role.plan.numbers(self.position.batch, stop))
-            if stop < self.steps_per_epoch:
+            if stop < steps:
                 break  # --steps ended the run inside this epoch
             self._end_epoch()
 
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(config, position.epoch)
+            group["lr"] = learning_rate(config, position.epoch) * self.schedule.lr_scale_at(position.step)
         batches = self.workload.train_batches(
             self.data,
             epoch=position.epoch,
-            batch_size=config.batch_size * plan.global_batch_factor,
+            batch_size=self.prepared.batch_size * plan.global_batch_factor,
             seed=config.seed,
             part=plan.part,
             numbers=numbers,
         )
         if self.state is None:
-            rows = config.batch_size * plan.global_batch_factor // plan.part.count
+            rows = self.prepared.batch_size * plan.global_batch_factor // plan.part.count
             self.state = self.workload.initial_state(self.model, rows)
         for number, batch in zip(numbers, batches, strict=True):
             begin = now()
@@ -293,12 +354,12 @@ class Trainer:
 
     def _after_step(self, loss: torch.Tensor) -> None:
         config, step = self.config, self.position.step
-        periodic = step % config.log_every == 0 or step == self.total_steps
+        periodic = step % config.log_every == 0 or step == self.schedule.total_steps
         if periodic and self.metrics is not None:
             # .item() waits for the device; only pay for it when logging.
             self.last_loss = loss.item()
             rate = self.meter.take_window()
-            samples = None if rate is None else rate * config.batch_size * self.role.plan.batch_fraction
+            samples = None if rate is None else rate * self.prepared.batch_size * self.role.plan.batch_fraction
             self.metrics.write(
                 {
                     "kind": "step",
@@ -322,7 +383,7 @@ class Trainer:
         self.progress.update(
             step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
         )
-        if self.role.checkpoints and (step % config.checkpoint_every == 0 or step == self.total_steps):
+        if self.role.checkpoints and (step % config.checkpoint_every == 0 or step == self.schedule.total_steps):
             self.save_checkpoint()
 
     def _end_epoch(self) -> None:
@@ -354,7 +415,8 @@ class Trainer:
 
     def _decide(self, epoch: int) -> None:
         """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary."""
-        decision = self.role.agreement.agree(epoch, lambda: self.technique.epoch_end(epoch, self.model))
+        end = EpochEnd(epoch=epoch, batch_size=self.prepared.batch_size, step=self.schedule.first_step(epoch + 1))
+        decision = self.role.agreement.agree(epoch, lambda: self.technique.epoch_end(end, self.model))
         self.prepared.decided_epochs = epoch + 1  # before any checkpoint of the new network is written
         if decision is not None:
             self._reconfigure(decision, epoch)
@@ -362,22 +424,13 @@ class Trainer:
     def _reconfigure(self, decision: Reconfiguration, epoch: int) -> None:
         """Rebuild the network as ``decision`` says, carry weights and momentum over, and let the exchange
         re-make what it sized for the old network."""
-        if decision.batch_size is not None or decision.lr_scale != 1.0:
-            raise ConfigError(
-                f"technique {self.config.technique} asked for a batch size change, which this version of "
-                "scaletrain does not apply yet; run it without --technique"
-            )
         exchange, prepared = self.role.exchange, self.prepared
         exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
-        self.optimizer = reconfigure(
-            self.model, self.optimizer, decision, lambda parameters: make_optimizer(self.config, parameters)
-        )
-        prepared.optimizer = self.optimizer
-        prepared.architecture = resized_architecture(prepared.architecture, decision)
+        apply_decision(prepared, decision, epoch)
+        self.optimizer = prepared.optimizer
         exchange.reconfigure(self.model, self.optimizer)
         self.last_quality = None  # measured on the old network
-        changed = ", ".join(f"{path} {dict(sizes)}" for path, sizes in prepared.architecture.items())
-        self.progress.message(f"after epoch {epoch + 1}: reconfigured the network ({changed})")
+        self.progress.message(f"after epoch {epoch + 1}: {describe_decision(prepared, decision)}")
 
     def final_quality(self) -> dict[str, float]:
         """Quality of the final weights, reusing the last epoch's evaluation when nothing changed since."""

@@ -110,8 +110,10 @@ def write_summary(
         **layout_fields,
         "steps": steps,
         "steps_per_epoch": prepared.steps_per_epoch,
-        "epochs": steps / prepared.steps_per_epoch,
+        "epochs": prepared.schedule.epochs_done(steps),
         "batch_size": config.batch_size,
+        # a reconfiguration changed the batch: each stretch of epochs (throughput counts batches of each)
+        "batch_schedule": prepared.schedule.to_list() if len(prepared.schedule.segments) > 1 else None,
         "lr": config.lr,
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,

@@ -15,14 +15,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.efficient.surgery import reconfigure, resized_architecture
+from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
 from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard, save_checkpoint_at
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
 from scaletrain.parallel.staleness import Compensation
 from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
-from scaletrain.train.loop import Prepared, Role, learning_rate_at_step, make_optimizer
+from scaletrain.train.loop import (
+    Prepared,
+    Role,
+    apply_decision,
+    describe_decision,
+    learning_rate_at_step,
+    make_optimizer,
+)
 from scaletrain.train.summary import write_summary
 
 if TYPE_CHECKING:
@@ -117,10 +124,10 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
             if not server.reconfiguring:
                 break
             epoch = max(server.reconfiguring.values())
-            _reconfigure_master(prepared, setup.agreement(0).read(epoch), epoch)
+            what = _reconfigure_master(prepared, setup.agreement(0).read(epoch), epoch)
             version = server.version
             save_checkpoint_at(prepared, version)
-            observer.message(f"after epoch {epoch + 1}: reconfigured the network")
+            observer.message(f"after epoch {epoch + 1}: {what}")
             peers = {peer: group for peer, group in peers.items() if peer not in stats.lost}
     finally:
         observer.close()
@@ -137,14 +144,12 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
     )
 
 
-def _reconfigure_master(prepared: Prepared, decision, epoch: int) -> None:
-    if decision is not None:
-        config = prepared.config
-        prepared.optimizer = reconfigure(
-            prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
-        )
-        prepared.architecture = resized_architecture(prepared.architecture, decision)
+def _reconfigure_master(prepared: Prepared, decision: Reconfiguration | None, epoch: int) -> str:
     prepared.decided_epochs = epoch + 1
+    if decision is None:
+        return "nothing changed"
+    apply_decision(prepared, decision, epoch)
+    return describe_decision(prepared, decision)
 
 
 def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
@@ -292,10 +297,10 @@ def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
     """How many batches each worker was to compute over the rest of the run."""
     planned = {}
     for rank in layout.worker_ranks():
-        plan, position, total = layout.worker_plan(rank), prepared.position, 0
+        plan, position, schedule, total = layout.worker_plan(rank), prepared.position, prepared.schedule, 0
         epoch, start = position.epoch, position.batch
-        while epoch * prepared.steps_per_epoch < prepared.total_steps:
-            stop = min(prepared.steps_per_epoch, prepared.total_steps - epoch * prepared.steps_per_epoch)
+        while schedule.first_step(epoch) < schedule.total_steps:
+            stop = min(schedule.steps_in(epoch), schedule.total_steps - schedule.first_step(epoch))
             total += len(plan.numbers(start, stop))
             epoch, start = epoch + 1, 0
         planned[rank] = total
