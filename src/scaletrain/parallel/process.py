@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -27,7 +27,9 @@ from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.checkpoint import resume_advice
 from scaletrain.train.loop import prepare
 from scaletrain.train.runtime import configure_process
-from scaletrain.workloads import Workload
+
+if TYPE_CHECKING:  # the parallel package never builds workloads itself
+    from scaletrain.workloads import Workload
 
 __all__ = ["PROCESSES_DIR", "layout_of", "run_process"]
 

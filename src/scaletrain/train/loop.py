@@ -304,7 +304,7 @@ class Trainer:
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(config, position.epoch) * self.schedule.lr_scale_at(position.step)
+            group["lr"] = learning_rate_at_step(self.prepared, self.schedule.first_step(position.epoch))
         batches = self.workload.train_batches(
             self.data,
             epoch=position.epoch,
@@ -383,7 +383,8 @@ class Trainer:
         self.progress.update(
             step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
         )
-        if self.role.checkpoints and (step % config.checkpoint_every == 0 or step == self.schedule.total_steps):
+        # an epoch's last step is saved by _end_epoch, after the technique's decision
+        if self.role.checkpoints and checkpoint_due(self.prepared, step) and not self.schedule.epoch_ends_at(step):
             self.save_checkpoint()
 
     def _end_epoch(self) -> None:
