@@ -84,3 +84,19 @@ def mounted_tmpfs(folder: Path, options: str) -> Iterator[Path]:
         yield folder
     finally:
         subprocess.run(["umount", str(folder)], check=True)
+
+
+def model_weights(out: Path) -> dict:
+    """The final weights a run wrote to ``out/model.pt``."""
+    import torch
+
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def assert_same_weights(first: dict, second: dict) -> None:
+    """Weight for weight equal up to float reordering (every strategy sums gradients in its own order)."""
+    import torch
+
+    assert first.keys() == second.keys()
+    for name in first:
+        torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -6,7 +6,10 @@ import pytest
 from tests.helpers import run_cli
 
 from scaletrain.cli import main
+from scaletrain.cli.estimate import strategy_choices
+from scaletrain.estimate.models import THESIS_TYPES
 from scaletrain.estimate.thesis import speedups
+from scaletrain.parallel.strategies import STRATEGIES, all_specs, parse_spec
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -129,6 +132,73 @@ def test_validation_numbers_are_refused_before_profiling(args, fragment, capsys,
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and fragment in captured.err, captured.err
     assert not (tmp_path / "v").exists()
+
+
+def test_strategy_choices_come_from_the_registry(capsys):
+    predicted = [name for name, strategy in STRATEGIES.items() if strategy.predicted]
+    assert strategy_choices() == [*predicted, *all_specs(predicted_only=True)]
+    with pytest.raises(SystemExit) as refused:  # argparse's own one line
+        main(["estimate", *NUMBERS, "--strategy", "local"])  # one process: nothing to predict
+    assert refused.value.code == 2 and "invalid choice: 'local'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["thesis", "refined"])
+@pytest.mark.parametrize("spec", all_specs(predicted_only=True))
+def test_a_spec_sets_strategy_type_and_server(spec, model, capsys):
+    """``--strategy SPEC`` = ``--strategy NAME --type T --server S``, and the spec with flags that agree."""
+    strategy, server, sync = parse_spec(spec)
+    thesis = ["--type", THESIS_TYPES[sync], *(["--server", server] if server else [])]
+    printed = []
+    for flags in (["--strategy", spec], ["--strategy", strategy, *thesis], ["--strategy", spec, *thesis]):
+        assert main(["estimate", *NUMBERS, "--workers", "4", "--output", "csv", "--model", model, *flags]) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] == printed[2]
+    assert len(printed[0].split(";")) == 4
+
+
+def test_specs_that_differ_predict_differently(capsys):
+    for spec in ("ps-central-join", "ps-central-async"):
+        assert main(["estimate", *NUMBERS, "--workers", "4", "--strategy", spec]) == 0
+    join, asynchronous = (float(line) for line in capsys.readouterr().out.split())
+    assert join != asynchronous
+
+
+@pytest.mark.parametrize(
+    ("flags", "fix"),
+    [
+        (["--strategy", "ps-central-join", "--type", "async"], "drop --type, or use --strategy ps-central-async"),
+        (
+            ["--strategy", "ps-sharded-split", "--server", "central"],
+            "drop --server, or use --strategy ps-central-split",
+        ),
+        (["--strategy", "allreduce-join", "--server", "central"], "drop --server"),
+        (["--strategy", "allreduce-split", "--type", "async"], "drop --type"),
+    ],
+)
+def test_a_spec_and_a_flag_that_disagree_exit_2_with_one_line(flags, fix, capsys):
+    assert main(["estimate", *NUMBERS, *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured.err
+    assert f"--strategy {flags[1]} conflicts with {flags[2]} {flags[3]}: {fix}" in captured.err
+    # Before anything is profiled: with a workload (and no data) it is the same one line.
+    assert main(["estimate", "lenet", "--data-dir", "/nonexistent", "--no-download", *flags]) == 2
+    assert fix in capsys.readouterr().err
+
+
+def test_a_conflict_is_one_line_and_no_traceback():
+    result = run_cli("estimate", *NUMBERS, "--strategy", "ps-sharded-join", "--type", "async", "--server", "central")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "scaletrain: error: --strategy ps-sharded-join conflicts with --type async and --server central: "
+        "drop --type and --server, or use --strategy ps-central-async"
+    ]
+
+
+def test_an_unwritable_profile_file_is_refused_before_measuring(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert main(["profile", "lenet", "--data-dir", "/nonexistent", "--out", str(tmp_path / "a-file" / "p.json")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "the profile's folder" in captured.err, captured.err
 
 
 def test_zero_workers_is_one_line_and_no_traceback():

@@ -15,21 +15,65 @@ from scaletrain.estimate.models import (
     MODELS,
     Configuration,
     best_per_workers,
+    predicted_configurations,
     predicted_speedup,
     predicted_speedups,
     thesis_configurations,
 )
 from scaletrain.estimate.queueing import mean_value_throughput
 from scaletrain.estimate.recommend import recommend
-from scaletrain.estimate.refined import CONFIGURATIONS, Terms, asynchronous_networks
+from scaletrain.estimate.refined import Terms, asynchronous_networks
 from scaletrain.measure.profile import Profile
+from scaletrain.parallel import strategies
 from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies import STRATEGIES, Strategy, all_specs
 
 REPO = Path(__file__).resolve().parents[2]
 #: A real profile (SqueezeNet: 52 tensors, gradient-time samples, contention) as `scaletrain profile` wrote it.
 SQUEEZENET = Profile.from_json(json.loads((REPO / "docs/validation/squeezenet-loopback/profile.json").read_text()))
 TOY = Profile("toy", 32, t_grad=0.821, t_comm=0.811)
-REFINED = [Configuration(strategy, server, sync) for strategy, server, sync in CONFIGURATIONS]
+REFINED = predicted_configurations()
+
+
+def test_the_configurations_to_predict_are_the_registrys_predicted_specs():
+    assert [c.label for c in predicted_configurations()] == all_specs(predicted_only=True)
+    assert {c.strategy for c in REFINED} == {name for name, s in STRATEGIES.items() if s.predicted}
+    assert "local" not in {c.label for c in REFINED} and not STRATEGIES["local"].predicted
+    # A strategy without servers has none, whatever the thesis's --server said.
+    assert Configuration.parse("allreduce-join") == Configuration("allreduce", "", "join")
+    assert Configuration.from_thesis("sync-join", "central", "allreduce") == Configuration("allreduce", "", "join")
+    # Every one of them is modelled: both models predict each (a new predicted strategy must add its formulas).
+    advice = recommend(TOY, max_workers=3)
+    for model in MODELS:
+        for configuration in REFINED:
+            assert predicted_speedup(model, TOY, configuration, 3, batches=128) > 0
+        assert advice[model]["configuration"] in {"local", *all_specs(predicted_only=True)}
+
+
+class _Gossip(Strategy):
+    """A strategy the registry predicts but neither model has a formula for."""
+
+    name = "gossip"
+    description = "made up for the test"
+    syncs = ("join", "async")
+
+    def run(self, prepared, layout, rank, store):  # pragma: no cover - never trained
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_new_strategy_without_formulas_is_not_modelled_rather_than_a_key_error(model, monkeypatch):
+    monkeypatch.setitem(STRATEGIES, "gossip", _Gossip())
+    assert "gossip-async" in all_specs(predicted_only=True)
+    for spec in ("gossip-join", "gossip-async"):
+        with pytest.raises(ConfigError, match="gossip-.* is not modelled by the estimator"):
+            predicted_speedup(model, PROFILE, Configuration.parse(spec), 2, batches=128)
+    if model == "refined":  # the thesis model recommends among its own six
+        with pytest.raises(ConfigError, match="not modelled by the estimator"):
+            recommend(PROFILE, max_workers=2, models=(model,))
+    monkeypatch.setattr(_Gossip, "predicted", False)
+    assert [c.label for c in predicted_configurations()] == [c.label for c in REFINED]  # out of the list again
+    assert strategies.parse_spec("gossip-join") == ("gossip", "", "join")  # still trainable, just not predicted
 
 
 @pytest.mark.parametrize("profile", [TOY, PROFILE, SQUEEZENET], ids=["times-only", "made-up", "squeezenet"])

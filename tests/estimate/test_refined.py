@@ -106,9 +106,22 @@ def test_models_agree_without_latency_update_or_contention_where_the_thesis_is_e
         )
 
 
-def test_unknown_configuration_is_refused():
-    with pytest.raises(ConfigError, match="allreduce join/split"):
-        predict(PROFILE, strategy="allreduce", sync="async", workers=2)
+@pytest.mark.parametrize(
+    ("strategy", "server", "sync"), [("allreduce", "", "async"), ("ps", "ring", "join"), ("local", "", "join")]
+)
+def test_a_configuration_the_registry_does_not_predict_is_refused(strategy, server, sync):
+    with pytest.raises(ConfigError, match="is not a configuration to predict; choose one of allreduce-join"):
+        predict(PROFILE, strategy=strategy, server=server, sync=sync, workers=2)
+
+
+def test_an_unknown_strategy_is_refused_by_name():
+    with pytest.raises(ConfigError, match="unknown strategy 'gossip'"):
+        predict(PROFILE, strategy="gossip", sync="join", workers=2)
+
+
+def test_allreduce_ignores_the_server_and_the_aliases_are_the_theses():
+    assert speedup("allreduce", "join", 3, server="sharded") == speedup("allreduce", "join", 3, server="")
+    assert speedup("ps", "none", 3, server="distributed") == speedup("ps", "async", 3, server="sharded")
 
 
 def test_recommend_picks_the_highest_predicted_speedup():

@@ -11,22 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import assert_same_weights
+from tests.helpers import model_weights as weights
 
 import scaletrain
 
 pytestmark = pytest.mark.multiprocess
 
 COMMON = {"epochs": 1, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5}
-
-
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "model.pt", weights_only=True)
-
-
-def assert_close(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
-    assert first.keys() == second.keys()
-    for name in first:
-        torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +70,7 @@ def test_synchronous_strategies_match_sequential_training(
     # split: global batch 12 = local batch 12; join: 2 workers × 12 = local batch 24.
     reference = local_runs[12 if sync == "split" else 24]
     assert summary["steps"] == 192 // (12 if sync == "split" else 24)
-    assert_close(weights(tmp_path / "run"), reference)
+    assert_same_weights(weights(tmp_path / "run"), reference)
 
 
 def test_three_workers_split_a_batch_like_one(data: Path, local_runs: dict, tmp_path: Path) -> None:
@@ -93,7 +85,7 @@ def test_three_workers_split_a_batch_like_one(data: Path, local_runs: dict, tmp_
         sync="split",
         **COMMON,
     )
-    assert_close(weights(tmp_path / "run"), local_runs[12])
+    assert_same_weights(weights(tmp_path / "run"), local_runs[12])
 
 
 def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: dict, tmp_path: Path) -> None:
@@ -109,7 +101,7 @@ def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: di
         **COMMON,
     )
     assert summary["staleness"]["max"] == 0  # one worker never sends a stale gradient
-    assert_close(weights(tmp_path / "run"), local_runs[12])
+    assert_same_weights(weights(tmp_path / "run"), local_runs[12])
 
 
 def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
@@ -127,4 +119,4 @@ def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, t
     for strategy, server in (("allreduce", "central"), ("ps", "central")):
         out = tmp_path / f"{strategy}-{server}"
         scaletrain.train("ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings)
-        assert_close(weights(out), weights(tmp_path / "local"))
+        assert_same_weights(weights(out), weights(tmp_path / "local"))

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, make_fashion_mnist
+from tests.helpers import REPO, assert_same_weights, make_fashion_mnist
+from tests.helpers import model_weights as weights
 
 import scaletrain
 
@@ -32,14 +33,10 @@ COMMON = {"epochs": 2, "momentum": 0.9, "progress": "off", "tensorboard": False,
 TRAIN = 192  # samples: 16 steps per epoch at batch 12
 
 
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "model.pt", weights_only=True)
-
-
-def assert_same_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
-    assert first.keys() == second.keys()
-    for name in first:
-        torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
+def train_on(data: Path, out: Path, strategy: str, server: str, sync: str, *, workers: int = 2, **extra) -> dict:
+    """A run at batch 12 with the narrowing (or ``extra``'s technique) under a strategy."""
+    layout = {"workers": workers, "strategy": strategy, "server": server or "central", "sync": sync}
+    return scaletrain.train("lenet", data_dir=data, out=out, batch_size=12, **layout, **{**COMMON, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -76,17 +73,7 @@ SYNCHRONOUS = [
 def test_synchronous_reconfiguration_matches_one_process(
     strategy: str, server: str, sync: str, workers: int, data: Path, local_runs: dict, tmp_path: Path
 ) -> None:
-    summary = scaletrain.train(
-        "lenet",
-        data_dir=data,
-        out=tmp_path / "run",
-        batch_size=12,
-        workers=workers,
-        strategy=strategy,
-        server=server or "central",
-        sync=sync,
-        **COMMON,
-    )
+    summary = train_on(data, tmp_path / "run", strategy, server, sync, workers=workers)
     per_epoch = TRAIN // (12 * (workers if sync == "join" else 1))
     assert summary["steps"] == 2 * per_epoch
     assert summary["parameters"] == 20 * 25 + 20 + 50 * 20 * 25 + 50 + 250 * 800 + 250 + 10 * 250 + 10
@@ -96,42 +83,11 @@ def test_synchronous_reconfiguration_matches_one_process(
 
 @pytest.mark.parametrize("server", ["central", "sharded"])
 def test_asynchronous_workers_finish_every_batch_on_the_new_network(server: str, data: Path, tmp_path: Path) -> None:
-    summary = scaletrain.train(
-        "lenet",
-        data_dir=data,
-        out=tmp_path / "run",
-        batch_size=12,
-        workers=2,
-        strategy="ps",
-        server=server,
-        sync="async",
-        **COMMON,
-    )
+    summary = train_on(data, tmp_path / "run", "ps", server, "async")
     assert summary["lost_workers"] == []
     assert summary["server_updates"] == summary["steps"] == 2 * (TRAIN // 12)
     assert sum(worker["steps"] for worker in summary["per_worker"]) == 2 * (TRAIN // 12)
     assert weights(tmp_path / "run")["classifier.1.weight"].shape == (250, 800)
-
-
-@pytest.mark.parametrize(
-    ("strategy", "server", "sync"),
-    [("local", "", "join"), ("allreduce", "", "join"), ("ps", "central", "split"), ("ps", "sharded", "join")],
-)
-def test_a_run_stopped_after_the_reconfiguration_resumes_into_the_same_weights(
-    strategy: str, server: str, sync: str, data: Path, tmp_path: Path
-) -> None:
-    workers = 1 if strategy == "local" else 2
-    layout = {"workers": workers, "strategy": strategy, "server": server or "central", "sync": sync}
-    settings = {"data_dir": data, "batch_size": 12, **layout, **COMMON}
-    straight = scaletrain.train("lenet", out=tmp_path / "straight", **settings)
-    per_epoch = straight["steps"] // 2
-    stopped = scaletrain.train("lenet", out=tmp_path / "stopped", steps=per_epoch + 3, **settings)
-    assert stopped["steps"] == per_epoch + 3
-    checkpoint = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)
-    assert checkpoint["architecture"] == {"classifier.1": {"out": 250}, "classifier.3": {"in": 250}}
-    resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **settings)
-    assert resumed["resumed_from_step"] == per_epoch + 3 and resumed["steps"] == straight["steps"]
-    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "stopped"))
 
 
 MISMATCH_SCRIPT = textwrap.dedent(
@@ -262,47 +218,44 @@ def rebatched_local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -
 def test_a_batch_change_matches_one_process(
     strategy: str, server: str, sync: str, data: Path, rebatched_local_runs: dict, tmp_path: Path
 ) -> None:
-    summary = scaletrain.train(
-        "lenet",
-        data_dir=data,
-        out=tmp_path / "run",
-        batch_size=12,
-        workers=2,
-        strategy=strategy,
-        server=server or "central",
-        sync=sync,
-        **{**COMMON, **REBATCH},
-    )
+    summary = train_on(data, tmp_path / "run", strategy, server, sync, **REBATCH)
     per_epoch = TRAIN // (12 * (2 if sync == "join" else 1))
     assert summary["steps"] == per_epoch + 2 * (per_epoch // 2)
     assert_same_weights(weights(tmp_path / "run"), rebatched_local_runs[12 if sync == "split" else 24])
 
 
 def test_asynchronous_workers_follow_a_batch_change(data: Path, tmp_path: Path) -> None:
-    summary = scaletrain.train(
-        "lenet",
-        data_dir=data,
-        out=tmp_path / "run",
-        batch_size=12,
-        workers=2,
-        strategy="ps",
-        server="central",
-        sync="async",
-        **{**COMMON, **REBATCH},
-    )
+    summary = train_on(data, tmp_path / "run", "ps", "central", "async", **REBATCH)
     assert summary["lost_workers"] == []
     assert summary["server_updates"] == summary["steps"] == 16 + 8 + 8
 
 
-@pytest.mark.parametrize(("strategy", "server", "sync"), [("allreduce", "", "split"), ("ps", "central", "split")])
-def test_a_run_stopped_after_a_batch_change_resumes_into_the_same_weights(
-    strategy: str, server: str, sync: str, data: Path, tmp_path: Path
+RESUMED = [
+    ("narrow", "local", "", "join"),
+    ("narrow", "allreduce", "", "join"),
+    ("narrow", "ps", "central", "split"),
+    ("narrow", "ps", "sharded", "join"),
+    ("rebatch", "allreduce", "", "split"),
+    ("rebatch", "ps", "central", "split"),
+]
+
+
+@pytest.mark.parametrize(("technique", "strategy", "server", "sync"), RESUMED)
+def test_a_run_stopped_after_a_reconfiguration_resumes_into_the_same_weights(
+    technique: str, strategy: str, server: str, sync: str, data: Path, tmp_path: Path
 ) -> None:
-    settings = {"data_dir": data, "batch_size": 12, "workers": 2, "strategy": strategy, "server": server or "central"}
-    settings.update(sync=sync, **{**COMMON, **REBATCH})
-    straight = scaletrain.train("lenet", out=tmp_path / "straight", **settings)
-    stopped = scaletrain.train("lenet", out=tmp_path / "stopped", steps=16 + 3, **settings)
-    assert stopped["steps"] == 19
-    resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **settings)
-    assert resumed["steps"] == straight["steps"] == 32
+    extra = REBATCH if technique == "rebatch" else {}
+    workers = 1 if strategy == "local" else 2
+    straight = train_on(data, tmp_path / "straight", strategy, server, sync, workers=workers, **extra)
+    first_epoch = TRAIN // (12 * (workers if sync == "join" else 1))
+    stop = first_epoch + 3  # three steps into the epoch after the reconfiguration
+    stopped = train_on(data, tmp_path / "stopped", strategy, server, sync, workers=workers, steps=stop, **extra)
+    assert stopped["steps"] == stop
+    checkpoint = torch.load(tmp_path / "stopped" / "checkpoint.pt", weights_only=True)
+    if technique == "narrow":
+        assert checkpoint["architecture"] == {"classifier.1": {"out": 250}, "classifier.3": {"in": 250}}
+    else:
+        assert [segment["batch_size"] for segment in checkpoint["schedule"]] == [12, 24]
+    resumed = train_on(data, tmp_path / "stopped", strategy, server, sync, workers=workers, resume=True, **extra)
+    assert resumed["resumed_from_step"] == stop and resumed["steps"] == straight["steps"]
     assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "stopped"))
