@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scaletrain.parallel.ps import REPLY, REQUEST
+from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
@@ -79,7 +79,8 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
     """Rank 1 pushes a buffer of each size to rank 0 and pulls one back; round trips timed on rank 1,
     each direction timed on its receiver from the header's arrival to the buffer's."""
     group = dist.new_group([0, 1])
-    header = torch.zeros(3, dtype=torch.int64)
+    # the parameter server's headers: a request's and a reply's, as they travel
+    request, reply = torch.zeros(REQUEST_FIELDS, dtype=torch.int64), torch.zeros(REPLY_FIELDS, dtype=torch.int64)
     results: dict[str, dict[str, list[float]]] = {}
     for size in job["sizes"]:
         buffer = torch.zeros(max(1, size // 4), dtype=torch.float32)
@@ -89,19 +90,19 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
         for round_number in range(warmup + repeats):
             if rank == 1:
                 begin = now()
-                dist.send(header, dst=0, group=group, tag=REQUEST)
+                dist.send(request, dst=0, group=group, tag=REQUEST)
                 dist.send(buffer, dst=0, group=group, tag=REQUEST)
-                dist.recv(header, src=0, group=group, tag=REPLY)
+                dist.recv(reply, src=0, group=group, tag=REPLY)
                 arrived = now()
                 dist.recv(buffer, src=0, group=group, tag=REPLY)
                 end = now()
                 sample = (end - begin, end - arrived)
             else:
-                dist.recv(header, src=1, group=group, tag=REQUEST)
+                dist.recv(request, src=1, group=group, tag=REQUEST)
                 arrived = now()
                 dist.recv(buffer, src=1, group=group, tag=REQUEST)
                 received = now()
-                dist.send(header, dst=1, group=group, tag=REPLY)
+                dist.send(reply, dst=1, group=group, tag=REPLY)
                 dist.send(buffer, dst=1, group=group, tag=REPLY)
                 sample = (0.0, received - arrived)
             if round_number >= warmup:
