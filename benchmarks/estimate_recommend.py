@@ -19,9 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
-from scaletrain.estimate.models import Configuration, predicted_speedup, predicted_speedups
+from scaletrain.estimate.models import predicted_configurations, predicted_speedup, predicted_speedups
 from scaletrain.estimate.recommend import recommend
-from scaletrain.estimate.refined import CONFIGURATIONS
 from scaletrain.measure.profile import Profile
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,9 +63,9 @@ def main() -> None:
                 best = advice["refined"]
                 print(f"{name:<21} {cores or '-':>5} {count:>6} {cpu:7.3f} {wall:7.3f}  "
                       f"{best['workers']} × {best['configuration']} ({best['speedup']:.3g})")  # fmt: skip
-    configurations = [Configuration(*spec) for spec in CONFIGURATIONS]
+    configurations = predicted_configurations()
     n = args.per_count
-    print(f"\nrefined model, 8 configurations, 1..{n} workers: all counts at once vs one count at a time")
+    print(f"\nrefined model, {len(configurations)} configurations, 1..{n} workers: all counts at once vs one at a time")
     for name, profile in profiles().items():
         at_once, _ = timed(lambda p=profile: predicted_speedups("refined", p, configurations, n, batches=128), 1)
         one_by_one, _ = timed(

@@ -34,9 +34,11 @@ from scaletrain.measure.bench import compare_results, preset_config, run_bench
 from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.parallel.launch import launch_local
-from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
+from scaletrain.parallel.teardown import exit_now as _exit_now
+from scaletrain.preflight import check_before_start
+from scaletrain.train.checkpoint import check_writable
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
 __all__ = [
@@ -45,10 +47,12 @@ __all__ = [
     "deploy_kubernetes",
     "deploy_kubernetes_bench",
     "estimate",
+    "exit_now",
     "list_workloads",
     "make_config",
     "profile",
     "recommend",
+    "strategy_spec",
     "train",
     "validate",
 ]
@@ -103,6 +107,19 @@ def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workloa
         raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
     summary = run_process(config, rendezvous, workload)
     return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}
+
+
+def exit_now(code: int = 0) -> None:
+    """End this process at once, after :func:`train` in a process of a job started elsewhere.
+
+    A process that was one of a process group (torchrun, a node file) can abort at interpreter exit
+    when c10d/gloo's background threads are torn down after the work is done; every output file is
+    closed by then, so this flushes stdout and stderr and leaves without that teardown.
+
+    >>> summary = scaletrain.train("lenet", nodefile="nodes.txt", index=1, out="runs/job")  # doctest: +SKIP
+    >>> scaletrain.exit_now(0)  # doctest: +SKIP
+    """
+    _exit_now(code)
 
 
 def bench(
@@ -163,7 +180,10 @@ def profile(workload: str, *, out: Path | None = None, **settings: Any) -> Profi
     (0.159, 0.00069)
     """
     given = {key: value for key, value in settings.items() if value is not None}
-    return run_profile(ProfileConfig(workload, **given), out=out)
+    config = ProfileConfig(workload, **given)
+    if out is not None:  # before minutes of measuring, not after
+        check_writable(Path(out).parent, what="the profile's folder")
+    return run_profile(config, out=out)
 
 
 def estimate(
@@ -171,31 +191,62 @@ def estimate(
     t_grad: float | None = None,
     t_comm: float | None = None,
     profile: Profile | None = None,
-    kind: str = "sync-join",
-    server: str = "central",
+    kind: str | None = None,
+    server: str | None = None,
     strategy: str = "ps",
     workers: int = 1,
     batches: float = 128,
     case: str = "mean",
     model: str = "thesis",
     cores: int | None = None,
+    plot: Path | None = None,
 ) -> list[float]:
     """Predicted speedups for 1..``workers`` workers (Šlampa's ``estimate.py`` interface).
 
     Give ``t_grad`` and ``t_comm`` (seconds), or a measured ``profile`` (which the refined model
-    uses in full). ``kind``: async, sync-join, sync-split; ``server``: central, distributed
-    (sharded); ``strategy="allreduce"`` for the all-reduce strategy.
+    uses in full). ``strategy``: a whole spec (``ps-central-join``, ``allreduce-split`` …), or a
+    strategy's name (``ps``, ``allreduce``) with the thesis's ``kind`` (async, sync-join — the
+    default —, sync-split) and ``server`` (central — the default —, distributed = sharded); see
+    :func:`strategy_spec`. ``plot``: also draw the curve into this PNG.
 
     >>> [round(s, 3) for s in estimate(t_grad=0.758, t_comm=0.033, server="distributed", workers=3)]
     [1.0, 1.917, 2.835]
+    >>> [round(s, 3) for s in estimate(t_grad=0.758, t_comm=0.033, strategy="ps-sharded-join", workers=3)]
+    [1.0, 1.917, 2.835]
     """
+    configuration = Configuration.from_flags(strategy, kind, server)
     if profile is None:
         if t_grad is None or t_comm is None:
             raise ConfigError("give --t-grad and --t-comm, a --profile file, or a workload to profile")
         profile = Profile(workload="(given times)", batch_size=0, t_grad=t_grad, t_comm=t_comm)
-    configuration = Configuration.from_thesis(kind, server, strategy)
     curves = predicted_speedups(model, profile, [configuration], workers, batches=batches, cores=cores, case=case)
-    return curves[configuration]
+    speedups = curves[configuration]
+    if plot is not None:
+        from scaletrain.estimate.plots import plot_curves  # matplotlib only when drawing
+
+        plot_curves(
+            Path(plot),
+            labels=[configuration.label],
+            max_workers=workers,
+            predict=lambda _model, _label, n: speedups[n - 1],
+            models=(model,),
+            title=f"Predicted speedup ({model} model, {case} case, D = {batches:g})",
+        )
+    return speedups
+
+
+def strategy_spec(strategy: str = "ps", *, kind: str | None = None, server: str | None = None) -> str:
+    """The configuration to predict as a strategy spec: ``strategy`` with the thesis's ``kind`` and ``server``.
+
+    ``strategy`` is a spec (which sets all three, so a ``kind`` or ``server`` that says otherwise is
+    an error naming the fix) or a name (``kind`` default sync-join, ``server`` default central).
+
+    >>> strategy_spec("ps", kind="async", server="distributed")
+    'ps-sharded-async'
+    >>> strategy_spec("allreduce-split")
+    'allreduce-split'
+    """
+    return Configuration.from_flags(strategy, kind, server).label
 
 
 def recommend(profile: Profile, *, max_workers: int, **settings: Any) -> dict[str, dict[str, Any]]:

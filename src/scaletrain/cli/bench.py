@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.api import bench
+from scaletrain.cli.arguments import name_list, number_list
 from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.config import ASYNC_COMPENSATIONS
 from scaletrain.errors import ConfigError
@@ -19,20 +20,6 @@ from scaletrain.measure.presets import PRESETS
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "run", "sweep_settings"]
-
-
-def _numbers(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
-    if not values:
-        raise argparse.ArgumentTypeError("the list is empty")
-    return values
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -48,14 +35,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="workload (or give --preset)")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a sweep from the thesis (see above)")
     parser.add_argument("--quick", action="store_true", help="with --preset: 16 steps per run (2 of them warm-up)")
-    parser.add_argument("--workers", type=_numbers, help="worker counts, e.g. 1,2,5,10 (default: 1,2, or the preset's)")
+    parser.add_argument(
+        "--workers", type=number_list, help="worker counts, e.g. 1,2,5,10 (default: 1,2, or the preset's)"
+    )
     parser.add_argument(
         "--strategies",
-        type=_names,
+        type=name_list,
         help="strategy specs: local, allreduce-join, allreduce-split, ps-central-join, ps-sharded-async, … "
         "(default: allreduce-join, or the preset's)",
     )
-    parser.add_argument("--batch-sizes", type=_numbers, help="batch sizes (default: the workload's)")
+    parser.add_argument("--batch-sizes", type=number_list, help="batch sizes (default: the workload's)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 100, or the preset's epochs)")
     parser.add_argument("--epochs", type=int, help="epochs per run instead of --steps")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 1)")

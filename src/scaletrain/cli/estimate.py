@@ -2,6 +2,9 @@
 
 - ``scaletrain estimate --t-grad S --t-comm S --type T --server central --workers N --batches D
   --output single|csv|plot``: the thesis's estimator exactly (``--case best|worst|mean``).
+- ``--strategy SPEC`` (``ps-central-join``, ``allreduce-split`` …, the registry's predicted specs)
+  instead of ``--strategy ps|allreduce --type T --server S``; a flag that contradicts the spec is an
+  error.
 - ``scaletrain estimate WORKLOAD ...``: profile the workload first (or ``--profile FILE``), then
   estimate; ``--model refined`` uses the whole profile.
 - ``--recommend --max-workers N``: the best worker count and configuration under each model.
@@ -13,18 +16,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scaletrain.api import estimate, profile, recommend, validate
-from scaletrain.cli.bench import _names, _numbers
+from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
+from scaletrain.cli.arguments import name_list, number_list
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS, Configuration, check_inputs
+from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.thesis import CASES, KINDS
 from scaletrain.estimate.validate import DEFAULT_STRATEGIES
 from scaletrain.measure.profile import Profile
+from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
 from scaletrain.workloads import WORKLOADS
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "strategy_choices"]
 
 OUTPUTS = ("single", "csv", "plot")
 #: Nine significant digits: a speedup read back from the output is within 1e-8 (relative) of the model's.
@@ -37,6 +41,8 @@ the predictions against real runs.
 
   scaletrain estimate --t-grad S --t-comm S --type T --server central --workers N --batches D
       the thesis's estimator (Šlampa 2017) from two measured times; --output single, csv or plot
+  scaletrain estimate ... --strategy ps-central-join
+      a whole strategy spec instead of --strategy, --type and --server
   scaletrain estimate WORKLOAD ...
       profile the workload first (or give --profile FILE), then estimate; --model refined uses
       the whole profile (latency, update time, contention, stragglers, shard sizes)
@@ -60,16 +66,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     times.add_argument("--t-comm", type=float, metavar="SECONDS", help="time to transfer all weights once")
     times.add_argument("--profile", type=Path, metavar="FILE", help="a profile written by scaletrain profile")
     model = parser.add_argument_group("estimate")
-    model.add_argument("--type", dest="kind", choices=KINDS, default="sync-join", help="training type")
+    model.add_argument("--type", dest="kind", choices=KINDS, help="training type (default: sync-join, or the spec's)")
+    servers = {server for s in STRATEGIES.values() for server in s.servers}
     model.add_argument(
         "--server",
-        choices=("central", "distributed", "sharded"),
-        default="central",
-        help="parameter server: one central process, or distributed (sharded) over every worker",
+        choices=sorted(servers | {alias for alias, server in ALIASES.items() if server in servers}),
+        help="parameter server: one central process, or distributed (sharded) over every worker "
+        "(default: central, or the spec's)",
     )
-    model.add_argument("--strategy", choices=("ps", "allreduce"), default="ps", help="parameter server or all-reduce")
     model.add_argument(
-        "--workers", type=_numbers, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
+        "--strategy",
+        choices=strategy_choices(),
+        default="ps",
+        metavar="STRATEGY",
+        help=f"a strategy spec, which sets --type and --server too: {', '.join(all_specs(predicted_only=True))}; "
+        f"or a strategy with --type and --server: {', '.join(s.name for s in STRATEGIES.values() if s.predicted)}",
+    )
+    model.add_argument(
+        "--workers", type=number_list, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
     )
     model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
     model.add_argument("--output", choices=OUTPUTS, default="single", help="speedup at N, 1..N as csv, or a PNG")
@@ -84,7 +98,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     advice.add_argument("--recommend", action="store_true", help="best worker count and configuration per model")
     advice.add_argument("--max-workers", type=int, metavar="N", help="with --recommend: consider 1..N workers")
     advice.add_argument("--validate", action="store_true", help="run the real sweep and compare with both models")
-    advice.add_argument("--strategies", type=_names, metavar="LIST",
+    advice.add_argument("--strategies", type=name_list, metavar="LIST",
                         help=f"with --validate: strategy specs (default: {','.join(DEFAULT_STRATEGIES)})")  # fmt: skip
     advice.add_argument("--steps", type=int, metavar="N", help="with --validate: optimizer steps per run (default: 40)")
     advice.add_argument("--warmup-steps", type=int, metavar="N",
@@ -101,42 +115,37 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def strategy_choices() -> list[str]:
+    """What ``--strategy`` accepts: each predicted strategy's name and every predicted spec (from the registry)."""
+    names = [name for name, strategy in STRATEGIES.items() if strategy.predicted]
+    return list(dict.fromkeys([*names, *all_specs(predicted_only=True)]))
+
+
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     if args.validate:
         return _validate(args)
-    measured = _profile(args)
+    # The spec and the thesis's flags agree (or the error says how) before anything is profiled.
+    spec = strategy_spec(args.strategy, kind=args.kind, server=args.server)
+    measured = _profile(args, spec)
     if args.recommend:
         return _recommend(args, measured)
-    workers = args.workers[0]
     speedups = estimate(
         profile=measured,
-        kind=args.kind,
-        server=args.server,
-        strategy=args.strategy,
-        workers=workers,
+        strategy=spec,
+        workers=args.workers[0],
         batches=args.batches,
         case=args.case,
         model=args.model,
         cores=args.cores,
+        plot=args.plot_file if args.output == "plot" else None,
     )
     if args.output == "single":
         print(f"{speedups[-1]:{DIGITS}}")
     elif args.output == "csv":
         print(";".join(f"{value:{DIGITS}}" for value in speedups))
     else:
-        configuration = Configuration.from_thesis(args.kind, args.server, args.strategy)
-        from scaletrain.estimate.plots import plot_curves  # matplotlib only when drawing
-
-        path = plot_curves(
-            args.plot_file,
-            labels=[configuration.label],
-            max_workers=workers,
-            predict=lambda model, _, n: speedups[n - 1],
-            models=(args.model,),
-            title=f"Predicted speedup ({args.model} model, {args.case} case, D = {args.batches:g})",
-        )
-        print(f"plot written to {path}")
+        print(f"plot written to {args.plot_file}")
     return 0
 
 
@@ -152,7 +161,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ConfigError(f"--max-workers must be ≥ 1, got {args.max_workers}")
 
 
-def _profile(args: argparse.Namespace) -> Profile:
+def _profile(args: argparse.Namespace, spec: str) -> Profile:
     """The inputs: a saved profile, a fresh one of the workload, or the two times given."""
     given = args.t_grad is not None or args.t_comm is not None
     if sum((given, args.profile is not None, args.workload is not None)) != 1:
@@ -169,7 +178,7 @@ def _profile(args: argparse.Namespace) -> Profile:
         return given
     if args.profile is not None:
         return Profile.load(args.profile)
-    split = tuple(n for n in range(2, max(args.workers) + 1)) if args.kind == "sync-split" else ()
+    split = tuple(range(2, max(args.workers) + 1)) if parse_spec(spec)[2] == "split" else ()
     settings = profile_settings(args)
     settings["split_workers"] = tuple(sorted({*settings["split_workers"], *split}))
     measured = profile(args.workload, **settings)

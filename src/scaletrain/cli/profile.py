@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 from scaletrain.api import profile
-from scaletrain.cli.bench import _numbers
+from scaletrain.cli.arguments import number_list
 from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.measure.profile import Profile
-from scaletrain.train.checkpoint import check_writable
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
@@ -21,7 +20,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--batch-size", type=int, metavar="N", help="batch size (default: the workload's)")
     group.add_argument("--network", metavar="RATE",
                        help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")  # fmt: skip
-    group.add_argument("--split-workers", type=_numbers, metavar="N,N",
+    group.add_argument("--split-workers", type=number_list, metavar="N,N",
                        help="also t_grad at batch/N for these N, e.g. 2,4")  # fmt: skip
     group.add_argument("--concurrency", type=int, metavar="N",
                        help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
@@ -90,9 +89,7 @@ def describe(result: Profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.out is not None:  # before minutes of measuring, not after
-        check_writable(args.out.parent, what="the profile's folder")
-    result = profile(args.workload, **profile_settings(args))
+    result = profile(args.workload, out=args.out, **profile_settings(args))  # checks --out before measuring
     print(describe(result))
-    print(f"written to {result.save(args.out or result.default_path())}")
+    print(f"written to {args.out if args.out is not None else result.save(result.default_path())}")
     return 0

@@ -8,14 +8,13 @@ import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
 
-from scaletrain.api import train
+from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
 from scaletrain.efficient import TECHNIQUES
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
-from scaletrain.parallel.worker import exit_now
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["MODEL_FLAGS", "add_model_flags", "add_parser", "parse_options", "run", "workload_options"]

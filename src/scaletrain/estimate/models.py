@@ -2,7 +2,10 @@
 
 ``thesis`` is Šlampa's estimator fed with the profile's t_grad and t_comm (all-reduce, which the
 thesis does not cover, gets its distributed-server formula: the same 2·t_comm·(N−1)/N per
-iteration). ``refined`` is :mod:`scaletrain.estimate.refined` over the whole profile.
+iteration; :data:`THESIS_SERVERS`). ``refined`` is :mod:`scaletrain.estimate.refined` over the
+whole profile. The configurations to predict are the strategy registry's predicted specs
+(:func:`predicted_configurations`); what a new strategy adds to be predicted is listed in
+:mod:`scaletrain.estimate.refined`'s docstring.
 
 >>> from scaletrain.measure.profile import Profile
 >>> profile = Profile("toy", 32, t_grad=1.0, t_comm=0.1)
@@ -22,20 +25,24 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate import refined, thesis
 from scaletrain.estimate.queueing import mean_value_throughputs, throughput_bound
 from scaletrain.measure.profile import Profile
-from scaletrain.measure.sweep import parse_strategy
+from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, get_strategy, parse_spec
 
 __all__ = [
     "MODELS",
     "Configuration",
     "best_per_workers",
     "check_inputs",
+    "predicted_configurations",
     "predicted_speedup",
     "predicted_speedups",
     "thesis_configurations",
 ]
 
 MODELS = ("thesis", "refined")
+#: The thesis's ``--type`` for each update mode (its vocabulary: sync-join, sync-split, async).
 THESIS_TYPES = {"join": "sync-join", "split": "sync-split", "async": "async"}
+#: The thesis's ``--server`` formula that stands for each (strategy, server) it predicts.
+THESIS_SERVERS = {("ps", "central"): "central", ("ps", "sharded"): "distributed", ("allreduce", ""): "distributed"}
 
 
 @dataclass(frozen=True)
@@ -48,39 +55,109 @@ class Configuration:
 
     @classmethod
     def parse(cls, spec: str) -> Configuration:
-        strategy, server, sync = parse_strategy(spec)
-        if strategy == "local":
-            raise ConfigError("local is the one-worker reference, not a configuration to predict")
-        return cls(strategy, server if strategy == "ps" else "", sync)
+        """A spec from the registry (:func:`~scaletrain.parallel.strategies.parse_spec`) that the estimators predict.
+
+        >>> Configuration.parse("allreduce-split")
+        Configuration(strategy='allreduce', server='', sync='split')
+        """
+        strategy, server, sync = parse_spec(spec)
+        if not get_strategy(strategy).predicted:
+            raise ConfigError(
+                f"{spec} is not a configuration to predict (one process is the reference, speedup 1); "
+                f"choose one of {', '.join(all_specs(predicted_only=True))}"
+            )
+        return cls(strategy, server, sync)
 
     @classmethod
     def from_thesis(cls, kind: str, server: str, strategy: str = "ps") -> Configuration:
-        """From the thesis's ``--type`` and ``--server`` (and ``--strategy allreduce``)."""
-        syncs = {value: key for key, value in THESIS_TYPES.items()}
-        if kind not in syncs:
-            raise ConfigError(f"unknown --type {kind!r}; choose one of {', '.join(thesis.KINDS)}")
-        if strategy == "allreduce":
-            if kind == "async":
-                raise ConfigError("all-reduce is synchronous; use --type sync-join or sync-split")
-            return cls("allreduce", "", syncs[kind])
-        return cls.parse(f"ps-{server}-{syncs[kind]}")
+        """From the thesis's ``--type`` and ``--server`` and a strategy's name (a strategy without servers ignores it).
+
+        >>> Configuration.from_thesis("sync-split", "central", "allreduce").label
+        'allreduce-split'
+        """
+        registered = get_strategy(strategy)
+        sync = _sync_of(kind)
+        if sync not in registered.syncs:
+            kinds = " or ".join(THESIS_TYPES[s] for s in registered.syncs if s in THESIS_TYPES)
+            what = "is synchronous" if sync == "async" else f"has no --type {kind}"
+            raise ConfigError(f"--strategy {registered.name} {what}; use --type {kinds}")
+        return cls.parse(registered.label(server, sync))
+
+    @classmethod
+    def from_flags(cls, strategy: str = "ps", kind: str | None = None, server: str | None = None) -> Configuration:
+        """From ``--strategy`` (a name, ``ps``, or a whole spec, ``ps-central-join``) and the thesis's flags.
+
+        With a name, ``kind`` and ``server`` are the thesis's ``--type`` and ``--server`` (None: its
+        defaults, sync-join and central); a spec sets all three, so a flag that says otherwise is an
+        error that names the fix.
+
+        >>> Configuration.from_flags("ps", "async", "distributed").label
+        'ps-sharded-async'
+        >>> Configuration.from_flags("ps-central-join", kind="sync-join", server="central").label
+        'ps-central-join'
+        """
+        if strategy.strip().lower() in STRATEGIES:
+            return cls.from_thesis(kind or THESIS_TYPES["join"], server or "central", strategy.strip().lower())
+        configuration = cls.parse(strategy)
+        registered = get_strategy(configuration.strategy)
+        sync = configuration.sync if kind is None else _sync_of(kind)
+        wanted = configuration.server if server is None else ALIASES.get(server, server)
+        conflicts = {}  # flag → the value given
+        if sync != configuration.sync:
+            conflicts["--type"] = kind
+        if server is not None and (not registered.servers or wanted != configuration.server):
+            conflicts["--server"] = server
+        if conflicts:
+            given = " and ".join(f"{flag} {value}" for flag, value in conflicts.items())
+            fix = f"drop {' and '.join(conflicts)}"
+            alternative = registered.label(wanted, sync)
+            if (registered.servers or "--server" not in conflicts) and alternative in all_specs(predicted_only=True):
+                fix += f", or use --strategy {alternative}"
+            raise ConfigError(f"--strategy {configuration.label} conflicts with {given}: {fix}")
+        return configuration
 
     @property
     def label(self) -> str:
-        return f"allreduce-{self.sync}" if self.strategy == "allreduce" else f"ps-{self.server}-{self.sync}"
+        return get_strategy(self.strategy).label(self.server, self.sync)
 
     @property
     def thesis_type(self) -> str:
+        self._check_thesis()
         return THESIS_TYPES[self.sync]
 
     @property
     def thesis_server(self) -> str:
-        return "central" if self.server == "central" else "distributed"
+        self._check_thesis()
+        return THESIS_SERVERS[(self.strategy, self.server)]
+
+    def _check_thesis(self) -> None:
+        if (self.strategy, self.server) not in THESIS_SERVERS or self.sync not in THESIS_TYPES:
+            raise ConfigError(
+                f"{self.label} is not modelled by the estimator: the thesis model has no formula for it "
+                "(scaletrain.estimate.models.THESIS_SERVERS names the one that stands for each strategy)"
+            )
+
+
+def _sync_of(kind: str) -> str:
+    """The update mode the thesis's ``--type`` names."""
+    syncs = {value: key for key, value in THESIS_TYPES.items()}
+    if kind not in syncs:
+        raise ConfigError(f"unknown --type {kind!r}; choose one of {', '.join(thesis.KINDS)}")
+    return syncs[kind]
 
 
 def thesis_configurations() -> list[Configuration]:
     """The six the thesis estimates: central/distributed server × async, sync-join, sync-split."""
     return [Configuration.parse(f"ps-{server}-{sync}") for server in ("central", "sharded") for sync in THESIS_TYPES]
+
+
+def predicted_configurations() -> list[Configuration]:
+    """Every configuration the estimators predict: the strategy registry's predicted specs, in its order.
+
+    >>> [c.label for c in predicted_configurations()][:3]
+    ['allreduce-join', 'allreduce-split', 'ps-central-join']
+    """
+    return [Configuration.parse(spec) for spec in all_specs(predicted_only=True)]
 
 
 def predicted_speedup(
@@ -109,7 +186,7 @@ def predicted_speedup(
         return refined.predict(
             profile,
             strategy=configuration.strategy,
-            server=configuration.server or "central",
+            server=configuration.server,
             sync=configuration.sync,
             workers=workers,
             batches=batches,
@@ -158,9 +235,7 @@ def predicted_speedups(
         terms = refined.Terms(profile, cores)
         return {
             c: (
-                refined.batches_per_second(
-                    terms, strategy=c.strategy, server=c.server or "central", sync=c.sync, workers=workers
-                )
+                refined.batches_per_second(terms, strategy=c.strategy, server=c.server, sync=c.sync, workers=workers)
                 * terms.sequential
             ).tolist()
             for c in configurations
@@ -197,7 +272,7 @@ def best_per_workers(
         floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
         # The central server's networks are the small ones: solved first, they often rule the sharded ones out.
         for c in sorted((c for c in configurations if c.sync == "async"), key=lambda c: c.server != "central"):
-            networks = refined.asynchronous_networks(terms, server=c.server, workers=workers)
+            networks = refined.asynchronous_networks(terms, strategy=c.strategy, server=c.server, workers=workers)
             # The margin keeps rounding in the bound from ever dropping a network that could win.
             bounds = np.array([throughput_bound(*network) for network in networks]) * terms.sequential * (1 + 1e-9)
             contenders = np.flatnonzero(bounds >= floor)

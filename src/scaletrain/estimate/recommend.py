@@ -1,7 +1,9 @@
 """Advice: the worker count and configuration with the highest predicted speedup, under each model.
 
 The thesis model chooses among its own six configurations (central/distributed server × async,
-sync-join, sync-split); the refined model also among all-reduce join/split. A ``join`` run trains
+sync-join, sync-split); the refined model among every configuration the strategy registry marks
+predicted (:func:`~scaletrain.estimate.models.predicted_configurations`: all-reduce join/split
+besides those six). A ``join`` run trains
 with an N-times larger effective batch, so its speedup in batches per second may cost accuracy
 per batch; the advice says so.
 
@@ -16,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS, Configuration, best_per_workers, thesis_configurations
-from scaletrain.estimate.refined import CONFIGURATIONS
+from scaletrain.estimate.models import MODELS, best_per_workers, predicted_configurations, thesis_configurations
 from scaletrain.measure.profile import Profile
 
 __all__ = ["recommend"]
@@ -42,7 +43,7 @@ def recommend(
         raise ConfigError(f"--max-workers must be ≥ 1, got {max_workers}")
     advice = {}
     for model in models:
-        candidates = thesis_configurations() if model == "thesis" else _refined_configurations()
+        candidates = thesis_configurations() if model == "thesis" else predicted_configurations()
         best = {"workers": 1, "configuration": "local", "speedup": 1.0}
         per_workers = {}
         ranking = best_per_workers(model, profile, candidates, max_workers, batches=batches, cores=cores, case=case)
@@ -53,7 +54,3 @@ def recommend(
         note = JOIN_NOTE if best["configuration"].endswith("-join") else ""
         advice[model] = {**best, "note": note, "by_workers": per_workers}
     return advice
-
-
-def _refined_configurations() -> list[Configuration]:
-    return [Configuration(strategy, server, sync) for strategy, server, sync in CONFIGURATIONS]

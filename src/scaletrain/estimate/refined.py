@@ -27,6 +27,18 @@ none is fitted to the runs it is judged on):
 Throughput is in batches per second as SPEC §3 counts them (a join step is N batches, a split step
 one); speedup = throughput × (t_grad + t_update), i.e. against one worker training alone.
 
+Which configurations: every spec the strategy registry (:mod:`scaletrain.parallel.strategies`) marks
+``predicted`` (:func:`scaletrain.estimate.models.predicted_configurations`). The formulas are keyed
+by (strategy, server), never chosen by an ``if`` on a name, so a new strategy is predicted once it
+adds (besides ``predicted = True``, the default, on its class):
+
+- its synchronous step's time besides the gradient to :data:`EXCHANGES` (join and split);
+- if it has an ``async`` mode, its closed network per worker count to :data:`ASYNCHRONOUS`;
+- the thesis formula that stands for it to :data:`scaletrain.estimate.models.THESIS_SERVERS`.
+
+Until then asking for it is a :class:`~scaletrain.errors.ConfigError` saying it is not modelled by
+the estimator; ``predicted = False`` keeps it out of the estimator's list (and ``recommend``).
+
 >>> from scaletrain.measure.profile import Profile
 >>> p = Profile("toy", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(5 * 10**5, 5 * 10**5))
 >>> round(predict(p, strategy="allreduce", sync="join", workers=2).speedup, 3)  # 2·0.1 / (0.1 + 0.01)
@@ -46,23 +58,20 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
 from scaletrain.measure.profile import Profile
 from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
 
 __all__ = [
-    "CONFIGURATIONS",
+    "ASYNCHRONOUS",
+    "EXCHANGES",
     "Prediction",
     "Terms",
+    "asynchronous_networks",
     "batches_per_second",
     "mean_value_throughput",
+    "modelled",
     "predict",
     "predict_many",
 ]
-
-# (strategy, server, sync) the refined model covers; the labels are the bench's strategy specs.
-CONFIGURATIONS = (
-    ("allreduce", "", "join"),
-    ("allreduce", "", "split"),
-    *(("ps", server, sync) for server in ("central", "sharded") for sync in ("join", "split", "async")),
-)
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,10 @@ def predict(
     batches: float = 128,
     cores: int | None = None,
 ) -> Prediction:
-    """Predict one configuration. ``cores``: the workers share this many cores (None: a machine each)."""
+    """Predict one configuration. ``cores``: the workers share this many cores (None: a machine each).
+
+    ``server`` counts only for a strategy that has servers (``ps``); ``allreduce`` ignores it.
+    """
     return predict_many(profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches,
                         cores=cores)[0]  # fmt: skip
 
@@ -113,30 +125,41 @@ def predict_many(
 
 def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, workers: Sequence[int]) -> np.ndarray:
     """Predicted batches per second on each of ``workers`` worker counts; × ``terms.sequential`` is the speedup."""
-    strategy, server, sync = _covered(strategy, server, sync)
+    strategy, server, sync = modelled(strategy, server, sync)
     n = np.asarray(workers, dtype=int)
     if sync == "async":
-        return np.array(mean_value_throughputs(asynchronous_networks(terms, server=server, workers=n)))
-    profile = terms.profile
-    gradient = terms.gradient(sync, n)
-    if strategy == "allreduce":
-        step = gradient + _ring_allreduce(profile, n) + profile.t_update
-    elif server == "central":
-        step = gradient + _central_exchange(profile, n) + profile.t_update
-    else:
-        step = gradient + _sharded_exchange(profile, terms, n)
+        networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
+        return np.array(mean_value_throughputs(networks))
+    step = terms.gradient(sync, n) + EXCHANGES[(strategy, server)](terms, n)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
 
 
-def _covered(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
-    """The configuration with aliases resolved; one the model does not cover is an error."""
-    server = {"distributed": "sharded"}.get(server, server)
-    sync = {"none": "async"}.get(sync, sync)
-    if (strategy, server if strategy == "ps" else "", sync) not in CONFIGURATIONS:
+def modelled(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
+    """The configuration with the thesis's aliases resolved and no server for a strategy without one.
+
+    One the registry does not predict, or one it predicts that no formula here models yet, is an error.
+
+    >>> modelled("allreduce", "central", "join"), modelled("ps", "distributed", "none")
+    (('allreduce', '', 'join'), ('ps', 'sharded', 'async'))
+    """
+    registered = get_strategy(strategy)
+    server = ALIASES.get(server, server) if registered.servers else ""
+    sync = ALIASES.get(sync, sync)
+    label = registered.label(server, sync)
+    if (
+        not registered.predicted
+        or sync not in registered.syncs
+        or (registered.servers and server not in registered.servers)
+    ):
         raise ConfigError(
-            f"the refined model covers allreduce join/split and ps central/sharded join/split/async, "
-            f"not {strategy} {server} {sync}"
+            f"{label} is not a configuration to predict; choose one of {', '.join(all_specs(predicted_only=True))}"
+        )
+    formulas = ASYNCHRONOUS if sync == "async" else EXCHANGES if sync in ("join", "split") else {}
+    if (strategy, server) not in formulas:
+        raise ConfigError(
+            f"{label} is not modelled by the estimator: scaletrain.estimate.refined has no formula for its "
+            f"{'asynchronous ' if sync == 'async' else ''}{sync} step yet (its module docstring says what to add)"
         )
     return strategy, server, sync
 
@@ -244,21 +267,32 @@ def _sharded_exchange(profile: Profile, terms: Terms, n: np.ndarray) -> np.ndarr
 
 
 def asynchronous_networks(
-    terms: Terms, *, server: str, workers: np.ndarray
+    terms: Terms, *, server: str, workers: np.ndarray, strategy: str = "ps"
 ) -> list[tuple[int, float, dict[float, int]]]:
     """N workers cycling compute → push → update → pull as a closed network, per N: (customers, think, queues).
 
     ``queues``: demand → how many queues have it (see :mod:`scaletrain.estimate.queueing`).
     """
+    strategy, server, _ = modelled(strategy, server, "async")
+    return ASYNCHRONOUS[(strategy, server)](terms, workers)
+
+
+def _central_networks(terms: Terms, workers: np.ndarray) -> list[tuple[int, float, dict[float, int]]]:
     profile = terms.profile
     gradients = terms.gradient("async", workers).tolist()
     size = _weight_bytes(profile)
     bandwidth = profile.bytes_per_second
-    if server == "central":
-        # Queues: the server's downlink (gradients), its update lock, its uplink (weights).
-        queues = _demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
-        return [(n, gradient + 2 * profile.latency, queues)
-                for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
+    # Queues: the server's downlink (gradients), its update lock, its uplink (weights).
+    queues = _demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
+    return [(n, gradient + 2 * profile.latency, queues)
+            for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
+
+
+def _sharded_networks(terms: Terms, workers: np.ndarray) -> list[tuple[int, float, dict[float, int]]]:
+    profile = terms.profile
+    gradients = terms.gradient("async", workers).tolist()
+    size = _weight_bytes(profile)
+    bandwidth = profile.bytes_per_second
     networks = []
     for n, gradient, shares in zip(workers.tolist(), gradients, terms.shares(workers), strict=True):
         # Every process's uplink and downlink carry its own worker's pushes/pulls of the other shares
@@ -278,3 +312,17 @@ def _demands(queues: list[tuple[float, int]]) -> dict[float, int]:
         if demand > 0:
             demands[demand] = demands.get(demand, 0) + count
     return demands
+
+
+#: Per modelled (strategy, server): what a synchronous step (join or split) takes besides the
+#: gradient, in seconds for each worker count: the exchange and the optimizer step.
+EXCHANGES: dict[tuple[str, str], Callable[[Terms, np.ndarray], np.ndarray]] = {
+    ("allreduce", ""): lambda terms, n: _ring_allreduce(terms.profile, n) + terms.profile.t_update,
+    ("ps", "central"): lambda terms, n: _central_exchange(terms.profile, n) + terms.profile.t_update,
+    ("ps", "sharded"): lambda terms, n: _sharded_exchange(terms.profile, terms, n),  # owners update in parallel
+}
+#: Per modelled (strategy, server) with an ``async`` mode: its closed queueing network per worker count.
+ASYNCHRONOUS: dict[tuple[str, str], Callable[[Terms, np.ndarray], list[tuple[int, float, dict[float, int]]]]] = {
+    ("ps", "central"): _central_networks,
+    ("ps", "sharded"): _sharded_networks,
+}

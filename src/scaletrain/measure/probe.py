@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from scaletrain.parallel.worker import exit_now
+    from scaletrain.parallel.teardown import exit_now
 
     code = main()
     sys.stdout.flush()

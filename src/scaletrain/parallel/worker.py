@@ -17,6 +17,7 @@ from scaletrain.parallel.failures import ProcessFailed
 from scaletrain.parallel.launch import ENV_LAUNCHER
 from scaletrain.parallel.process import run_process
 from scaletrain.parallel.rendezvous import Rendezvous
+from scaletrain.parallel.teardown import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,15 +35,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C on a terminal reaches every process; the launcher reports it
         return 130
     return 0
-
-
-def exit_now(code: int) -> None:
-    """Leave without running C++ destructors: c10d/gloo background threads can abort a process
-    (``terminate called without an active exception``) when the interpreter tears them down after
-    the work is done. Every output file is closed by then; flush the streams and go."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
