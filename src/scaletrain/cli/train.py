@@ -45,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
     parser.add_argument("--seed", type=int, help="random seed (same seed and settings ⇒ identical weights)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads per process (default: the usable cores ÷ this run's processes here)"
+    )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("--out", type=Path, help="output folder (default: runs/WORKLOAD-DATE-TIME)")
     parser.add_argument("--resume", action="store_true", default=None, help="continue from OUT/checkpoint.pt")

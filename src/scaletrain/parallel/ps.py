@@ -390,8 +390,7 @@ class PSExchange(GradientExchange):
         waited = 0.0
         self.batches_done += 1
         for owner in self.owners:
-            gradients = [_gradient(p) for p in self._owned[owner]]
-            torch.cat([g.reshape(-1) for g in gradients], out=self._gradients[owner])
+            self.codec.pack([_gradient(p) for p in self._owned[owner]], out=self._gradients[owner])
         for owner in self.owners:
             if owner == self.rank:
                 continue
