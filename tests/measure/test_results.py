@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from scaletrain.errors import ConfigError
+from scaletrain.measure.plots import plot_all
 from scaletrain.measure.report import Noise, rank_configurations, reading, scaling_limits, text_table
 from scaletrain.measure.results import (
     COLUMNS,
@@ -16,7 +17,7 @@ from scaletrain.measure.results import (
     read_results,
     write_results,
 )
-from scaletrain.measure.sweep import SweepConfig, parse_strategy, plan_runs
+from scaletrain.measure.sweep import SweepConfig, _settings, parse_strategy, plan_runs
 
 
 def row(strategy: str, workers: int, bps: float, batch: int = 32, status: str = "ok", repeat: int = 0) -> dict:
@@ -246,6 +247,30 @@ def test_plan_caps_workers_and_interleaves_repeats(tmp_path: Path) -> None:
     assert {run.workers for run in runs} == {1, 2}
     assert [run.repeat for run in runs] == [0, 0, 0, 1, 1, 1]  # all configurations, then again
     assert any("5 left out" in note for note in notes) and any("local runs only at 1 worker" in n for n in notes)
+
+
+def test_a_networked_sweep_runs_its_one_process_runs_without_the_network(tmp_path: Path) -> None:
+    # one process has no links to emulate, and a run asked to emulate them is refused (issue 9)
+    strategies = ("local", "allreduce-join", "ps-central-join", "ps-sharded-join")
+    config = SweepConfig("lenet", tmp_path, workers=(1, 2), strategies=strategies, network="100mbit", max_workers=2)
+    runs, _ = plan_runs(config)
+    networks = {(run.label, run.workers): _settings(config, run, tmp_path)["network"] for run in runs}
+    assert networks == {
+        ("local", 1): None,
+        ("allreduce-join", 1): None,
+        ("allreduce-join", 2): "100mbit",
+        ("ps-central-join", 1): "100mbit",  # a worker and its server: one link
+        ("ps-central-join", 2): "100mbit",
+        ("ps-sharded-join", 1): None,
+        ("ps-sharded-join", 2): "100mbit",
+    }
+
+
+def test_pictures_leave_out_series_without_a_figure(tmp_path: Path) -> None:
+    # a sweep whose one-worker runs failed has no speedup for its two-worker runs: drawn without them
+    rows = annotated([row("a", 2, 20.0), row("a", 1, 0.0, status="failed"), row("b", 1, 10.0), row("b", 2, 18.0)])
+    pictures = plot_all({"results": group_rows(rows)}, tmp_path)
+    assert {path.name for path in pictures} >= {"throughput.png", "speedup.png"}
 
 
 def test_a_single_worker_count_says_nothing_about_scaling() -> None:

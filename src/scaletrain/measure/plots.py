@@ -47,7 +47,10 @@ def _line_plot(
     counts: set[int] = set()
     for index, (set_name, groups) in enumerate(sets.items()):
         style = STYLES[index % len(STYLES)]
-        for name, items in _series(groups).items():
+        for name, every in _series(groups).items():
+            items = [g for g in every if g.median(field) is not None]  # e.g. no speedup without a one-worker run
+            if not items:
+                continue
             color = color_of.setdefault(name, colors[len(color_of) % len(colors)])
             workers = [g.workers for g in items]
             counts.update(workers)
@@ -82,7 +85,8 @@ def _line_plot(
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(True, alpha=0.3)
-    axes.legend(fontsize="small")
+    if axes.get_legend_handles_labels()[0]:  # nothing drawn: no series had this figure
+        axes.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

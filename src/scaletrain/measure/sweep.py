@@ -204,9 +204,11 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
 
 def _settings(config: SweepConfig, run: Run, folder: Path) -> dict[str, Any]:
     """The :func:`scaletrain.train` settings of one run here."""
+    alone = Layout(run.strategy, run.workers, run.server, run.sync).world_size == 1
     return {
         **run_settings(config, run),
-        "network": config.network,
+        # a run of one process has no links to emulate: it trains as it would on any network
+        "network": None if alone else config.network,
         "out": folder,
         # A sweep run again in the same folder continues: finished runs are kept, an interrupted
         # one resumes from its checkpoint.
