@@ -188,7 +188,7 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
         **config.settings,
         "workers": run.workers,
         "strategy": run.strategy,
-        "server": run.server,
+        **({"server": run.server} if run.server else {}),  # a strategy without servers names none
         "sync": run.sync,
         "batch_size": run.batch_size,
         "steps": steps,

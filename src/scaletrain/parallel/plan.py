@@ -50,11 +50,13 @@ class Layout:
                 f"unknown server {self.server!r}; choose {' or '.join(strategy.servers)} (alias distributed)"
             )
         if sync not in strategy.syncs:
-            if sync in ("join", "split", "async"):
+            if sync == "async":
                 raise ConfigError(
-                    f"{strategy.name} takes --sync {' or '.join(strategy.syncs)}, not {sync}"
-                    + ("; for asynchronous updates use --strategy ps --sync async" if sync == "async" else "")
+                    f"{strategy.name} is synchronous (--sync {' or '.join(strategy.syncs)}); for asynchronous "
+                    "updates use --strategy ps --sync async"
                 )
+            if sync in ("join", "split"):
+                raise ConfigError(f"{strategy.name} takes --sync {' or '.join(strategy.syncs)}, not {sync}")
             raise ConfigError(f"unknown sync mode {self.sync!r}; choose join, split or async (alias none)")
         if self.workers < 1:
             raise ConfigError(f"--workers must be ≥ 1, got {self.workers}")
