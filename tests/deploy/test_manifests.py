@@ -213,7 +213,7 @@ def test_rendezvous_names() -> None:
         (lambda: DeployConfig(name="ok", image="x", operator="helm"), "--operator"),
         (lambda: DeployConfig(name="ok", image="x", node_selector={"a": "b c"}), "--node-selector"),
         (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"nodefile": Path("n")}), "nodefile"),
-        (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"workers": 2, "sync": "async"}), "allreduce is synchronous"),
+        (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"workers": 2, "sync": "async"}), "is synchronous"),
         (lambda: plan("nope", DeployConfig(name="ok", image="x"), {}), "unknown workload"),
     ],
 )
