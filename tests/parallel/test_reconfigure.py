@@ -103,8 +103,13 @@ MISMATCH_SCRIPT = textwrap.dedent(
     workload = ClassificationWorkload.from_tensors(
         "mine", lambda: nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 2)), train=(x, y), test=(x, y)
     )
-    scaletrain.train(workload, out=sys.argv[1], workers=2, strategy=sys.argv[3], server="central", sync=sys.argv[4],
-                     epochs=1, batch_size=8, progress="off", tensorboard=False, threads=1, timeout=20)
+    try:
+        scaletrain.train(workload, out=sys.argv[1], workers=2, strategy=sys.argv[3], server="central",
+                         sync=sys.argv[4], epochs=1, batch_size=8, progress="off", tensorboard=False, threads=1,
+                         timeout=20)
+    except scaletrain.ScaletrainError as exc:  # as the CLI does: one line, and no c10d teardown at exit
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        scaletrain.exit_now(1)
     """
 )
 
