@@ -49,9 +49,10 @@ def narrow_decision(model: nn.Module, layer: str, fraction: float, select: str =
     else:
         raise ConfigError(f"narrow: select must be first or norm, got {select!r}")
     keep: dict[str, dict[str, list[int]]] = {layer: {"out": kept}}
-    for norm in _followers(model, layer, _NORMS):
+    followers = _followers(model, layer)
+    for norm in followers[_NORMS]:
         keep[norm] = {"out": kept}
-    readers = _followers(model, layer, _LAYERS)
+    readers = followers[_LAYERS]
     if not readers:
         raise ConfigError(f"narrow: no layer reads {layer}'s output directly; it cannot be narrowed alone")
     for reader in readers:
@@ -59,8 +60,9 @@ def narrow_decision(model: nn.Module, layer: str, fraction: float, select: str =
     return Reconfiguration(keep=keep)
 
 
-def _followers(model: nn.Module, layer: str, kinds: tuple[type, ...]) -> list[str]:
-    """Modules of ``kinds`` reached from ``layer``'s output through element-wise modules and norms."""
+def _followers(model: nn.Module, layer: str) -> dict[tuple[type, ...], list[str]]:
+    """The norms and the layers reached from ``layer``'s output through element-wise modules and norms
+    (one trace of the network for both)."""
     try:
         graph = fx.symbolic_trace(model).graph
     except Exception as exc:  # fx cannot trace data-dependent control flow
@@ -68,7 +70,8 @@ def _followers(model: nn.Module, layer: str, kinds: tuple[type, ...]) -> list[st
     start = next((node for node in graph.nodes if node.op == "call_module" and node.target == layer), None)
     if start is None:
         raise ConfigError(f"narrow: {layer} is not called in the network's forward pass")
-    found, frontier = [], list(start.users)
+    found: dict[tuple[type, ...], list[str]] = {_NORMS: [], _LAYERS: []}
+    frontier = list(start.users)
     while frontier:
         node = frontier.pop()
         if node.op != "call_module":
@@ -76,8 +79,9 @@ def _followers(model: nn.Module, layer: str, kinds: tuple[type, ...]) -> list[st
                 f"narrow: {layer}'s output goes through {node.name} ({node.op}), which cannot be followed"
             )
         module = model.get_submodule(node.target)
-        if isinstance(module, kinds):
-            found.append(node.target)
+        for kinds, names in found.items():
+            if isinstance(module, kinds):
+                names.append(node.target)
         if isinstance(module, _PASS_THROUGH + _NORMS):
             frontier.extend(node.users)
         elif not isinstance(module, _LAYERS):

@@ -62,7 +62,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
     prepared = None
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
-        prepared = prepare(config, workload, global_batch_factor=factor, coordinator=rank == 0)
+        prepared = prepare(config, workload, process=settings, global_batch_factor=factor, coordinator=rank == 0)
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))
         return layout.plugin.run(prepared, layout, rank, store)

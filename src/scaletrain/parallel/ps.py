@@ -361,6 +361,10 @@ class PSExchange(GradientExchange):
             else:
                 self._receive_reply(owner)
 
+    def owned(self, owner: int) -> list[nn.Parameter]:
+        """The model's tensors that ``owner`` holds the master copy of (views of its flat weights)."""
+        return self._owned[owner]
+
     def _receive_reply(self, owner: int) -> float:
         """Receive ``[version, layout]`` + weights from ``owner`` into the model; returns the wait for the header."""
         begin = now()

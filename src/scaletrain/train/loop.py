@@ -35,7 +35,7 @@ from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import ThroughputMeter, now
 from scaletrain.train.plan import WorkerPlan
-from scaletrain.train.runtime import ProcessSettings, configure_process
+from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Schedule
 from scaletrain.train.summary import WorkerStats
 from scaletrain.workloads import Workload, create_workload
@@ -143,10 +143,14 @@ def prepare(
     config: TrainConfig,
     workload: Workload | None = None,
     *,
+    process: ProcessSettings,
     global_batch_factor: int = 1,
     coordinator: bool = True,
 ) -> Prepared:
-    """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming."""
+    """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming.
+
+    ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`).
+    """
     started = time.time()
     workload = workload or create_workload(config.workload, config.options)
     config = resolve(config, workload.defaults)
@@ -154,7 +158,6 @@ def prepare(
     if coordinator:
         refuse_overwrite(out, resume=config.resume)
     make_folder(out)
-    process = configure_process(config.threads)
 
     data = workload.load_data(config.data_dir, download=config.download)
     steps_per_epoch = _steps_per_epoch(workload, data, config.batch_size * global_batch_factor)

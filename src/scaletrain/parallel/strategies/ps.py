@@ -178,16 +178,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
     if local_server is None:
         return None
     server_stats = local_server.join()
-    if layout.world_size > 1:  # gather the final shards on rank 0: each owner broadcasts its master copy
-        parameters = list(prepared.model.parameters())
-        for owner in exchange.owners:
-            shard = [p for p, o in zip(parameters, exchange.owner_of, strict=True) if o == owner]
-            buffer = (
-                flatten([p.detach() for p in local_server.master]) if owner == rank else flatten(shard).detach().clone()
-            )
-            dist.broadcast(buffer, src=owner)
-            with torch.no_grad():
-                unflatten_into(buffer, shard)
+    _share_shards(exchange, rank, single=layout.world_size == 1)  # the final weights, for rank 0's summary
     if rank != 0:
         return None
     stats = collect_stats(setup.store, workers, set(), config.timeout)
@@ -255,22 +246,31 @@ class _Shards:
         if not single:
             dist.all_reduce(version, op=dist.ReduceOp.MAX)
         self.version = int(version)
-        momentum = self.setup.prepared.config.momentum > 0
-        parameters = list(model.parameters())
-        for owner in exchange.owners:
-            shard = [p for p, o in zip(parameters, exchange.owner_of, strict=True) if o == owner]
-            mine = owner == self.rank
-            weights = flatten([p.detach() for p in old.master]) if mine else flatten(shard).detach().clone()
-            buffers = _momentum(old) if mine and momentum else torch.zeros_like(weights)
-            if not single:
-                dist.broadcast(weights, src=owner)
-                if momentum:
-                    dist.broadcast(buffers, src=owner)
-            with torch.no_grad():
-                unflatten_into(weights, shard)
-            if momentum:
-                for parameter, view in zip(shard, views_of(buffers, shard), strict=True):
-                    optimizer.state[parameter]["momentum_buffer"] = view.clone()
+        momentum = optimizer if self.setup.prepared.config.momentum > 0 else None
+        _share_shards(exchange, self.rank, single=single, momentum_into=momentum)
+
+
+def _share_shards(
+    exchange: PSExchange, rank: int, *, single: bool, momentum_into: torch.optim.Optimizer | None = None
+) -> None:
+    """Each owner broadcasts its master tensors into every worker's model (their views in ``exchange``),
+    and, with ``momentum_into``, its momentum buffers into that optimizer's state."""
+    server = exchange.local_server
+    for owner in exchange.owners:
+        shard = exchange.owned(owner)
+        mine = owner == rank
+        size = sum(p.numel() for p in shard)
+        weights = flatten([p.detach() for p in server.master]) if mine else torch.empty(size)
+        buffers = _momentum(server) if mine and momentum_into is not None else torch.empty(size)
+        if not single:
+            dist.broadcast(weights, src=owner)
+            if momentum_into is not None:
+                dist.broadcast(buffers, src=owner)
+        with torch.no_grad():
+            unflatten_into(weights, shard)
+        if momentum_into is not None:
+            for parameter, view in zip(shard, views_of(buffers, shard), strict=True):
+                momentum_into.state[parameter]["momentum_buffer"] = view.clone()
 
 
 def _momentum(server: ShardServer) -> torch.Tensor:
