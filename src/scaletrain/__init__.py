@@ -2,7 +2,7 @@
 
 >>> import scaletrain
 >>> sorted(scaletrain.WORKLOADS)
-['googlenet', 'lenet', 'ptb-lstm', 'resnet34', 'squeezenet', 'vgg16e']
+['googlenet', 'lenet', 'ptb-lstm', 'resnet', 'resnet20', 'resnet32', 'resnet34', 'resnet56', 'squeezenet', 'vgg16e']
 """
 
 # ``train`` the function, not the ``scaletrain.train`` subpackage: importing the API first loads the
@@ -15,6 +15,7 @@ from scaletrain.api import (
     estimate,
     exit_now,
     list_workloads,
+    load_model,
     make_config,
     profile,
     recommend,
@@ -43,6 +44,7 @@ __all__ = [
     "estimate",
     "exit_now",
     "list_workloads",
+    "load_model",
     "make_config",
     "profile",
     "recommend",

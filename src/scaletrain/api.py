@@ -19,13 +19,19 @@ Train your own model on your own tensors with the same loop, metrics and output 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from scaletrain.config import TrainConfig, load_toml, merge
+from scaletrain.efficient import with_flagged_options
+from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedups
 from scaletrain.estimate.recommend import recommend as _recommend
@@ -39,6 +45,7 @@ from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.teardown import exit_now as _exit_now
 from scaletrain.preflight import check_before_start
 from scaletrain.train.checkpoint import check_writable
+from scaletrain.train.summary import MODEL_NAME, SUMMARY_NAME
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "estimate",
     "exit_now",
     "list_workloads",
+    "load_model",
     "make_config",
     "profile",
     "recommend",
@@ -61,13 +69,14 @@ __all__ = [
 def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
     """Build a :class:`TrainConfig`: workload defaults < ``config_file`` (TOML) < ``settings``.
 
-    ``settings`` whose value is ``None`` count as not given.
+    ``settings`` whose value is ``None`` count as not given. A technique's own settings
+    (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``.
 
     >>> make_config("lenet", batch_size=64).batch_size
     64
     """
     from_file = load_toml(config_file) if config_file is not None else {}
-    given = {key: value for key, value in settings.items() if value is not None}
+    given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
     return TrainConfig(**merge({"workload": workload}, from_file, given))
 
 
@@ -107,6 +116,27 @@ def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workloa
         raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
     summary = run_process(config, rendezvous, workload)
     return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}
+
+
+def load_model(out: Path | str) -> nn.Module:
+    """The trained network of run folder ``out``, in eval mode: the workload's network (with the
+    options of ``summary.json``), resized to the architecture a technique left (``summary.json``'s
+    ``architecture``: pruned channels, removed blocks), with the weights of ``model.pt``.
+
+    >>> model = scaletrain.load_model("runs/resnet20-prunetrain")  # doctest: +SKIP
+    """
+    folder = Path(out)
+    try:
+        summary = json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{folder} holds no readable {SUMMARY_NAME} ({exc}); give the folder of a finished run"
+        ) from None
+    workload = create_workload(summary["workload"], summary.get("options") or {})
+    model = workload.build_model()
+    apply_architecture(model, summary.get("architecture") or {})
+    model.load_state_dict(torch.load(folder / MODEL_NAME, map_location="cpu", weights_only=True))
+    return model.eval()
 
 
 def exit_now(code: int = 0) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from scaletrain.api import bench
 from scaletrain.cli.arguments import name_list, number_list
-from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.cli.train import add_model_flags, add_technique_flags, technique_settings, workload_options
 from scaletrain.config import ASYNC_COMPENSATIONS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
@@ -66,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default: bench-results/WORKLOAD-DATE-TIME)")
+    add_technique_flags(parser)
     add_model_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -91,6 +92,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("lr", args.lr),
                 ("momentum", args.momentum),
                 ("async_compensation", args.async_compensation),
+                *technique_settings(args).items(),
             )
             if value is not None
         }

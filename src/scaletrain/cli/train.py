@@ -7,11 +7,12 @@ import os
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
-from scaletrain.efficient import TECHNIQUES
+from scaletrain.efficient import TECHNIQUES, technique_flags, with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
@@ -124,6 +125,17 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="technique option, e.g. -T layer=classifier.1 -T fraction=0.5 for narrow",
     )
+    for setting, (owner, option, kind) in technique_flags().items():
+        group.add_argument(
+            "--" + setting.replace("_", "-"), dest=setting, type=kind, help=f"--technique {owner}: its {option}"
+        )
+
+
+def technique_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """``technique`` and ``technique_options`` from ``--technique``, ``-T`` and the technique flags."""
+    options = parse_options(args.technique_option, what="technique option", example="-T fraction=0.5")
+    flagged = {setting: getattr(args, setting) for setting in technique_flags()}
+    return with_flagged_options({"technique": args.technique, "technique_options": options or None, **flagged})
 
 
 def _name_config_defaults(parser: argparse.ArgumentParser) -> None:
@@ -199,16 +211,11 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         f.name: getattr(args, f.name)
         for f in fields(TrainConfig)
-        if f.name not in ("workload", "options", "technique_options") and hasattr(args, f.name)
+        if f.name not in ("workload", "options", "technique", "technique_options") and hasattr(args, f.name)
     }
     options = workload_options(args)
-    technique_options = parse_options(args.technique_option, what="technique option", example="-T fraction=0.5")
     summary = train(
-        args.workload,
-        config_file=args.config,
-        options=options or None,
-        technique_options=technique_options or None,
-        **settings,
+        args.workload, config_file=args.config, options=options or None, **technique_settings(args), **settings
     )
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher
         print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")

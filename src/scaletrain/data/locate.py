@@ -8,6 +8,9 @@ Search order for Fashion-MNIST: ``--data-dir`` (then only there), ``$SCALETRAIN_
 unless ``SCALETRAIN_OFFLINE=1``. Each folder is also tried with a ``fashion-mnist`` (or ``ptb``)
 subfolder, except the system and cache folders, which already are dataset folders. Image folders
 (Caltech256) are looked for in the same places but never downloaded: see :func:`find_image_folder`.
+CIFAR-10 (:func:`find_cifar10`) is searched in the same order, with a ``cifar-10`` subfolder and no
+system folder by default, and its single archive is downloaded from ``$SCALETRAIN_CIFAR10_URL`` or
+the official URL.
 
 Example::
 
@@ -22,6 +25,16 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from scaletrain.data.cifar import (
+    ARCHIVE_NAME,
+    ARCHIVE_SHA256,
+    ARCHIVE_URL,
+    BATCHES_FOLDER,
+    TEST_FILE,
+    TRAIN_FILES,
+    cifar10_location,
+    missing_cifar10_files,
+)
 from scaletrain.data.download import download as _download
 from scaletrain.data.idx import FASHION_MNIST_FILES, FASHION_MNIST_URL, missing_fashion_mnist_files
 from scaletrain.errors import DataError
@@ -29,6 +42,8 @@ from scaletrain.errors import DataError
 __all__ = [
     "CALTECH256_PAGE",
     "CALTECH256_SUBDIRS",
+    "CIFAR10_SUBDIR",
+    "ENV_CIFAR10_URL",
     "ENV_DATA",
     "ENV_FASHION_MNIST_URL",
     "ENV_OFFLINE",
@@ -37,6 +52,7 @@ __all__ = [
     "PTB_SUBDIR",
     "SYSTEM_FASHION_MNIST_DIRS",
     "cache_dir",
+    "find_cifar10",
     "find_fashion_mnist",
     "find_image_folder",
     "find_ptb",
@@ -51,6 +67,10 @@ ENV_OFFLINE = "SCALETRAIN_OFFLINE"
 #: Replaces :data:`~scaletrain.data.idx.FASHION_MNIST_URL`, e.g. to use a mirror or a local server.
 ENV_FASHION_MNIST_URL = "SCALETRAIN_FASHION_MNIST_URL"
 ENV_XDG_CACHE_HOME = "XDG_CACHE_HOME"
+#: Replaces :data:`~scaletrain.data.cifar.ARCHIVE_URL` (a full URL of the archive), e.g. a mirror.
+ENV_CIFAR10_URL = "SCALETRAIN_CIFAR10_URL"
+#: Subfolder of ``--data-dir``, ``$SCALETRAIN_DATA`` and the cache that may hold CIFAR-10.
+CIFAR10_SUBDIR = "cifar-10"
 
 #: Where Debian's ``dataset-fashion-mnist`` package installs the four gzipped files.
 SYSTEM_FASHION_MNIST_DIRS: tuple[Path, ...] = (Path("/usr/share/datasets/fashion-mnist"),)
@@ -190,6 +210,96 @@ def find_fashion_mnist(
             return cache
         reason = f"the download from {base_url} did not provide {', '.join(still_missing)}"
     raise DataError(f"Fashion-MNIST not found: searched {places}; {reason}. {_fashion_fixes(cache)}")
+
+
+def _cifar_fixes(cache: Path) -> str:
+    return (
+        f"Fixes: (1) put {ARCHIVE_NAME} (or its unpacked {BATCHES_FOLDER} folder) in a folder and pass it with "
+        f"--data-dir; (2) go online (and leave {ENV_OFFLINE} unset) so that scaletrain downloads it into {cache}; "
+        "(3) train the same network on Fashion-MNIST with -o dataset=fashion-mnist"
+    )
+
+
+def _cifar_incomplete(folders: Sequence[Path]) -> str:
+    """``; FOLDER lacks NAMES`` for each of ``folders`` (and its batches folder) that holds only some batch files."""
+    notes = []
+    for folder in folders:
+        for candidate in (folder, folder / BATCHES_FOLDER):
+            missing = missing_cifar10_files(candidate)
+            if candidate.is_dir() and 0 < len(missing) < len((*TRAIN_FILES, TEST_FILE)):
+                notes.append(f"; {candidate} lacks {', '.join(missing)}")
+    return "".join(notes)
+
+
+def find_cifar10(
+    data_dir: Path | None,
+    *,
+    download: bool = True,
+    environ: Mapping[str, str] | None = None,
+    system_dirs: Sequence[Path] | None = None,
+    sha256: str | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Return the CIFAR-10 archive or unpacked folder for :func:`~scaletrain.data.cifar.load_cifar10`,
+    downloading the archive if need be.
+
+    The same order as :func:`find_fashion_mnist`: ``data_dir`` (or its ``cifar-10`` subfolder) must hold
+    it when given; otherwise the first of ``$SCALETRAIN_DATA`` (and its subfolder), ``system_dirs``
+    (default: none) and ``cache_dir()/cifar-10`` that holds ``cifar-10-binary.tar.gz`` or the unpacked
+    ``cifar-10-batches-bin`` folder wins (see :func:`~scaletrain.data.cifar.cifar10_location`). Failing
+    all, the archive is fetched from ``$SCALETRAIN_CIFAR10_URL`` (a full URL of the archive) or the
+    official URL into the cache and must match ``sha256`` (default
+    :data:`~scaletrain.data.cifar.ARCHIVE_SHA256`), unless ``download`` is false or
+    ``SCALETRAIN_OFFLINE=1``. Raises :class:`DataError` naming every place searched and the fixes.
+
+    Example::
+
+        >>> import tempfile
+        >>> try:
+        ...     find_cifar10(None, download=False, environ={"XDG_CACHE_HOME": tempfile.mkdtemp()})
+        ... except DataError as error:
+        ...     print("-o dataset=fashion-mnist" in str(error))
+        True
+    """
+    env = _environ(environ)
+    cache = cache_dir(env) / CIFAR10_SUBDIR
+    if data_dir is not None:
+        data_dir = Path(data_dir).expanduser()
+        looked = _with_subdir(data_dir, CIFAR10_SUBDIR)
+        for folder in looked:
+            found = cifar10_location(folder)
+            if found is not None:
+                return found
+        raise DataError(
+            f"--data-dir {data_dir}: no CIFAR-10 there (looked for {ARCHIVE_NAME}, a {BATCHES_FOLDER} folder or "
+            f"the six batch files in {data_dir} and {data_dir / CIFAR10_SUBDIR}{_cifar_incomplete(looked)}). "
+            f"{_cifar_fixes(cache)}; or leave out --data-dir to search the usual places"
+        )
+
+    searched: list[Path] = []
+    if env.get(ENV_DATA):
+        searched += _with_subdir(Path(env[ENV_DATA]).expanduser(), CIFAR10_SUBDIR)
+    searched += [Path(folder) for folder in system_dirs or ()]
+    searched.append(cache)
+    for folder in searched:
+        found = cifar10_location(folder)
+        if found is not None:
+            return found
+
+    places = ", ".join(str(folder) for folder in searched)
+    if not download:
+        reason = "downloading was not allowed"
+    elif is_offline(env):
+        reason = f"downloading was skipped because {ENV_OFFLINE}=1"
+    else:
+        url = env.get(ENV_CIFAR10_URL) or ARCHIVE_URL
+        try:
+            return _download(url, cache / ARCHIVE_NAME, ARCHIVE_SHA256 if sha256 is None else sha256, timeout=timeout)
+        except DataError as exc:
+            raise DataError(
+                f"CIFAR-10 not found (searched {places}) and the download failed: {exc}. {_cifar_fixes(cache)}"
+            ) from exc
+    raise DataError(f"CIFAR-10 not found: searched {places}; {reason}. {_cifar_fixes(cache)}")
 
 
 def _has_ptb(folder: Path, *, need_train: bool) -> bool:

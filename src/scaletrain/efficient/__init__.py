@@ -9,15 +9,26 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scaletrain.efficient.base import EpochEnd, Reconfiguration, Technique
+from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.narrow import Narrow
+from scaletrain.efficient.prunetrain import PruneTrain
 from scaletrain.efficient.rebatch import Rebatch
 from scaletrain.errors import ConfigError
 
-__all__ = ["TECHNIQUES", "EpochEnd", "Reconfiguration", "Technique", "create_technique"]
+__all__ = [
+    "TECHNIQUES",
+    "Context",
+    "EpochEnd",
+    "Reconfiguration",
+    "Technique",
+    "create_technique",
+    "technique_flags",
+    "with_flagged_options",
+]
 
 TECHNIQUES: dict[str, type[Technique]] = {
     "narrow": Narrow,
+    "prunetrain": PruneTrain,
     "rebatch": Rebatch,
 }
 
@@ -32,7 +43,7 @@ def create_technique(name: str, options: dict[str, Any]) -> Technique:
         kind = TECHNIQUES[name]
     except KeyError:
         raise ConfigError(f"unknown technique {name!r}; choose one of {', '.join(sorted(TECHNIQUES))}") from None
-    fields = {f.name: f for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else {}
+    fields = {f.name: f for f in dataclasses.fields(kind) if f.init} if dataclasses.is_dataclass(kind) else {}
     values = {}
     for key, value in options.items():
         if key not in fields:
@@ -49,3 +60,40 @@ def _converted(name: str, key: str, value: Any, kind: type) -> Any:
         return kind(value)
     except ValueError:
         raise ConfigError(f"technique {name}: option {key} must be a {kind.__name__}, got {value!r}") from None
+
+
+def technique_flags() -> dict[str, tuple[str, str, type]]:
+    """Each technique's own flags: ``{setting: (technique, option, type)}``, e.g. ``lasso_ratio``
+    (``--lasso-ratio``) is PruneTrain's option ``ratio``.
+
+    >>> technique_flags()["reconfigure_every"][:2]
+    ('prunetrain', 'every')
+    """
+    flags = {}
+    for name, kind in TECHNIQUES.items():
+        defaults = {f.name: f.default for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else {}
+        for setting, option in getattr(kind, "flags", {}).items():
+            flags[setting] = (name, option, type(defaults[option]))
+    return flags
+
+
+def with_flagged_options(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with any technique flag (``lasso_ratio=0.3``) moved into ``technique_options``;
+    a flag of another technique than ``settings["technique"]`` is an error naming the right one.
+
+    >>> with_flagged_options({"technique": "prunetrain", "lasso_ratio": 0.3})["technique_options"]
+    {'ratio': 0.3}
+    """
+    flags = technique_flags()
+    given = {key: value for key, value in settings.items() if key in flags and value is not None}
+    if not given:
+        return {key: value for key, value in settings.items() if key not in flags}
+    rest = {key: value for key, value in settings.items() if key not in flags}
+    options = dict(rest.get("technique_options") or {})
+    for key, value in given.items():
+        owner, option, _ = flags[key]
+        if rest.get("technique") != owner:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} is an option of --technique {owner}; add --technique {owner}")
+        options[option] = value
+    return {**rest, "technique_options": options}

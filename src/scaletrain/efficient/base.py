@@ -3,25 +3,27 @@
 A technique only *decides*; the training loop applies (composer's ``core/event.py`` and
 ``algorithms/`` show the split). The hooks, in order:
 
-1. :meth:`Technique.start` — once, before the first step (and after a resume);
+1. :meth:`Technique.start` — once, before the first step (and after a resume), with a
+   :class:`Context`: example inputs to trace the network, and a mean over the workers;
 2. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
 3. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
 4. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
    decided once (on the coordinating worker), agreed by every process and applied at this step
-   boundary by every strategy;
+   boundary by every strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
 5. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-__all__ = ["EpochEnd", "Reconfiguration", "Technique"]
+__all__ = ["Context", "EpochEnd", "Reconfiguration", "Technique"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,10 @@ class Reconfiguration:
     ``keep`` names modules (``model.get_submodule`` paths) and, per dimension, which of the old
     channels each new channel is made from: ``{"classifier.1": {"out": [0, 1, ...]}, "classifier.3":
     {"in": [0, 1, ...]}}`` keeps those output units of one layer and the matching inputs of the next.
-    An index may repeat (a copied channel, for widening). ``batch_size``: the new ``--batch-size``
-    from the next step on; ``lr_scale``: the factor on the learning rate that goes with it.
+    An index may repeat (a copied channel, for widening). ``remove`` names residual blocks (modules
+    with ``residual`` and ``shortcut`` children) whose residual branch goes: each becomes its shortcut
+    followed by its activation. ``batch_size``: the new ``--batch-size`` from the next step on;
+    ``lr_scale``: the factor on the learning rate that goes with it.
 
     >>> decision = Reconfiguration(keep={"fc": {"out": [0, 2]}})
     >>> Reconfiguration.from_json(decision.to_json()) == decision
@@ -42,14 +46,26 @@ class Reconfiguration:
     keep: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     batch_size: int | None = None
     lr_scale: float = 1.0
+    remove: list[str] = field(default_factory=list)
+
+    @property
+    def changes_network(self) -> bool:
+        return bool(self.keep or self.remove)
 
     def to_json(self) -> str:
-        return json.dumps({"keep": self.keep, "batch_size": self.batch_size, "lr_scale": self.lr_scale})
+        return json.dumps(
+            {"keep": self.keep, "batch_size": self.batch_size, "lr_scale": self.lr_scale, "remove": self.remove}
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Reconfiguration:
         values = json.loads(text)
-        return cls(keep=values["keep"], batch_size=values["batch_size"], lr_scale=values["lr_scale"])
+        return cls(
+            keep=values["keep"],
+            batch_size=values["batch_size"],
+            lr_scale=values["lr_scale"],
+            remove=values.get("remove", []),
+        )
 
 
 @dataclass(frozen=True)
@@ -62,12 +78,22 @@ class EpochEnd:
     step: int
 
 
+@dataclass(frozen=True)
+class Context:
+    """What the loop offers a technique. ``example_inputs()``: a couple of inputs as the model takes
+    them; ``mean(name, value, weight)``: the ``weight``-weighted mean of ``value`` over every worker of
+    the run, the same number on each (each worker calls it once per ``name``, at the same point)."""
+
+    example_inputs: Callable[[], Any] = lambda: None
+    mean: Callable[[str, float, float], float] = lambda name, value, weight: value
+
+
 class Technique:
     """Base class: every hook does nothing. Subclass and override what the method needs."""
 
     name: ClassVar[str]
 
-    def start(self, model: nn.Module) -> None:
+    def start(self, model: nn.Module, context: Context) -> None:
         """Before the first step."""
 
     def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
@@ -80,6 +106,9 @@ class Technique:
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         """After epoch ``end.epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
         return None
+
+    def reconfigured(self, model: nn.Module) -> None:
+        """The loop applied a reconfiguration: ``model`` is the rebuilt network."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -6,7 +6,9 @@ dropped channels had never existed. The cumulative sizes (the *architecture*) go
 so a resumed run rebuilds the reconfigured network before loading its weights.
 
 Linear, Conv1d/2d/3d (ungrouped) and BatchNorm1d/2d/3d layers can be resized; anything else is an
-error naming the module.
+error naming the module. A residual block (a module with ``residual`` and ``shortcut`` children and a
+``relu``) can be removed: it becomes a :class:`Bypass` that keeps its shortcut under the same name, so
+paths into the shortcut stay valid. The architecture records a removed block as ``{"removed": 1}``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,24 @@ from torch import nn
 from scaletrain.efficient.base import Reconfiguration
 from scaletrain.errors import ConfigError
 
-__all__ = ["Architecture", "apply_architecture", "reconfigure", "resized_architecture"]
+__all__ = ["Architecture", "Bypass", "apply_architecture", "reconfigure", "resized_architecture"]
 
-#: ``{module path: {"out": size, "in": size}}`` — how the network differs from the workload's own.
+#: ``{module path: {"out": size, "in": size}}`` (or ``{"removed": 1}`` for a block that went) — how the
+#: network differs from the workload's own.
 Architecture = dict[str, dict[str, int]]
+REMOVED = "removed"
+
+
+class Bypass(nn.Module):
+    """What is left of a residual block whose residual branch was removed: ``relu(shortcut(x))``."""
+
+    def __init__(self, shortcut: nn.Module, relu: nn.Module) -> None:
+        super().__init__()
+        self.shortcut, self.relu = shortcut, relu
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.shortcut(inputs))
+
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -39,6 +55,8 @@ def reconfigure(
     parameters with the kept part of each parameter's momentum (and every other state tensor of the
     same shape) and the old one's learning rate."""
     carried: dict[nn.Parameter, tuple[nn.Parameter, dict[int, list[int]]]] = {}
+    for path in decision.remove:
+        _remove_block(model, path)
     for path, keep in decision.keep.items():
         old = _module(model, path)
         new, mapping = _resized(old, path, keep)
@@ -62,7 +80,14 @@ def reconfigure(
 
 def apply_architecture(model: nn.Module, architecture: Architecture) -> None:
     """Resize a freshly built network to ``architecture`` (weights to be loaded afterwards)."""
-    keep = {path: {dim: list(range(size)) for dim, size in sizes.items()} for path, sizes in architecture.items()}
+    for path, sizes in architecture.items():
+        if REMOVED in sizes:
+            _remove_block(model, path)
+    keep = {
+        path: {dim: list(range(size)) for dim, size in sizes.items()}
+        for path, sizes in architecture.items()
+        if REMOVED not in sizes
+    }
     for path, dims in keep.items():
         new, _ = _resized(_module(model, path), path, dims)
         _replace(model, path, new)
@@ -71,6 +96,10 @@ def apply_architecture(model: nn.Module, architecture: Architecture) -> None:
 def resized_architecture(architecture: Architecture, decision: Reconfiguration) -> Architecture:
     """``architecture`` after ``decision``: the sizes of every module resized so far."""
     merged = {path: dict(sizes) for path, sizes in architecture.items()}
+    for block in decision.remove:
+        branch = f"{block}.residual."
+        merged = {path: sizes for path, sizes in merged.items() if not path.startswith(branch)}
+        merged[block] = {REMOVED: 1}
     for path, keep in decision.keep.items():
         merged.setdefault(path, {}).update({dim: len(indices) for dim, indices in keep.items()})
     return merged
@@ -81,6 +110,16 @@ def _module(model: nn.Module, path: str) -> nn.Module:
         return model.get_submodule(path)
     except AttributeError:
         raise ConfigError(f"the network has no module {path!r}; its modules: {_names(model)}") from None
+
+
+def _remove_block(model: nn.Module, path: str) -> None:
+    block = _module(model, path)
+    if not all(isinstance(getattr(block, name, None), nn.Module) for name in ("residual", "shortcut", "relu")):
+        raise ConfigError(f"module {path} is no residual block (one with residual, shortcut and relu children)")
+    activation = copy.deepcopy(block.relu)
+    if hasattr(activation, "inplace"):  # an identity shortcut hands over its input, which backward needs
+        activation.inplace = False
+    _replace(model, path, Bypass(block.shortcut, activation))
 
 
 def _names(model: nn.Module) -> str:

@@ -15,7 +15,7 @@ from torch import nn
 from scaletrain.errors import ConfigError
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
-from scaletrain.train.loop import Prepared, checkpoint_due
+from scaletrain.train.loop import Agreement, Prepared, checkpoint_due
 from scaletrain.train.meter import now
 
 __all__ = ["SHARDS_DIR", "ServerObserver", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
@@ -79,8 +79,9 @@ class ServerObserver:
     the end; with asynchronous workers it holds the weights after that many applied gradients.
     """
 
-    def __init__(self, prepared: Prepared) -> None:
+    def __init__(self, prepared: Prepared, agreement: Agreement | None = None) -> None:
         self.prepared, self.config = prepared, prepared.config
+        self.agreement = agreement or Agreement()  # where what only workers compute comes from
         resumed = prepared.resumed_from
         self.metrics = MetricsLog(self.config.out, resume_step=resumed)
         self.tensorboard = TensorBoardLog(self.config.out, enabled=self.config.tensorboard, purge_step=resumed)
@@ -102,7 +103,28 @@ class ServerObserver:
             self.tensorboard.scalars({"throughput/updates_per_second": rate}, version)
         self.progress.update(version, epoch, None, None, periodic=periodic)
         if checkpoint_due(prepared, version):
-            save_checkpoint_at(prepared, version)
+            self.save(version)
+
+    def save(self, version: int) -> None:
+        """A checkpoint after update ``version``, with what the workers shared last."""
+        self.take_shared()
+        save_checkpoint_at(self.prepared, version)
+
+    def take_shared(self) -> None:
+        """The technique state and batch-norm statistics the deciding worker shared last: this
+        process trains nothing, so its own never change. Buffers of another shape (shared before a
+        reconfiguration) are left alone."""
+        shared = self.agreement.shared()
+        if shared is None:
+            return
+        technique, model = self.prepared.technique, self.prepared.model
+        if technique is not None and shared.get("technique") is not None:
+            technique.load_state_dict(shared["technique"])
+        mine = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in (shared.get("buffers") or {}).items():
+                if name in mine and mine[name].shape == value.shape:
+                    mine[name].copy_(value)
 
     def message(self, text: str) -> None:
         self.progress.message(text)

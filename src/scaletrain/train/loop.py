@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
-from scaletrain.efficient import EpochEnd, Reconfiguration, Technique, create_technique
+from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique
+from scaletrain.efficient.cost import network_figures
 from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.train.checkpoint import (
@@ -39,6 +40,7 @@ from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Schedule
 from scaletrain.train.summary import WorkerStats
 from scaletrain.workloads import Workload, create_workload
+from scaletrain.workloads.base import count_parameters
 
 __all__ = [
     "Agreement",
@@ -65,6 +67,19 @@ class Agreement:
 
     def agree(self, epoch: int, decide: Callable[[], Reconfiguration | None]) -> Reconfiguration | None:
         return decide()
+
+    def mean(self, name: str, value: float, weight: float) -> float:
+        """The ``weight``-weighted mean of ``value`` over the workers: here, the value itself."""
+        return value
+
+    def share(self, state: dict[str, Any]) -> None:
+        """Hand what only workers compute — the technique's state, batch-norm running statistics — from
+        the deciding worker to processes that train nothing (a central parameter server, which writes
+        the checkpoints and the final model): here, nobody else needs it."""
+
+    def shared(self) -> dict[str, Any] | None:
+        """What the deciding worker shared last (``technique``, ``buffers``), if anything."""
+        return None
 
 
 @dataclass
@@ -104,6 +119,7 @@ class Prepared:
     architecture: Architecture = field(default_factory=dict)
     decided_epochs: int = 0
     global_batch_factor: int = 1
+    initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
 
     @property
     def steps_per_epoch(self) -> int:
@@ -168,6 +184,7 @@ def prepare(
     torch.manual_seed(config.seed)
     model = workload.build_model()
     model.train()
+    initial_parameters = count_parameters(model)
     technique = create_technique(config.technique, config.technique_options) if config.technique else None
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
@@ -204,13 +221,14 @@ def prepare(
         architecture,
         decided,
         global_batch_factor,
+        initial_parameters,
     )
 
 
 def apply_decision(prepared: Prepared, decision: Reconfiguration, epoch: int) -> None:
     """The network (weights and momentum carried over) and the batch of every epoch after ``epoch``, as
     ``decision`` says: what every process — worker or server — does at the agreed step boundary."""
-    if decision.keep:
+    if decision.changes_network:
         config = prepared.config
         prepared.optimizer = reconfigure(
             prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
@@ -221,7 +239,7 @@ def apply_decision(prepared: Prepared, decision: Reconfiguration, epoch: int) ->
 
 def describe_decision(prepared: Prepared, decision: Reconfiguration) -> str:
     parts = []
-    if decision.keep:
+    if decision.changes_network:
         sizes = ", ".join(f"{path} {dict(sizes)}" for path, sizes in prepared.architecture.items())
         parts.append(f"reconfigured the network ({sizes})")
     if decision.batch_size is not None or decision.lr_scale != 1.0:
@@ -286,11 +304,15 @@ class Trainer:
         self.last_quality: tuple[int, dict[str, float]] | None = None
         self._loss_sum = torch.zeros(())
         self._loss_count = 0
+        self._epoch_started = time.time()
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
         if self.technique is not None:
-            self.technique.start(self.model)
+            context = Context(
+                example_inputs=lambda: self.workload.example_inputs(self.data), mean=self.role.agreement.mean
+            )
+            self.technique.start(self.model, context)
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
                 # resumed from a checkpoint written at an epoch's end before that epoch's decision
                 self._decide(self.position.epoch - 1)
@@ -306,6 +328,7 @@ class Trainer:
 
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan
+        self._epoch_started = time.time()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate_at_step(self.prepared, self.schedule.first_step(position.epoch))
         batches = self.workload.train_batches(
@@ -400,13 +423,22 @@ class Trainer:
         self._log_epoch(epoch, train_loss)
         if self.technique is not None:
             self._decide(epoch)
+        technique = self.technique.state_dict() if self.technique is not None else None
+        self.role.agreement.share({"technique": technique, "buffers": dict(self.model.named_buffers())})
         if self.role.checkpoints:  # after the decision: a resumed run rebuilds the network it made
             self.save_checkpoint()
 
     def _log_epoch(self, epoch: int, train_loss: float) -> None:
         if self.metrics is None:
             return
-        record = {"kind": "epoch", "step": self.position.step, "epoch": epoch, "train_loss": train_loss}
+        record = {
+            "kind": "epoch",
+            "step": self.position.step,
+            "epoch": epoch,
+            "train_loss": train_loss,
+            "seconds": time.time() - self._epoch_started,  # training only, before this evaluation
+            "parameters": count_parameters(self.model),
+        }
         message = f"epoch {epoch + 1}: train loss {train_loss:.4f}"
         if self.role.evaluate_each_epoch:
             quality = self.workload.evaluate(self.model, self.data)
@@ -429,12 +461,51 @@ class Trainer:
         """Rebuild the network as ``decision`` says, carry weights and momentum over, and let the exchange
         re-make what it sized for the old network."""
         exchange, prepared = self.role.exchange, self.prepared
+        recording = self.metrics is not None and decision.changes_network
+        before = self._network_record() if recording else None
         exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
         apply_decision(prepared, decision, epoch)
+        self.model = prepared.model
         self.optimizer = prepared.optimizer
         exchange.reconfigure(self.model, self.optimizer)
+        if self.technique is not None:
+            self.technique.reconfigured(self.model)
         self.last_quality = None  # measured on the old network
+        if before is not None:
+            self._log_reconfiguration(epoch, decision, before)
         self.progress.message(f"after epoch {epoch + 1}: {describe_decision(prepared, decision)}")
+
+    def _network_record(self) -> dict[str, Any]:
+        """Parameters, FLOPs per sample, channels per layer and quality of the network now."""
+        figures = network_figures(self.model, self.workload.example_inputs(self.data))
+        return {**figures, "quality": self.workload.evaluate(self.model, self.data)}
+
+    def _log_reconfiguration(self, epoch: int, decision: Reconfiguration, before: dict[str, Any]) -> None:
+        after = self._network_record()
+        record = {
+            "kind": "reconfiguration",
+            "step": self.position.step,
+            "epoch": epoch,
+            "parameters_before": before["parameters"],
+            "parameters": after["parameters"],
+            "flops_per_sample_before": before["flops_per_sample"],
+            "flops_per_sample": after["flops_per_sample"],
+            "blocks_removed": decision.remove,
+            "channels": after["channels"],
+            "quality_before": before["quality"],
+            "quality_after": after["quality"],
+            "time": time.time(),
+        }
+        assert self.metrics is not None
+        self.metrics.write(record)
+        self.tensorboard.scalars(
+            {
+                "network/parameters": after["parameters"],
+                "network/flops_per_sample": after["flops_per_sample"],
+                **{f"reconfiguration/{key}_after": value for key, value in after["quality"].items()},
+            },
+            self.position.step,
+        )
 
     def final_quality(self) -> dict[str, float]:
         """Quality of the final weights, reusing the last epoch's evaluation when nothing changed since."""

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scaletrain.train.logs import write_json
+from scaletrain.train.logs import METRICS_NAME, write_json
+from scaletrain.train.pictures import PRUNING_PICTURE, plot_reconfigurations
 from scaletrain.workloads.base import count_parameters
 
 if TYPE_CHECKING:
@@ -122,7 +123,9 @@ def write_summary(
         "threads": prepared.process.threads,
         "allocator": prepared.process.allocator,
         "options": asdict(workload.options),
+        "parameters_initial": prepared.initial_parameters or count_parameters(model),
         "parameters": count_parameters(model),
+        "architecture": prepared.architecture or None,  # how the network differs from the workload's own
         **quality,
         "final_train_loss": losses[0] if losses else None,
         "wall_seconds": time.time() - prepared.started,
@@ -138,6 +141,8 @@ def write_summary(
         "finished_at": _iso(time.time()),
     }
     write_json(out / SUMMARY_NAME, summary)
+    if prepared.architecture and (out / METRICS_NAME).exists():  # the network changed shape while training
+        plot_reconfigurations(out / METRICS_NAME, out / PRUNING_PICTURE)
     return summary
 
 

@@ -10,6 +10,7 @@ from scaletrain.workloads.base import Workload
 from scaletrain.workloads.googlenet import GoogLeNetWorkload
 from scaletrain.workloads.lenet import LeNetWorkload
 from scaletrain.workloads.ptb_lstm import PTBLSTMWorkload
+from scaletrain.workloads.resnet import ResNet20Workload, ResNet32Workload, ResNet56Workload, ResNetWorkload
 from scaletrain.workloads.resnet34 import ResNet34Workload
 from scaletrain.workloads.squeezenet import SqueezeNetWorkload
 from scaletrain.workloads.vgg16e import VGG16EWorkload
@@ -23,6 +24,10 @@ WORKLOADS: dict[str, type[Workload]] = {
     GoogLeNetWorkload.name: GoogLeNetWorkload,
     SqueezeNetWorkload.name: SqueezeNetWorkload,
     ResNet34Workload.name: ResNet34Workload,
+    ResNetWorkload.name: ResNetWorkload,
+    ResNet20Workload.name: ResNet20Workload,
+    ResNet32Workload.name: ResNet32Workload,
+    ResNet56Workload.name: ResNet56Workload,
 }
 
 

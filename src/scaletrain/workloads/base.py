@@ -111,6 +111,10 @@ class Workload(ABC):
         same global batches.
         """
 
+    def example_inputs(self, data: Any) -> Any:
+        """A couple of inputs as the model takes them: techniques trace the network with them."""
+        raise ConfigError(f"workload {self.name} gives no example inputs, which this technique needs to trace it")
+
     def initial_state(self, model: nn.Module, batch_rows: int) -> Any:
         """The state at the start of an epoch; ``None`` for stateless workloads."""
         return None

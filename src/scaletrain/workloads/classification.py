@@ -119,7 +119,17 @@ class ClassificationWorkload(Workload):
         share = part.slice(batch_size)
         for number in numbers or range(self.batches_per_epoch(data, batch_size)):
             indices = order[number * batch_size : (number + 1) * batch_size][share]
-            yield self.train_samples(data, indices)
+            inputs, labels = self.train_samples(data, indices)
+            yield self.augment(inputs, indices, seed=seed, epoch=epoch), labels
+
+    def augment(self, inputs: torch.Tensor, indices: torch.Tensor, *, seed: int, epoch: int) -> torch.Tensor:
+        """Training inputs after data augmentation (none here); a function of the sample ``indices``,
+        ``seed`` and ``epoch`` only, so that every worker's part of a batch is augmented as in one process."""
+        return inputs
+
+    def example_inputs(self, data: ClassificationData) -> torch.Tensor:
+        """Two test inputs, as the model takes them (to trace the network or count its FLOPs)."""
+        return next(self.test_batches(data))[0][:2]
 
     def training_loss(
         self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], state: Any

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
 from scaletrain.parallel.sharding import flatten, unflatten_into
 from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
@@ -40,6 +41,13 @@ class AllReduce(Strategy):
             coordinator=rank == 0,
             checkpoints=rank == 0,
             evaluate_each_epoch=False,
+            agreement=StoreAgreement(
+                store,
+                deciding=rank == 0,
+                timeout=prepared.config.timeout,
+                rank=rank,
+                workers=tuple(layout.worker_ranks()),
+            ),
         )
         trainer = train_worker(prepared, role, store)
         if rank != 0:

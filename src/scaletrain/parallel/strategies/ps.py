@@ -18,7 +18,7 @@ from torch import nn
 from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
-from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard, save_checkpoint_at
+from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
 from scaletrain.parallel.staleness import Compensation
 from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
@@ -98,14 +98,20 @@ class _Setup:
 
     def agreement(self, rank: int) -> StoreAgreement:
         deciding = rank == self.layout.worker_ranks()[0]
-        return StoreAgreement(self.store, deciding=deciding, timeout=self.prepared.config.timeout)
+        return StoreAgreement(
+            self.store,
+            deciding=deciding,
+            timeout=self.prepared.config.timeout,
+            rank=rank,
+            workers=tuple(self.layout.worker_ranks()),
+        )
 
 
 def _central_server(setup: _Setup) -> dict[str, Any]:
     """Rank 0 of ``ps central``: serve until every worker is done; at a reconfiguration rebuild the
     master network, carry its optimizer state, and serve the survivors again."""
     prepared, layout = setup.prepared, setup.layout
-    observer = ServerObserver(prepared)
+    observer = ServerObserver(prepared, setup.agreement(0))
     peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
     try:
         while True:
@@ -126,11 +132,12 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
             epoch = max(server.reconfiguring.values())
             what = _reconfigure_master(prepared, setup.agreement(0).read(epoch), epoch)
             version = server.version
-            save_checkpoint_at(prepared, version)
+            observer.save(version)
             observer.message(f"after epoch {epoch + 1}: {what}")
             peers = {peer: group for peer, group in peers.items() if peer not in stats.lost}
     finally:
         observer.close()
+    observer.take_shared()  # the workers' final batch-norm statistics, for the evaluation and model.pt
     lost = set(stats.lost)
     worker_stats = collect_stats(setup.store, layout.worker_ranks(), lost, prepared.config.timeout)
     quality = prepared.workload.evaluate(prepared.model, prepared.data)

@@ -1,0 +1,140 @@
+"""PruneTrain against dense training on the real Fashion-MNIST, side by side in one run.
+
+Two fresh ``scaletrain train`` processes (as a bench child runs them) train the same ResNet (default
+``resnet20``: 20 layers, 272,474 parameters at 3 input channels, 272,186 at Fashion-MNIST's one) with
+the same seed, batch, learning rate and epochs: once dense, once with ``--technique prunetrain``. Read
+from each run's ``summary.json`` and ``model.pt``: parameters, forward FLOPs per sample (counted on the
+final network rebuilt with :func:`scaletrain.load_model`), test accuracy, and the training seconds
+(the sum of the epochs' measured training time, evaluations left out) and wall seconds.
+
+Goals (issue 11): the pruned network has ≥ 40 % fewer parameters and FLOPs than the dense one, its
+test accuracy is at most 1.5 points lower, and its total training time is lower (ratio < 1).
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/prunetrain.py [--epochs 6 --reconfigure-every 2
+--lasso-ratio 0.3 --threads 2 --json out.json]``. Each epoch of ResNet-20 over the 60,000 images takes
+minutes on a 2-core CPU; the defaults take about 30 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import scaletrain
+from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.efficient.cost import flops_per_sample
+from scaletrain.errors import DataError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+GOALS = {"parameters": 0.40, "flops": 0.40, "accuracy_points": 1.5}
+
+
+def train(name: str, args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """One fresh training process; its figures."""
+    command = [
+        *(sys.executable, "-m", "scaletrain", "train", args.workload, "-o", "dataset=fashion-mnist"),
+        *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr)),
+        *("--momentum", "0.9", "--weight-decay", str(args.weight_decay), "--threads", str(args.threads)),
+        *("--seed", str(args.seed), "--data-dir", str(data_dir), "--out", str(out), "--progress", "off"),
+        *("--no-tensorboard", "--no-download", *extra),
+    ]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    began = time.time()
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=24 * 3600)
+    if result.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
+    wall = time.time() - began
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    model = scaletrain.load_model(out)
+    return {
+        "parameters": summary["parameters"],
+        "parameters_initial": summary["parameters_initial"],
+        "flops_per_sample": flops_per_sample(model, torch.zeros(1, 1, 28, 28)),
+        "test_accuracy": summary["test_accuracy"],
+        "train_seconds": sum(r["seconds"] for r in epochs),
+        "wall_seconds": wall,
+        "seconds_per_epoch": [round(r["seconds"], 1) for r in epochs],
+        "parameters_per_epoch": [r["parameters"] for r in epochs],
+        "accuracy_per_epoch": [round(r["test_accuracy"], 4) for r in epochs],
+        "reconfigurations": [
+            {k: r[k] for k in ("epoch", "parameters_before", "parameters", "blocks_removed", "quality_after")}
+            for r in records
+            if r["kind"] == "reconfiguration"
+        ],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="resnet20", help="a ResNet of ≥ 20 layers (default resnet20)")
+    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--lasso-ratio", type=float, default=0.3)
+    parser.add_argument("--prune-threshold", type=float, default=1e-4)
+    parser.add_argument("--reconfigure-every", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run (they run one at a time)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: found on disk)")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = parser.parse_args(argv)
+    try:
+        data_dir = find_fashion_mnist(args.data_dir, download=False)
+    except DataError as exc:
+        parser.error(f"this benchmark needs the real Fashion-MNIST: {exc}")
+    prune = [
+        *("--technique", "prunetrain", "--lasso-ratio", str(args.lasso_ratio)),
+        *("--prune-threshold", str(args.prune_threshold), "--reconfigure-every", str(args.reconfigure_every)),
+    ]
+    print(
+        f"{args.workload} on Fashion-MNIST ({data_dir}): {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, "
+        f"weight decay {args.weight_decay}, {args.threads} threads; PruneTrain: lasso ratio {args.lasso_ratio}, "
+        f"threshold {args.prune_threshold}, every {args.reconfigure_every} epochs",
+        flush=True,
+    )
+    runs = {}
+    with tempfile.TemporaryDirectory(prefix="st-prunetrain-") as folder:
+        for name, extra in (("dense", []), ("prunetrain", prune)):
+            runs[name] = train(name, args, data_dir, Path(folder) / name, extra)
+            print(f"  {name}: {json.dumps(runs[name])}", flush=True)
+    dense, pruned = runs["dense"], runs["prunetrain"]
+    fewer_parameters = 1 - pruned["parameters"] / dense["parameters"]
+    fewer_flops = 1 - pruned["flops_per_sample"] / dense["flops_per_sample"]
+    accuracy_drop = 100 * (dense["test_accuracy"] - pruned["test_accuracy"])
+    time_ratio = pruned["train_seconds"] / dense["train_seconds"]
+    wall_ratio = pruned["wall_seconds"] / dense["wall_seconds"]
+    print(f"\n{'':<12} {'parameters':>11} {'MFLOPs/sample':>14} {'test acc':>9} {'train s':>8} {'wall s':>7}")
+    for name, run in runs.items():
+        print(
+            f"{name:<12} {run['parameters']:>11,} {run['flops_per_sample'] / 1e6:>14.2f} {run['test_accuracy']:>9.4f} "
+            f"{run['train_seconds']:>8.0f} {run['wall_seconds']:>7.0f}"
+        )
+    checks = {
+        f"parameters −{100 * fewer_parameters:.1f} % (goal ≥ 40 %)": fewer_parameters >= GOALS["parameters"],
+        f"FLOPs −{100 * fewer_flops:.1f} % (goal ≥ 40 %)": fewer_flops >= GOALS["flops"],
+        f"accuracy {-accuracy_drop:+.2f} points (goal ≥ −1.5)": accuracy_drop <= GOALS["accuracy_points"],
+        f"training time ratio {time_ratio:.3f}, wall {wall_ratio:.3f} (goal < 1)": time_ratio < 1,
+    }
+    for text, passed in checks.items():
+        print(f"{'PASS' if passed else 'FAIL'}: {text}")
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        args.json.write_text(json.dumps({"settings": settings, "runs": runs, "checks": checks}, indent=2) + "\n")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

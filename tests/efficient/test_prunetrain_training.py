@@ -1,0 +1,142 @@
+"""PruneTrain in real runs: a small ResNet on Fashion-MNIST-format data shrinks while it trains, in one
+process and with 2 workers (which must prune exactly as one process does), records what it did, resumes
+after a reconfiguration, and leaves a ``model.pt`` that loads into the pruned network.
+
+Settings that prune within 3 short epochs: λ from a lasso penalty ratio of 0.5, threshold 0.05,
+a reconfiguration after every epoch (the paper's defaults, 0.2 / 1e-4 / 10 epochs, need far longer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import assert_same_weights, make_fashion_mnist, run_cli
+from tests.helpers import model_weights as weights
+
+import scaletrain
+
+RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
+PRUNE = {"technique": "prunetrain", "lasso_ratio": 0.5, "prune_threshold": 0.05, "reconfigure_every": 1}
+COMMON = {"epochs": 3, "lr": 0.1, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5}
+
+
+def prune_train(data: Path, out: Path, **extra) -> dict:
+    return scaletrain.train("resnet", options=RESNET, data_dir=data, out=out, batch_size=12, **PRUNE, **COMMON, **extra)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fashion_mnist(tmp_path_factory.mktemp("prunetrain") / "fmnist", train=192, test=32)
+
+
+@pytest.fixture(scope="module")
+def local_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("prunetrain-local") / "run"
+    prune_train(data, out)
+    return out
+
+
+def test_a_local_run_prunes_and_records_every_reconfiguration(local_run: Path) -> None:
+    summary = json.loads((local_run / "summary.json").read_text())
+    assert summary["parameters"] < summary["parameters_initial"]
+    assert summary["architecture"], "the pruned network's spec is in the summary"
+    assert (local_run / "pruning.png").stat().st_size > 0
+    records = [json.loads(line) for line in (local_run / "metrics.jsonl").read_text().splitlines()]
+    reconfigurations = [r for r in records if r["kind"] == "reconfiguration"]
+    assert reconfigurations, "a reconfiguration happened"
+    first = reconfigurations[0]
+    assert first["parameters"] < first["parameters_before"]
+    assert first["flops_per_sample"] < first["flops_per_sample_before"]
+    assert {"test_accuracy", "test_loss"} <= first["quality_before"].keys() & first["quality_after"].keys()
+    assert first["channels"]["features.0"] >= 1
+    assert reconfigurations[-1]["parameters"] == summary["parameters"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [0, 1, 2]
+    assert all(r["seconds"] > 0 for r in epochs)
+    assert epochs[-1]["parameters"] < epochs[0]["parameters"]
+
+
+def test_model_pt_loads_into_the_network_rebuilt_from_the_saved_spec(local_run: Path) -> None:
+    model = scaletrain.load_model(local_run)
+    assert (
+        sum(p.numel() for p in model.parameters()) == json.loads((local_run / "summary.json").read_text())["parameters"]
+    )
+    saved = weights(local_run)
+    assert_same_weights({k: v for k, v in model.state_dict().items() if k in saved}, saved)
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+LENET_PRUNE = {**PRUNE, "prune_threshold": 0.04}
+LENET = {**COMMON, "epochs": 2, "lr": 0.05}
+
+
+def lenet_train(data: Path, out: Path, **extra) -> dict:
+    return scaletrain.train("lenet", data_dir=data, out=out, batch_size=12, **{**LENET_PRUNE, **LENET, **extra})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("strategy", "server"), [("allreduce", None), ("ps", "sharded")])
+def test_two_workers_split_prune_exactly_as_one_process(
+    data: Path, tmp_path: Path, strategy: str, server: str | None
+) -> None:
+    """On LeNet (no batch norm): a split run computes the same gradients as one process, so it must
+    end weight for weight equal, with the same pruned architecture — the flattened conv channels
+    taking their 16 classifier inputs each with them. (A batch-norm network computes its statistics
+    over each worker's part of the batch, as DDP does without SyncBatchNorm, so it cannot be equal.)"""
+    local = lenet_train(data, tmp_path / "local")
+    assert local["architecture"]["features.3"]["out"] * 16 == local["architecture"]["classifier.1"]["in"]
+    layout = {"workers": 2, "strategy": strategy, "sync": "split", **({"server": server} if server else {})}
+    summary = lenet_train(data, tmp_path / "run", **layout)
+    assert summary["architecture"] == local["architecture"]
+    assert summary["parameters"] == local["parameters"] < local["parameters_initial"]
+    assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "local"))
+
+
+@pytest.mark.multiprocess
+def test_a_two_worker_resnet_run_prunes_and_its_server_keeps_the_workers_batch_norm_statistics(
+    data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    summary = prune_train(data, out, workers=2, strategy="ps", server="central", sync="split")
+    assert summary["parameters"] < summary["parameters_initial"]
+    saved = weights(out)
+    # the central server trains nothing: its model.pt holds the deciding worker's running statistics
+    assert not torch.equal(saved["features.1.running_mean"], torch.zeros_like(saved["features.1.running_mean"]))
+    assert int(saved["features.1.num_batches_tracked"]) > 0
+
+
+def test_resuming_after_a_reconfiguration_ends_like_an_uninterrupted_run(
+    data: Path, local_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    first = prune_train(data, out, steps=40)  # stops in epoch 3, after the pruning at epoch 2's end
+    assert first["parameters"] < first["parameters_initial"]
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["technique"]["weight"] > 0  # λ kept
+    prune_train(data, out, resume=True)
+    assert_same_weights(weights(out), weights(local_run))
+
+
+@pytest.mark.multiprocess
+def test_a_central_server_run_resumes_after_a_reconfiguration_with_the_workers_lambda(
+    data: Path, tmp_path: Path
+) -> None:
+    """The central server writes the checkpoints but runs no technique: λ reaches it from the workers."""
+    layout = {"workers": 2, "strategy": "ps", "server": "central", "sync": "split", "epochs": 3}
+    whole = lenet_train(data, tmp_path / "whole", **layout)
+    out = tmp_path / "run"
+    first = lenet_train(data, out, steps=40, **layout)  # in epoch 3, after the pruning at epoch 2's end
+    assert first["parameters"] < first["parameters_initial"] and whole["parameters"] < first["parameters_initial"]
+    saved = torch.load(out / "checkpoint.pt", weights_only=False)["technique"]["weight"]
+    assert saved == torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)["technique"]["weight"]
+    lenet_train(data, out, resume=True, **layout)
+    assert_same_weights(weights(out), weights(tmp_path / "whole"))
+
+
+def test_a_technique_flag_without_its_technique_is_one_clear_line(tmp_path: Path) -> None:
+    result = run_cli("train", "resnet20", "--lasso-ratio", "0.3", "--out", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2
+    assert "--lasso-ratio is an option of --technique prunetrain; add --technique prunetrain" in result.stderr
+    assert "Traceback" not in result.stderr
