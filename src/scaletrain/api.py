@@ -126,17 +126,21 @@ def load_model(out: Path | str) -> nn.Module:
     >>> model = scaletrain.load_model("runs/resnet20-prunetrain")  # doctest: +SKIP
     """
     folder = Path(out)
-    try:
-        summary = json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{folder} holds no readable {SUMMARY_NAME} ({exc}); give the folder of a finished run"
-        ) from None
+    summary = _run_summary(folder)
     workload = create_workload(summary["workload"], summary.get("options") or {})
     model = workload.build_model()
     apply_architecture(model, summary.get("architecture") or {})
     model.load_state_dict(torch.load(folder / MODEL_NAME, map_location="cpu", weights_only=True))
     return model.eval()
+
+
+def _run_summary(folder: Path) -> dict[str, Any]:
+    try:
+        return json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{folder} holds no readable {SUMMARY_NAME} ({exc}); give the folder of a finished run"
+        ) from None
 
 
 def exit_now(code: int = 0) -> None:
@@ -199,17 +203,32 @@ def list_workloads() -> list[dict[str, Any]]:
     return [create_workload(name).describe() for name in WORKLOADS]
 
 
-def profile(workload: str, *, out: Path | None = None, **settings: Any) -> Profile:
+def profile(
+    workload: str, *, out: Path | None = None, architecture_of: Path | str | None = None, **settings: Any
+) -> Profile:
     """Measure t_grad, t_comm and the refined model's inputs for a workload; write JSON to ``out`` if given.
 
     ``settings`` are :class:`~scaletrain.measure.profile.ProfileConfig` fields (``batch_size``,
     ``network``, ``split_workers``, ``options`` …); ``None`` values count as not given.
+    ``architecture_of``: a finished run's folder; the network it left (pruned channels, removed blocks)
+    is profiled instead of the workload's own, with the run's workload options (``options`` given here
+    win) — what the estimator then predicts is what that network would scale to.
 
     >>> measured = scaletrain.profile("lenet", batch_size=512, split_workers=(2,))  # doctest: +SKIP
     >>> measured.t_grad, measured.t_comm  # doctest: +SKIP
     (0.159, 0.00069)
+    >>> pruned = scaletrain.profile("resnet20", architecture_of="runs/resnet20-prunetrain")  # doctest: +SKIP
     """
     given = {key: value for key, value in settings.items() if value is not None}
+    if architecture_of is not None:
+        summary = _run_summary(Path(architecture_of))
+        if summary.get("workload") != workload:
+            raise ConfigError(
+                f"{architecture_of} is a run of {summary.get('workload')!r}, not {workload!r}; "
+                f"profile {summary.get('workload')} or give another run"
+            )
+        given["options"] = {**(summary.get("options") or {}), **given.get("options", {})}
+        given["architecture"] = summary.get("architecture") or {}
     config = ProfileConfig(workload, **given)
     if out is not None:  # before minutes of measuring, not after
         check_writable(Path(out).parent, what="the profile's folder")

@@ -59,6 +59,36 @@ def test_a_local_run_prunes_and_records_every_reconfiguration(local_run: Path) -
     assert epochs[-1]["parameters"] < epochs[0]["parameters"]
 
 
+def test_each_reconfiguration_predicts_the_next_epochs_step_and_the_epoch_records_it_beside_the_measured(
+    local_run: Path,
+) -> None:
+    records = [json.loads(line) for line in (local_run / "metrics.jsonl").read_text().splitlines()]
+    epochs = {r["epoch"]: r for r in records if r["kind"] == "epoch"}
+    for record in (r for r in records if r["kind"] == "reconfiguration"):
+        before = epochs[record["epoch"]]
+        assert record["seconds_per_step_before"] == before["seconds_per_step"]
+        # one process exchanges nothing: the prediction is its compute scaled by the FLOPs that remain
+        assert record["predicted_communication_seconds_per_step"] == 0
+        compute = record["flops_per_sample"] / record["flops_per_sample_before"]
+        assert 0 < record["predicted_seconds_per_step"] <= before["seconds_per_step"] * compute + 1e-12
+        after = epochs.get(record["epoch"] + 1)
+        if after is not None:
+            assert after["predicted_seconds_per_step"] == record["predicted_seconds_per_step"]
+            assert after["seconds_per_step"] > 0 and after["steps"] == 16  # 192 samples / batch 12
+
+
+def test_the_estimator_profiles_the_network_a_run_left(local_run: Path, data: Path) -> None:
+    settings = {"repeats": 2, "warmup": 1, "round_trips": 2, "launches": 1, "concurrency": 1, "data_dir": data}
+    pruned = scaletrain.profile("resnet", architecture_of=local_run, batch_size=12, **settings)
+    summary = json.loads((local_run / "summary.json").read_text())
+    assert pruned.parameters == summary["parameters"] and pruned.architecture == summary["architecture"]
+    assert pruned.options == summary["options"]
+    dense = scaletrain.profile("resnet", options=RESNET, batch_size=12, **settings)
+    assert dense.parameters == summary["parameters_initial"] and dense.weight_bytes > pruned.weight_bytes
+    with pytest.raises(scaletrain.ConfigError, match="is a run of 'resnet', not 'lenet'; profile resnet"):
+        scaletrain.profile("lenet", architecture_of=local_run, **settings)
+
+
 def test_model_pt_loads_into_the_network_rebuilt_from_the_saved_spec(local_run: Path) -> None:
     model = scaletrain.load_model(local_run)
     assert (

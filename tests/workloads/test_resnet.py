@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import make_fashion_mnist
 from torch import nn
 
 from scaletrain.data.sampler import Part
@@ -63,11 +64,24 @@ def test_layers_per_block_and_fashion_mnist_input() -> None:
         ({"dataset": "imagenet"}, "dataset must be one of"),
         ({"bottleneck": "true", "layers": "2"}, "bottleneck block needs layers ≥ 3"),
         ({"augment": "maybe"}, "augment must be"),
+        ({"train_samples": "-1"}, "train_samples must be ≥ 0"),
     ],
 )
 def test_bad_options_name_the_fix(options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         create_workload("resnet", options)
+
+
+def test_train_samples_keeps_the_first_training_images_and_the_whole_test_set(tmp_path: Path) -> None:
+    data_dir = make_fashion_mnist(tmp_path / "fmnist", train=60, test=20)
+    whole = create_workload("resnet", {"dataset": "fashion-mnist"}).load_data(data_dir, download=False)
+    first = create_workload("resnet", {"dataset": "fashion-mnist", "train_samples": "25"}).load_data(
+        data_dir, download=False
+    )
+    assert torch.equal(first.train_inputs, whole.train_inputs[:25]) and torch.equal(
+        first.train_labels, whole.train_labels[:25]
+    )
+    assert torch.equal(first.test_labels, whole.test_labels)
 
 
 def test_a_preset_refuses_to_change_its_depth_but_takes_its_own_value() -> None:

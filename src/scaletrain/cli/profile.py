@@ -67,6 +67,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to profile")
     parser.add_argument("--out", type=Path, metavar="FILE",
                         help="JSON file to write (default: profiles/WORKLOAD-bBATCH[-RATE].json)")  # fmt: skip
+    parser.add_argument("--architecture-of", type=Path, metavar="RUN",
+                        help="profile the network a finished run left (e.g. pruned by --technique prunetrain): "
+                             "its summary.json's architecture and workload options")  # fmt: skip
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -89,7 +92,8 @@ def describe(result: Profile) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = profile(args.workload, out=args.out, **profile_settings(args))  # checks --out before measuring
+    # checks --out before measuring
+    result = profile(args.workload, out=args.out, architecture_of=args.architecture_of, **profile_settings(args))
     print(describe(result))
     print(f"written to {args.out if args.out is not None else result.save(result.default_path())}")
     return 0

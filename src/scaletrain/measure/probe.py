@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scaletrain.measure.profile import network
 from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.meter import now
@@ -44,7 +45,7 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     workload = create_workload(job["workload"], job["options"])
     data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
     torch.manual_seed(0)
-    model = workload.build_model()
+    model = network(workload, job.get("architecture") or {})
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     batch_size = job["batch_size"]

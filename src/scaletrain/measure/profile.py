@@ -34,13 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.launch import free_port, spawn_rank, stop_processes
-from scaletrain.workloads import create_workload
+from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["Profile", "ProfileConfig", "ProfileError", "run_profile"]
+__all__ = ["Profile", "ProfileConfig", "ProfileError", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
 SMALL_BYTES = 4
@@ -72,6 +75,9 @@ class ProfileConfig:
     data_dir: Path | None = None
     download: bool = True
     timeout: float = 600.0
+    #: the network a run left (``summary.json``'s ``architecture``: pruned channels, removed blocks);
+    #: empty: the workload's own network
+    architecture: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.round_trips < 1 or self.launches < 1 or self.warmup < 0:
@@ -116,6 +122,7 @@ class Profile:
     options: dict[str, str] = field(default_factory=dict)
     samples: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
+    architecture: dict[str, dict[str, int]] = field(default_factory=dict)  # as ProfileConfig's
 
     def t_grad_at(self, parts: int) -> float:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
@@ -215,7 +222,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
     # Load the data here first: a missing dataset is one clear error before any process starts.
     workload.load_data(config.data_dir, download=config.download)
-    tensors = [p.numel() * p.element_size() for p in workload.build_model().parameters() if p.requires_grad]
+    tensors = [
+        p.numel() * p.element_size() for p in network(workload, config.architecture).parameters() if p.requires_grad
+    ]
     weight_bytes = sum(tensors)
     job = {
         "workload": config.workload,
@@ -229,6 +238,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         "data_dir": str(config.data_dir) if config.data_dir else None,
         "download": config.download,
         "timeout": config.timeout,
+        "architecture": config.architecture,
     }
     parts = sorted({1, *config.split_workers})
     # A process's speed varies from launch to launch (±15 % here), so every timing is pooled over
@@ -272,10 +282,18 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         options=dict(config.options),
         samples={"t_grad": pooled[1], "round_trip": worker[str(weight_bytes)]["round_trip"]},
         machine=machine_info(config.network),
+        architecture=dict(config.architecture),
     )
     if out is not None:
         profile.save(out)
     return profile
+
+
+def network(workload: Workload, architecture: dict[str, dict[str, int]]) -> torch.nn.Module:
+    """The workload's network, resized to ``architecture`` (a run's pruned or widened network)."""
+    model = workload.build_model()
+    apply_architecture(model, architecture)
+    return model
 
 
 def _run_probes(job: dict[str, Any], world_size: int, network: str | None, timeout: float) -> list[dict[str, Any]]:

@@ -34,7 +34,7 @@ from scaletrain.train.checkpoint import (
 )
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
-from scaletrain.train.meter import ThroughputMeter, now
+from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Schedule
@@ -305,6 +305,8 @@ class Trainer:
         self._loss_sum = torch.zeros(())
         self._loss_count = 0
         self._epoch_started = time.time()
+        self._epoch_steps = EpochSteps()
+        self._predicted: dict[str, float] | None = None  # by the last reconfiguration, for the next epoch
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
@@ -329,6 +331,7 @@ class Trainer:
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan
         self._epoch_started = time.time()
+        self._epoch_steps = EpochSteps()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate_at_step(self.prepared, self.schedule.first_step(position.epoch))
         batches = self.workload.train_batches(
@@ -353,7 +356,9 @@ class Trainer:
             if self.technique is not None:
                 self.technique.after_backward(self.model)
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
-            self.meter.add(now() - begin)
+            seconds = now() - begin
+            self.meter.add(seconds)
+            self._epoch_steps.add(seconds, times.communication)
             if self.meter.measured_steps:  # after the warm-up, like the throughput
                 self.communication += times.communication
                 self.wait += times.wait
@@ -438,7 +443,11 @@ class Trainer:
             "train_loss": train_loss,
             "seconds": time.time() - self._epoch_started,  # training only, before this evaluation
             "parameters": count_parameters(self.model),
+            **self._epoch_steps.figures(),
         }
+        if self._predicted is not None:  # what the last reconfiguration predicted for this epoch, beside it
+            record.update({f"predicted_{key}": value for key, value in self._predicted.items()})
+            self._predicted = None
         message = f"epoch {epoch + 1}: train loss {train_loss:.4f}"
         if self.role.evaluate_each_epoch:
             quality = self.workload.evaluate(self.model, self.data)
@@ -482,6 +491,10 @@ class Trainer:
 
     def _log_reconfiguration(self, epoch: int, decision: Reconfiguration, before: dict[str, Any]) -> None:
         after = self._network_record()
+        self._predicted = self._epoch_steps.scaled(
+            compute=after["flops_per_sample"] / max(before["flops_per_sample"], 1.0),
+            communication=after["parameters"] / max(before["parameters"], 1),
+        )
         record = {
             "kind": "reconfiguration",
             "step": self.position.step,
@@ -494,6 +507,8 @@ class Trainer:
             "channels": after["channels"],
             "quality_before": before["quality"],
             "quality_after": after["quality"],
+            **{f"{key}_before": value for key, value in self._epoch_steps.figures().items()},
+            **{f"predicted_{key}": value for key, value in (self._predicted or {}).items()},
             "time": time.time(),
         }
         assert self.metrics is not None

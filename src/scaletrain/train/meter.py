@@ -12,10 +12,11 @@ timer sees but cannot explain (see :mod:`scaletrain.train.runtime`).
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["ThroughputMeter", "minor_faults"]
+__all__ = ["EpochSteps", "ThroughputMeter", "minor_faults"]
 
 
 @dataclass
@@ -87,3 +88,42 @@ def minor_faults() -> int:
 def now() -> float:
     """The clock every timer uses (monotonic, high resolution)."""
     return time.perf_counter()
+
+
+@dataclass
+class EpochSteps:
+    """The steps of one epoch: medians of a whole step and of its communication (push, pull or
+    all-reduce), and what they become for a network whose compute and bytes are scaled.
+
+    >>> steps = EpochSteps()
+    >>> for seconds, communication in ((1.0, 0.4), (1.2, 0.4), (9.0, 0.5)):
+    ...     steps.add(seconds, communication)
+    >>> steps.figures()["seconds_per_step"], steps.scaled(compute=0.5, communication=0.5)["seconds_per_step"]
+    (1.2, 0.6)
+    """
+
+    seconds: list[float] = field(default_factory=list)
+    communication: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float, communication: float) -> None:
+        self.seconds.append(seconds)
+        self.communication.append(communication)
+
+    def figures(self) -> dict[str, float | int]:
+        """``steps``, and the median ``seconds_per_step`` and ``communication_seconds_per_step``."""
+        if not self.seconds:
+            return {}
+        return {
+            "steps": len(self.seconds),
+            "seconds_per_step": statistics.median(self.seconds),
+            "communication_seconds_per_step": statistics.median(self.communication),
+        }
+
+    def scaled(self, *, compute: float, communication: float) -> dict[str, float] | None:
+        """Step and communication times with the compute (the step less its communication) times
+        ``compute`` and the communication times ``communication``; ``None`` without steps."""
+        if not self.seconds:
+            return None
+        moved = statistics.median(self.communication) * communication
+        computed = statistics.median(s - c for s, c in zip(self.seconds, self.communication, strict=True)) * compute
+        return {"seconds_per_step": computed + moved, "communication_seconds_per_step": moved}

@@ -21,7 +21,9 @@ whose residual branch lost all its channels by replacing it with its shortcut (s
 Workload options (``-o KEY=VALUE``): ``dataset`` (``cifar10`` or ``fashion-mnist``), ``stages`` (3),
 ``blocks`` (per stage: one number for all, or ``3,4,6``), ``layers`` (conv + BN layers per block: 2
 for basic, 3 for bottleneck by default), ``bottleneck`` (false), ``width`` (16), ``augment``
-(``auto``: random crop with padding 4 and horizontal flip on CIFAR-10 only; ``on``; ``off``).
+(``auto``: random crop with padding 4 and horizontal flip on CIFAR-10 only; ``on``; ``off``),
+``train_samples`` (0: the whole training set; N: only its first N images, for short experiments; the
+test set stays whole).
 
 Example::
 
@@ -69,6 +71,7 @@ class ResNetOptions:
     bottleneck: bool = False
     width: int = 16
     augment: str = "auto"
+    train_samples: int = 0  # 0: the whole training set; N: its first N images (short experiments)
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -82,6 +85,8 @@ class ResNetOptions:
             )
         if self.layers and self.layers < (3 if self.bottleneck else 1):
             raise ValueError("a bottleneck block needs layers ≥ 3 (1×1, 3×3…, 1×1); a basic block layers ≥ 1")
+        if self.train_samples < 0:
+            raise ValueError(f"train_samples must be ≥ 0 (0: all), got {self.train_samples}")
         if self.augment not in ("auto", "on", "off"):
             raise ValueError(f"augment must be auto, on or off, got {self.augment!r}")
 
@@ -191,12 +196,20 @@ class ResNetWorkload(ClassificationWorkload):
         return ResNet(self.options, in_channels=3 if self.options.dataset == "cifar10" else 1)
 
     def load_data(self, data_dir: Path | None, *, download: bool = True) -> ClassificationData:
+        first = slice(None, self.options.train_samples or None)
         if self.options.dataset == "fashion-mnist":
             fmnist = load_fashion_mnist(locate.find_fashion_mnist(data_dir, download=download))
-            return ClassificationData(fmnist.train_images, fmnist.train_labels, fmnist.test_images, fmnist.test_labels)
+            return ClassificationData(
+                fmnist.train_images[first], fmnist.train_labels[first], fmnist.test_images, fmnist.test_labels
+            )
         images = cifar.load_cifar10(locate.find_cifar10(data_dir, download=download))
         return _Images(
-            images.train_images, images.train_labels, images.test_images, images.test_labels, CIFAR10_MEAN, CIFAR10_STD
+            images.train_images[first],
+            images.train_labels[first],
+            images.test_images,
+            images.test_labels,
+            CIFAR10_MEAN,
+            CIFAR10_STD,
         )
 
     def train_samples(self, data: ClassificationData, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
