@@ -17,7 +17,7 @@ from scaletrain.efficient import Context, EpochEnd, create_technique
 from scaletrain.efficient.base import Reconfiguration
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import flops_per_sample
-from scaletrain.efficient.prunetrain import group_lasso, lasso_weight, regularised_groups
+from scaletrain.efficient.prunetrain import following_norms, group_lasso, lasso_weight, regularised_groups
 from scaletrain.efficient.surgery import Bypass, apply_architecture, reconfigure, resized_architecture
 from scaletrain.workloads.resnet import ResNet, ResNetOptions
 
@@ -153,15 +153,96 @@ def test_group_lasso_is_the_sum_of_channel_norms_leaving_out_the_first_inputs_an
 
 def test_lambda_from_the_lasso_penalty_ratio_matches_the_hand_computed_value() -> None:
     model = small_resnet(bottleneck=False).train()
-    technique = create_technique("prunetrain", {"ratio": "0.25"})
+    technique = create_technique("prunetrain", {"ratio": "0.25", "step": "subgradient"})
     technique.start(model, Context(example_inputs=lambda: INPUTS))
     loss = torch.tensor(2.3)
-    lasso = group_lasso(model, technique._groups).item()
+    norms = following_norms(model, INPUTS)
+    # every regularised output group's batch norm: the conv before each BatchNorm2d, not the classifier
+    assert norms["features.0"] == "features.1" and norms["features.3.residual.3"] == "features.3.residual.4"
+    assert technique._norms == {path: norms[path] for path, (outputs, _) in technique._groups.items() if outputs}
+    lasso = group_lasso(model, technique._groups, technique._norms).item()
+    scales = sum(
+        float(model.get_submodule(n).weight.detach().abs().sum() + model.get_submodule(n).bias.detach().abs().sum())
+        for n in technique._norms.values()
+    )
+    assert lasso == pytest.approx(group_lasso(model, technique._groups).item() + scales, rel=1e-6)
     objective = technique.objective(loss, model)
     assert technique.weight == pytest.approx(0.25 * 2.3 / (lasso * 0.75), rel=1e-6)
     assert lasso_weight(0.25, 2.3, lasso) == pytest.approx(technique.weight)
     # the penalty is then the fraction r of the whole objective
     assert (objective.item() - 2.3) / objective.item() == pytest.approx(0.25, rel=1e-5)
+    # the proximal step sets the same λ and leaves the loss alone: the penalty acts on the weights
+    proximal = create_technique("prunetrain", {"ratio": "0.25"})
+    proximal.start(model, Context(example_inputs=lambda: INPUTS))
+    assert proximal.objective(loss, model) is loss and proximal.weight == technique.weight
+
+
+def test_the_proximal_step_soft_thresholds_each_batch_norm_scale_and_shift() -> None:
+    model = small_resnet(bottleneck=False).train()
+    technique = create_technique("prunetrain", {"ratio": "0.2"})
+    technique.start(model, Context(example_inputs=lambda: INPUTS))
+    technique.objective(torch.tensor(2.0), model)
+    norm = model.get_submodule("features.5.residual.1")
+    with torch.no_grad():
+        norm.weight[0], norm.bias[0] = 1e-7, -1e-7
+    before_scale, before_shift = norm.weight.detach().clone(), norm.bias.detach().clone()
+    technique.after_update(dict(model.named_parameters()), lr=0.5)
+    amount = 0.5 * technique.weight
+    for after, before in ((norm.weight, before_scale), (norm.bias, before_shift)):
+        torch.testing.assert_close(after.detach(), before.sign() * (before.abs() - amount).clamp_min(0))
+    assert norm.weight[0] == 0 and norm.bias[0] == 0
+    off = create_technique("prunetrain", {"batchnorm": "off"})
+    off.start(model, Context(example_inputs=lambda: INPUTS))
+    assert off._norms == {}
+
+
+def test_a_channel_whose_batch_norm_is_silent_goes_and_the_function_stays() -> None:
+    model = small_resnet(bottleneck=False)
+    conv, norm = "features.3.residual.0", "features.3.residual.1"
+    with torch.no_grad():  # the conv's weights stay; its batch norm outputs zero for channels 1 and 3
+        model.get_submodule(norm).weight[[1, 3]] = 0.0
+        model.get_submodule(norm).bias[[1, 3]] = 0.0
+    before = model(INPUTS)
+    groups = channel_groups(model, INPUTS)
+    assert dead_channel_pruning(model, groups, threshold=1e-4).keep == {}, "without the norms nothing is dead"
+    pruning = dead_channel_pruning(model, groups, threshold=1e-4, norms=following_norms(model, INPUTS))
+    assert pruning.keep[conv] == {"out": [0, 2]} and pruning.keep["features.3.residual.3"] == {"in": [0, 2]}
+    decision = Reconfiguration(keep=pruning.keep, remove=pruning.remove)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reconfigure(model, optimizer, decision, lambda parameters: torch.optim.SGD(parameters, lr=0.1))
+    model.eval()
+    torch.testing.assert_close(model(INPUTS), before, rtol=1e-5, atol=1e-5)
+
+
+def test_the_proximal_step_shrinks_every_group_by_rate_times_lambda_and_zeroes_the_small_ones() -> None:
+    model = small_resnet(bottleneck=False).train()
+    technique = create_technique("prunetrain", {"ratio": "0.2"})
+    technique.start(model, Context(example_inputs=lambda: INPUTS))
+    technique.objective(torch.tensor(2.0), model)
+    path = "features.5.residual.0"  # a conv with regularised outputs and inputs
+    assert technique._groups[path] == (True, True)
+    weight = model.get_submodule(path).weight
+    with torch.no_grad():
+        weight[1].mul_(1e-6)  # one output channel far smaller than the shrink
+    before = weight.detach().clone()
+    first = "features.0.weight"  # its inputs (the image) are not regularised
+    image_side = model.get_submodule("features.0").weight.detach().clone()
+    technique.after_update(dict(model.named_parameters()), lr=0.5)
+    amount = 0.5 * technique.weight
+    expected = before.clone()
+    rows = torch.linalg.vector_norm(expected.flatten(1), dim=1)
+    expected *= (1 - amount / rows).clamp_min(0).view(-1, 1, 1, 1)
+    columns = torch.linalg.vector_norm(expected.transpose(0, 1).flatten(1), dim=1)
+    expected *= (1 - amount / columns.clamp_min(1e-30)).clamp_min(0).view(1, -1, 1, 1)
+    torch.testing.assert_close(weight.detach(), expected)
+    assert torch.count_nonzero(weight[1]) == 0, "a channel smaller than the shrink becomes exactly zero"
+    assert technique._norms[path] == "features.5.residual.1"  # shrunk too: the next test
+    assert torch.count_nonzero(weight[0]) == weight[0].numel()
+    rows_first = torch.linalg.vector_norm(image_side.flatten(1), dim=1)
+    torch.testing.assert_close(
+        dict(model.named_parameters())[first].detach(),
+        image_side * (1 - amount / rows_first).clamp_min(0).view(-1, 1, 1, 1),
+    )
 
 
 def test_lambda_uses_the_mean_of_every_workers_first_loss() -> None:
@@ -176,7 +257,7 @@ def test_lambda_uses_the_mean_of_every_workers_first_loss() -> None:
     technique.start(model, Context(example_inputs=lambda: INPUTS, mean=mean))
     technique.objective(torch.tensor(1.0), model)
     technique.objective(torch.tensor(9.0), model)  # later losses leave λ alone
-    lasso = group_lasso(model, technique._groups).item()
+    lasso = group_lasso(model, technique._groups, technique._norms).item()
     assert seen == [("prunetrain/loss", 1.0)]
     assert technique.weight == pytest.approx(lasso_weight(0.2, 4.0, lasso))
     assert technique.state_dict() == {"weight": technique.weight}
@@ -199,7 +280,12 @@ def test_prunetrain_decides_only_every_interval_and_counts_fewer_flops_after() -
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"ratio": "1.5"}, "between 0 and 1"), ({"every": "0"}, "N ≥ 1"), ({"weight": "3"}, "no option 'weight'")],
+    [
+        ({"ratio": "1.5"}, "between 0 and 1"),
+        ({"every": "0"}, "N ≥ 1"),
+        ({"weight": "3"}, "no option 'weight'"),
+        ({"step": "newton"}, "step must be one of proximal, subgradient"),
+    ],
 )
 def test_bad_prunetrain_options_name_the_fix(options: dict, message: str) -> None:
     from scaletrain.errors import ConfigError

@@ -108,7 +108,7 @@ def lenet_train(data: Path, out: Path, **extra) -> dict:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("strategy", "server"), [("allreduce", None), ("ps", "sharded")])
+@pytest.mark.parametrize(("strategy", "server"), [("allreduce", None), ("ps", "central"), ("ps", "sharded")])
 def test_two_workers_split_prune_exactly_as_one_process(
     data: Path, tmp_path: Path, strategy: str, server: str | None
 ) -> None:
@@ -153,7 +153,8 @@ def test_resuming_after_a_reconfiguration_ends_like_an_uninterrupted_run(
 def test_a_central_server_run_resumes_after_a_reconfiguration_with_the_workers_lambda(
     data: Path, tmp_path: Path
 ) -> None:
-    """The central server writes the checkpoints but runs no technique: λ reaches it from the workers."""
+    """The central server takes the proximal steps and writes the checkpoints, with the λ of the workers'
+    first losses."""
     layout = {"workers": 2, "strategy": "ps", "server": "central", "sync": "split", "epochs": 3}
     whole = lenet_train(data, tmp_path / "whole", **layout)
     out = tmp_path / "run"
@@ -163,6 +164,18 @@ def test_a_central_server_run_resumes_after_a_reconfiguration_with_the_workers_l
     assert saved == torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)["technique"]["weight"]
     lenet_train(data, out, resume=True, **layout)
     assert_same_weights(weights(out), weights(tmp_path / "whole"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("server", ["central", "sharded"])
+def test_asynchronous_workers_prune_and_finish_every_batch(data: Path, tmp_path: Path, server: str) -> None:
+    """Asynchronous updates are not one process's, but the servers shrink what they own, the network is
+    pruned at the agreed boundary, and every planned batch is done."""
+    layout = {"workers": 2, "strategy": "ps", "server": server, "sync": "async"}
+    summary = lenet_train(data, tmp_path / "run", **layout)
+    assert summary["parameters"] < summary["parameters_initial"]
+    assert summary["server_updates"] == summary["steps"] == 2 * 16  # 2 epochs of 192 samples, batch 12
+    assert not summary.get("lost_workers")
 
 
 def test_a_technique_flag_without_its_technique_is_one_clear_line(tmp_path: Path) -> None:

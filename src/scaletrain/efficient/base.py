@@ -7,10 +7,12 @@ A technique only *decides*; the training loop applies (composer's ``core/event.p
    :class:`Context`: example inputs to trace the network, and a mean over the workers;
 2. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
 3. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
-4. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
+4. :meth:`Technique.after_update` — each optimizer step, on the process that made it (the worker
+   in one-process and all-reduce runs, the parameter server otherwise), with the tensors it updated;
+5. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
    decided once (on the coordinating worker), agreed by every process and applied at this step
    boundary by every strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
-5. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
+6. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
 """
 
 from __future__ import annotations
@@ -82,10 +84,14 @@ class EpochEnd:
 class Context:
     """What the loop offers a technique. ``example_inputs()``: a couple of inputs as the model takes
     them; ``mean(name, value, weight)``: the ``weight``-weighted mean of ``value`` over every worker of
-    the run, the same number on each (each worker calls it once per ``name``, at the same point)."""
+    the run, the same number on each (each worker calls it once per ``name``, at the same point; a
+    parameter server may call it too, its own value left out); ``computes_loss``: False on a
+    parameter server, whose technique sees updates but no loss; ``momentum``: the optimizer's."""
 
     example_inputs: Callable[[], Any] = lambda: None
     mean: Callable[[str, float, float], float] = lambda name, value, weight: value
+    computes_loss: bool = True
+    momentum: float = 0.0
 
 
 class Technique:
@@ -102,6 +108,11 @@ class Technique:
 
     def after_backward(self, model: nn.Module) -> None:
         """Gradients are in ``model``; the exchange has not run yet."""
+
+    def after_update(self, parameters: dict[str, torch.Tensor], lr: float) -> None:
+        """An optimizer step with learning rate ``lr`` changed ``parameters`` (named as in
+        ``model.named_parameters()``; a sharded server's own tensors only). Runs where the step is taken —
+        the worker, or the parameter server — so what it does to the weights reaches every worker."""
 
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         """After epoch ``end.epoch`` (0-based): a reconfiguration to apply now, or ``None``."""

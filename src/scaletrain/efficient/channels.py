@@ -109,16 +109,21 @@ def residual_blocks(model: nn.Module) -> list[str]:
     ]
 
 
-def dead_channel_pruning(model: nn.Module, groups: list[ChannelGroup], threshold: float) -> Pruning:
+def dead_channel_pruning(
+    model: nn.Module, groups: list[ChannelGroup], threshold: float, norms: dict[str, str] | None = None
+) -> Pruning:
     """The channels to remove (see the module docstring); every group keeps at least one channel
-    unless its block goes whole."""
+    unless its block goes whole. ``norms``: ``{layer path: path of the batch norm its outputs go
+    straight into}``; a channel is dead, too, when every layer writing it is followed by one of these
+    whose scale and shift are below the threshold there (it outputs zero whatever the layer computes)."""
     weights = {name: module.weight.detach() for name, module in model.named_modules() if isinstance(module, _LAYERS)}
+    silent = _silent_norms(model, norms or {}, threshold)
     removed_blocks = [
         block
         for block in residual_blocks(model)
         if any(
             all(m.path.startswith(f"{block}.residual.") for m in group.members)
-            and len(_dead(group.members, weights, threshold)) == group.size
+            and len(_dead(group.members, weights, threshold, silent)) == group.size
             for group in groups
         )
     ]
@@ -128,7 +133,7 @@ def dead_channel_pruning(model: nn.Module, groups: list[ChannelGroup], threshold
         members = [m for m in group.members if not m.path.startswith(gone)]
         if not members:
             continue
-        dead = _dead(members, weights, threshold)
+        dead = _dead(members, weights, threshold, silent)
         if len(dead) == group.size:  # keep the strongest channel so every layer stays a layer
             dead.discard(max(range(group.size), key=lambda c: _strength(members, weights, c)))
         for member in members:
@@ -142,14 +147,34 @@ def dead_channel_pruning(model: nn.Module, groups: list[ChannelGroup], threshold
     return Pruning(dict(keep), removed_blocks)
 
 
-def _dead(members: list[Member] | tuple[Member, ...], weights: dict[str, torch.Tensor], threshold: float) -> set[int]:
+def _silent_norms(model: nn.Module, norms: dict[str, str], threshold: float) -> dict[str, torch.Tensor]:
+    """``{layer path: per output channel, whether the batch norm after it outputs (almost) zero}``."""
+    silent = {}
+    for path, norm_path in norms.items():
+        norm = model.get_submodule(norm_path)
+        silent[path] = (norm.weight.detach().abs() < threshold) & (norm.bias.detach().abs() < threshold)
+    return silent
+
+
+def _dead(
+    members: list[Member] | tuple[Member, ...],
+    weights: dict[str, torch.Tensor],
+    threshold: float,
+    silent: dict[str, torch.Tensor] | None = None,
+) -> set[int]:
     size = max(len(m.indices) for m in members)
+    silent = silent or {}
     dead = set()
     for channel in range(size):
         for role in ("writes", "reads"):
             sides = [m for m in members if m.role == role and m.indices[channel]]
             if sides and all(_largest(weights[m.path], m, channel) < threshold for m in sides):
                 dead.add(channel)
+        writers = [m for m in members if m.role == "writes" and m.indices[channel]]
+        if writers and all(
+            m.path in silent and all(bool(silent[m.path][i]) for i in m.indices[channel]) for m in writers
+        ):
+            dead.add(channel)
     return dead
 
 

@@ -5,8 +5,20 @@ layer to zero, GL = Σ_layers (Σ_c ‖W[c]‖₂ + Σ_k ‖W[:, k]‖₂) over 
 k, leaving out the inputs of the first layer (the image) and the outputs of the last (the classes).
 Its weight λ is set once, at the first step, so that the penalty is the fraction r (the *lasso
 penalty ratio*, default 0.2) of the objective: λ = r·L / (R·(1 − r)), L the loss and R the group
-lasso then. Every ``every`` epochs (the *reconfiguration interval*, default 10) the channels whose
-weights are all below ``threshold`` (default 1e-4) go, with the channel union of
+lasso then. *How the penalty is minimised* (``step``): ``proximal`` (the default) takes, after every
+optimizer step, the proximal step of the penalty where the optimizer steps (the worker, or the
+parameter server): each group shrinks towards zero by η·λ/(1 − μ) in norm — η the rate, μ the
+momentum, so that the penalty weighs against the loss as in the objective — and becomes exactly zero
+when its norm is smaller (group soft-thresholding; output groups, then input groups);
+``subgradient`` adds λ·GL to the loss, as the paper describes. ``batchnorm`` (``on``, the default):
+the scale and shift of the batch norm after each regularised layer are penalised too (|γ| + |β| per
+channel, Liu et al.'s network slimming), and a channel whose every writer is followed by a batch norm
+with both below the threshold is dead — it outputs zero whatever the layer computes. Without it, a
+batch norm after each convolution makes the loss blind to a channel's scale, and its gradient grows
+as the channel shrinks. Measured on ResNet-20 and Fashion-MNIST (README): the subgradient leaves
+channels oscillating around zero (no channel below 1e-3 after 900 steps at r ≤ 0.5).
+Every ``every`` epochs (the *reconfiguration interval*, default 10) the channels whose weights are
+all below ``threshold`` (default 1e-4) go, with the channel union of
 :mod:`scaletrain.efficient.channels` (a residual sum keeps a channel while any member needs it), and a
 block whose residual branch is gone is removed; the network is rebuilt densely, momentum carried over.
 *When it helps*: the network, its FLOPs and — under data parallelism — the bytes every step sends
@@ -17,11 +29,13 @@ workers of their first losses, so λ is the one process's λ (equal parts of a b
 decision is made once and applied by every process.
 
 Options: ``--technique prunetrain --lasso-ratio 0.2 --prune-threshold 1e-4 --reconfigure-every 10``
-(or ``-T ratio=0.2 -T threshold=1e-4 -T every=10``).
+(or ``-T ratio=0.2 -T threshold=1e-4 -T every=10``), ``-T step=proximal|subgradient``,
+``-T batchnorm=on|off``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,9 +47,20 @@ from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import layers_run
 from scaletrain.errors import ConfigError
 
-__all__ = ["PruneTrain", "group_lasso", "lasso_weight", "regularised_groups"]
+__all__ = [
+    "STEPS",
+    "PruneTrain",
+    "following_norms",
+    "group_lasso",
+    "lasso_weight",
+    "regularised_groups",
+    "shrink_groups",
+    "shrink_values",
+]
 
 _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+STEPS = ("proximal", "subgradient")
 
 
 def regularised_groups(model: nn.Module, example_inputs: Any) -> dict[str, tuple[bool, bool]]:
@@ -49,8 +74,39 @@ def regularised_groups(model: nn.Module, example_inputs: Any) -> dict[str, tuple
     return {names[m]: (m is not order[-1], m is not order[0]) for m in order}
 
 
-def group_lasso(model: nn.Module, groups: dict[str, tuple[bool, bool]]) -> torch.Tensor:
-    """GL: the sum of the L2 norms of the regularised output and input channels of each layer.
+def following_norms(model: nn.Module, example_inputs: Any) -> dict[str, str]:
+    """``{layer path: batch-norm path}`` for every layer whose output goes straight into an affine batch norm."""
+    names = {module: name for name, module in model.named_modules()}
+    outputs: dict[int, str] = {}
+    found: dict[str, str] = {}
+
+    def layer_hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        outputs[id(output)] = names[module]
+
+    def norm_hook(module: nn.Module, inputs: Any) -> None:
+        source = outputs.get(id(inputs[0]))
+        if source is not None and module.affine:
+            found[source] = names[module]
+
+    hooks = [m.register_forward_hook(layer_hook) for m in model.modules() if isinstance(m, _LAYERS)]
+    hooks += [m.register_forward_pre_hook(norm_hook) for m in model.modules() if isinstance(m, _NORMS)]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example_inputs)
+    finally:
+        model.train(was_training)
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def group_lasso(
+    model: nn.Module, groups: dict[str, tuple[bool, bool]], norms: dict[str, str] | None = None
+) -> torch.Tensor:
+    """GL: the sum of the L2 norms of the regularised output and input channels of each layer, plus,
+    for each layer in ``norms``, the absolute scale and shift of each channel of its batch norm.
 
     >>> layer = nn.Linear(2, 2, bias=False)
     >>> with torch.no_grad():
@@ -65,7 +121,45 @@ def group_lasso(model: nn.Module, groups: dict[str, tuple[bool, bool]]) -> torch
             total = total + torch.linalg.vector_norm(weight.flatten(1), dim=1).sum()
         if inputs:
             total = total + torch.linalg.vector_norm(weight.transpose(0, 1).flatten(1), dim=1).sum()
+    for path in (norms or {}).values():
+        norm = model.get_submodule(path)
+        total = total + norm.weight.abs().sum() + norm.bias.abs().sum()
     return total
+
+
+def shrink_groups(weight: torch.Tensor, outputs: bool, inputs: bool, amount: float) -> None:
+    """Group soft-thresholding of one layer's weight in place: each regularised output channel (then
+    input channel) loses ``amount`` of its L2 norm, and becomes exactly zero when its norm is smaller —
+    the proximal step of ``amount``·GL (the two kinds of group overlap; they are taken one after the other).
+
+    >>> weight = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
+    >>> shrink_groups(weight, outputs=True, inputs=False, amount=1.0)
+    >>> weight  # the first row's norm 5 → 4; the second (norm 0.5) → 0
+    tensor([[2.4000, 3.2000],
+            [0.0000, 0.0000]])
+    """
+    with torch.no_grad():
+        if outputs:
+            norms = torch.linalg.vector_norm(weight.flatten(1), dim=1)
+            factor = (1 - amount / norms.clamp_min(1e-30)).clamp_min(0)
+            weight.mul_(factor.view(-1, *([1] * (weight.dim() - 1))))
+        if inputs:
+            norms = torch.linalg.vector_norm(weight.transpose(0, 1).flatten(1), dim=1)
+            factor = (1 - amount / norms.clamp_min(1e-30)).clamp_min(0)
+            weight.mul_(factor.view(1, -1, *([1] * (weight.dim() - 2))))
+
+
+def shrink_values(values: torch.Tensor, amount: float) -> None:
+    """Soft-thresholding in place: every value moves ``amount`` towards zero and stops there (the
+    proximal step of ``amount``·Σ|x|, each value its own group).
+
+    >>> values = torch.tensor([0.5, -0.05, -2.0])
+    >>> shrink_values(values, 0.1)
+    >>> values
+    tensor([ 0.4000,  0.0000, -1.9000])
+    """
+    with torch.no_grad():
+        values.copy_(values.sign() * (values.abs() - amount).clamp_min(0))
 
 
 def lasso_weight(ratio: float, loss: float, lasso: float) -> float:
@@ -84,6 +178,8 @@ class PruneTrain(Technique):
     ratio: float = 0.2
     threshold: float = 1e-4
     every: int = 10
+    step: str = "proximal"
+    batchnorm: str = "on"
     name = "prunetrain"
     #: command-line flags (``--lasso-ratio``) and API settings (``lasso_ratio=``) for the options
     flags: ClassVar[dict[str, str]] = {
@@ -94,6 +190,8 @@ class PruneTrain(Technique):
     weight: float | None = field(default=None, init=False)  # λ, once set
     _groups: dict[str, tuple[bool, bool]] = field(default_factory=dict, init=False, repr=False)
     _context: Context = field(default_factory=Context, init=False, repr=False)
+    _initial_lasso: float = field(default=0.0, init=False, repr=False)  # R before the first step
+    _norms: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # layer → its batch norm
 
     def __post_init__(self) -> None:
         if not 0 < self.ratio < 1:
@@ -102,23 +200,62 @@ class PruneTrain(Technique):
             raise ConfigError(f"prunetrain: the prune threshold must be ≥ 0, got {self.threshold}")
         if self.every < 1:
             raise ConfigError(f"prunetrain: reconfigure every N epochs needs N ≥ 1, got {self.every}")
+        if self.batchnorm not in ("on", "off"):
+            raise ConfigError(f"prunetrain: batchnorm must be on or off, got {self.batchnorm!r}")
+        if self.step not in STEPS:
+            raise ConfigError(f"prunetrain: step must be one of {', '.join(STEPS)}, got {self.step!r}")
 
     def start(self, model: nn.Module, context: Context) -> None:
         self._context = context
         self._groups = regularised_groups(model, context.example_inputs())
+        self._norms = self._regularised_norms(model, context.example_inputs())
+        if self.weight is None:  # R of the weights every process starts from
+            with torch.no_grad():
+                self._initial_lasso = group_lasso(model, self._groups, self._norms).item()
+
+    def _regularised_norms(self, model: nn.Module, example_inputs: Any) -> dict[str, str]:
+        if self.batchnorm == "off":
+            return {}
+        following = following_norms(model, example_inputs)
+        return {path: following[path] for path, (outputs, _) in self._groups.items() if outputs and path in following}
 
     def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
-        lasso = group_lasso(model, self._groups)
         if self.weight is None:
-            mean_loss = self._context.mean("prunetrain/loss", loss.item(), 1.0)
-            self.weight = lasso_weight(self.ratio, mean_loss, lasso.item())
-        return loss + self.weight * lasso
+            self._set_weight(loss.item())
+        if self.step == "proximal":
+            return loss
+        return loss + self.weight * group_lasso(model, self._groups, self._norms)
+
+    def after_update(self, parameters: dict[str, torch.Tensor], lr: float) -> None:
+        if self.step != "proximal" or not self._groups:
+            return
+        if self.weight is None:
+            if self._context.computes_loss:
+                return  # a worker's own server, before this worker's first loss: no penalty yet
+            self._set_weight(math.nan)  # a parameter server: λ from the workers' first losses
+        # With momentum μ a steady gradient moves a weight lr/(1 − μ) per step, the loss's gradient and a
+        # subgradient penalty alike; the proximal step shrinks by as much, so both weigh as in the objective.
+        amount = lr * self.weight / (1 - self._context.momentum)
+        for path, (outputs, inputs) in self._groups.items():
+            weight = parameters.get(f"{path}.weight")
+            if weight is not None:
+                shrink_groups(weight, outputs, inputs, amount)
+        for norm in self._norms.values():
+            for kind in ("weight", "bias"):
+                values = parameters.get(f"{norm}.{kind}")
+                if values is not None:
+                    shrink_values(values, amount)
+
+    def _set_weight(self, loss: float) -> None:
+        """λ from the mean of every worker's first loss (a server, which has none, passes nan)."""
+        mean_loss = self._context.mean("prunetrain/loss", loss, 1.0)
+        self.weight = lasso_weight(self.ratio, mean_loss, self._initial_lasso)
 
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         if (end.epoch + 1) % self.every:
             return None
         example = self._context.example_inputs()
-        pruning = dead_channel_pruning(model, channel_groups(model, example), self.threshold)
+        pruning = dead_channel_pruning(model, channel_groups(model, example), self.threshold, self._norms)
         if not pruning.keep and not pruning.remove:
             return None
         return Reconfiguration(keep=pruning.keep, remove=pruning.remove)
@@ -126,6 +263,7 @@ class PruneTrain(Technique):
     def reconfigured(self, model: nn.Module) -> None:
         """After the loop applied a decision: the layers to regularise are those left."""
         self._groups = {path: sides for path, sides in self._groups.items() if _exists(model, path)}
+        self._norms = {path: norm for path, norm in self._norms.items() if path in self._groups}
 
     def state_dict(self) -> dict[str, Any]:
         return {"weight": self.weight}

@@ -110,6 +110,7 @@ class ShardServer:
         learning_rate: Callable[[int], float] | None = None,
         compensation: Compensation | None = None,
         on_update: Callable[[int], None] | None = None,
+        after_step: Callable[[list[nn.Parameter], float], None] | None = None,
         timeout: float = 60.0,
         stats: ServerStats | None = None,
         codec: WireCodec | None = None,
@@ -117,7 +118,7 @@ class ShardServer:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
         self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
-        self.on_update, self.timeout = on_update, timeout
+        self.on_update, self.after_step, self.timeout = on_update, after_step, timeout
         self.version = version
         self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
         self.layout = TensorLayout.of(master)
@@ -275,6 +276,8 @@ class ShardServer:
             if momentum is not None:
                 group["momentum"] = momentum
         self.optimizer.step()
+        if self.after_step is not None:  # a technique's change of the new weights (PruneTrain's shrinking)
+            self.after_step(self.master, rate * scale)
         self.version += 1
         self.stats.updates += 1
         # Synchronous replies go out before the next update can start (it needs every worker's next
@@ -311,6 +314,8 @@ class PSExchange(GradientExchange):
     optimizer)``, before a reconfiguration, brings every owner's master weights and optimizer state
     into ``model`` and ``optimizer`` (sharded) or does nothing (central: the server reconfigures its own).
     """
+
+    updates_here = False  # the servers step
 
     def __init__(
         self,

@@ -24,7 +24,12 @@ class ExchangeTimes:
 
 
 class GradientExchange(ABC):
-    """Turns the gradients in ``model`` into updated weights, however the strategy does it."""
+    """Turns the gradients in ``model`` into updated weights, however the strategy does it.
+
+    ``updates_here``: this process's optimizer takes the step (one process, all-reduce); False where a
+    parameter server does and the worker receives the result."""
+
+    updates_here = True
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """Bring every worker to the same initial weights."""

@@ -312,7 +312,9 @@ class Trainer:
         self.role.exchange.start(self.model, self.optimizer)
         if self.technique is not None:
             context = Context(
-                example_inputs=lambda: self.workload.example_inputs(self.data), mean=self.role.agreement.mean
+                example_inputs=lambda: self.workload.example_inputs(self.data),
+                mean=self.role.agreement.mean,
+                momentum=self.config.momentum,
             )
             self.technique.start(self.model, context)
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
@@ -356,6 +358,9 @@ class Trainer:
             if self.technique is not None:
                 self.technique.after_backward(self.model)
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
+            if self.technique is not None and self.role.exchange.updates_here:
+                lr = self.optimizer.param_groups[0]["lr"]
+                self.technique.after_update(dict(self.model.named_parameters()), lr)
             seconds = now() - begin
             self.meter.add(seconds)
             self._epoch_steps.add(seconds, times.communication)

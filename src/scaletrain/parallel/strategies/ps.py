@@ -8,6 +8,7 @@ master tensors, buffers and optimizer state for the new network, and ownership i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.efficient import Reconfiguration
+from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
 from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
@@ -113,14 +114,24 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
     prepared, layout = setup.prepared, setup.layout
     observer = ServerObserver(prepared, setup.agreement(0))
     peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
+    if prepared.technique is not None:  # it changes the weights after each update here, where they are made
+        context = Context(
+            example_inputs=lambda: prepared.workload.example_inputs(prepared.data),
+            mean=setup.agreement(0).mean,
+            computes_loss=False,
+            momentum=prepared.config.momentum,
+        )
+        prepared.technique.start(prepared.model, context)
     try:
         while True:
+            names = [name for name, _ in prepared.model.named_parameters()]
             server = ShardServer(
                 master=list(prepared.model.parameters()),
                 optimizer=prepared.optimizer,
                 version=version,
                 peers=peers,
                 on_update=observer,
+                after_step=_technique_step(prepared.technique, names),
                 compensation=compensation,
                 stats=stats,
                 **setup.options,
@@ -156,7 +167,18 @@ def _reconfigure_master(prepared: Prepared, decision: Reconfiguration | None, ep
     if decision is None:
         return "nothing changed"
     apply_decision(prepared, decision, epoch)
+    if prepared.technique is not None:
+        prepared.technique.reconfigured(prepared.model)
     return describe_decision(prepared, decision)
+
+
+def _technique_step(
+    technique: Technique | None, names: list[str]
+) -> Callable[[list[nn.Parameter], float], None] | None:
+    """A server's call of ``technique.after_update`` with its master tensors named as the model's."""
+    if technique is None:
+        return None
+    return lambda master, rate: technique.after_update(dict(zip(names, master, strict=True)), rate)
 
 
 def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
@@ -214,6 +236,7 @@ class _Shards:
     def serve(self, owned: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> ShardServer:
         """Start this worker's server over clones of ``owned``, with their state in ``optimizer``."""
         setup, prepared = self.setup, self.setup.prepared
+        names = {id(p): name for name, p in prepared.model.named_parameters()}
         master = [nn.Parameter(p.detach().clone()) for p in owned]
         shard_optimizer = make_optimizer(prepared.config, master)
         for parameter, copy in zip(owned, master, strict=True):
@@ -236,6 +259,7 @@ class _Shards:
             version=version,
             peers=setup.peers_of[self.rank],
             on_update=checkpointer,
+            after_step=_technique_step(prepared.technique, [names[id(p)] for p in owned]),
             compensation=setup.compensation(),
             stats=self.stats,
             **setup.options,
