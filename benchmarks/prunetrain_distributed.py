@@ -8,7 +8,8 @@ train`` process tree; they run one after another.
 
 Read from each run's ``metrics.jsonl`` (the epoch records of the worker that writes them): the
 median communication seconds per step before the first reconfiguration and after the last, against
-the parameters then; the training seconds (the epochs' sum, evaluations left out). Then, per
+the parameters then (a reconfiguration after the last epoch is not measured: choose ``--epochs`` so
+that the last one has epochs after it); the training seconds (the epochs' sum, evaluations left out). Then, per
 strategy and phase (dense network, pruned network): the speedup measured (one process's median
 seconds per step over the 2-worker run's) against the refined estimator's, fed a profile of that
 network (``scaletrain profile --architecture-of RUN --network RATE``), and the step time each
@@ -63,8 +64,10 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     epochs = [r for r in records if r["kind"] == "epoch"]
     changes = [r for r in records if r["kind"] == "reconfiguration"]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    first_change = changes[0]["epoch"] if changes else len(epochs)
-    last_change = changes[-1]["epoch"] if changes else len(epochs)
+    # a reconfiguration after the last epoch changes nothing that was measured
+    measurable = [r["epoch"] for r in changes if r["epoch"] < epochs[-1]["epoch"]]
+    first_change = measurable[0] if measurable else len(epochs)
+    last_change = measurable[-1] if measurable else len(epochs)
     before = [r for r in epochs if r["epoch"] <= first_change]
     after = [r for r in epochs if r["epoch"] > last_change]
     return {
@@ -76,6 +79,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
         "parameters": summary["parameters"],
         "step_before": statistics.median(r["seconds_per_step"] for r in before),
         "communication_before": statistics.median(r["communication_seconds_per_step"] for r in before),
+        "parameters_after": after[0]["parameters"] if after else None,
         "step_after": statistics.median(r["seconds_per_step"] for r in after) if after else None,
         "communication_after": statistics.median(r["communication_seconds_per_step"] for r in after) if after else None,
         "predicted_after": [
@@ -158,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'strategy':<18} {'params kept':>11} {'comm kept':>10} {'saving':>8} {'one-process saving':>19}")
     for strategy in strategies:
         pruned, dense = runs[f"{strategy}/prunetrain"], runs[f"{strategy}/dense"]
-        kept = pruned["parameters"] / pruned["parameters_initial"]
+        kept = (pruned["parameters_after"] or pruned["parameters_initial"]) / pruned["parameters_initial"]
         communication = (pruned["communication_after"] or float("nan")) / pruned["communication_before"]
         saving = 1 - pruned["train_seconds"] / dense["train_seconds"]
         print(f"{strategy:<18} {kept:>11.3f} {communication:>10.3f} {100 * saving:>7.1f}% {100 * saving_alone:>18.1f}%")
