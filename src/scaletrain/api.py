@@ -197,8 +197,9 @@ def compare(sources: list[Path], *, out: Path, names: list[str] | None = None) -
 def list_workloads() -> list[dict[str, Any]]:
     """Name, dataset, metric and parameter count of every registered workload.
 
-    >>> [w["name"] for w in list_workloads()]
-    ['lenet', 'ptb-lstm', 'vgg16e', 'googlenet', 'squeezenet', 'resnet34']
+    >>> [w["name"] for w in list_workloads()]  # doctest: +NORMALIZE_WHITESPACE
+    ['lenet', 'ptb-lstm', 'vgg16e', 'googlenet', 'squeezenet', 'resnet34', 'resnet', 'resnet20', 'resnet32',
+     'resnet56']
     """
     return [create_workload(name).describe() for name in WORKLOADS]
 

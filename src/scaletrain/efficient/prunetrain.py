@@ -159,7 +159,7 @@ def shrink_values(values: torch.Tensor, amount: float) -> None:
     tensor([ 0.4000,  0.0000, -1.9000])
     """
     with torch.no_grad():
-        values.copy_(values.sign() * (values.abs() - amount).clamp_min(0))
+        values.copy_(values.sign() * (values.abs() - amount).clamp_min(0) + 0.0)  # + 0.0: no -0.0
 
 
 def lasso_weight(ratio: float, loss: float, lasso: float) -> float:
