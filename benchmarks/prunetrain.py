@@ -20,41 +20,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import scaletrain
-from scaletrain.data.locate import find_fashion_mnist
 from scaletrain.efficient.cost import flops_per_sample
-from scaletrain.errors import DataError
+from training_runs import fashion_mnist, run_records, train_run
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 GOALS = {"parameters": 0.40, "flops": 0.40, "accuracy_points": 1.5}
 
 
 def train(name: str, args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     """One fresh training process; its figures."""
-    command = [
-        *(sys.executable, "-m", "scaletrain", "train", args.workload, "-o", "dataset=fashion-mnist"),
-        *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr)),
-        *("--momentum", "0.9", "--weight-decay", str(args.weight_decay), "--threads", str(args.threads)),
-        *("--seed", str(args.seed), "--data-dir", str(data_dir), "--out", str(out), "--progress", "off"),
-        *("--no-tensorboard", "--no-download", *extra),
+    flags = [
+        *("-o", "dataset=fashion-mnist", "--epochs", str(args.epochs), "--batch-size", str(args.batch_size)),
+        *("--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", str(args.weight_decay)),
+        *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
     ]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    began = time.time()
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=24 * 3600)
-    if result.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")
-    wall = time.time() - began
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    wall = train_run(args.workload, out, flags)
+    records, summary = run_records(out)
     epochs = [r for r in records if r["kind"] == "epoch"]
     model = scaletrain.load_model(out)
     return {
@@ -90,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: found on disk)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
-    try:
-        data_dir = find_fashion_mnist(args.data_dir, download=False)
-    except DataError as exc:
-        parser.error(f"this benchmark needs the real Fashion-MNIST: {exc}")
+    data_dir = fashion_mnist(parser, args.data_dir)
     prune = [
         *("--technique", "prunetrain", "--lasso-ratio", str(args.lasso_ratio)),
         *("--prune-threshold", str(args.prune_threshold), "--reconfigure-every", str(args.reconfigure_every)),

@@ -29,41 +29,29 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import scaletrain
-from scaletrain.data.locate import find_fashion_mnist
-from scaletrain.errors import DataError
 from scaletrain.estimate.models import Configuration, predicted_speedup
+from training_runs import fashion_mnist, run_records, train_run
 
-SRC = Path(__file__).resolve().parents[1] / "src"
 PROPORTION_TOLERANCE = 0.15
 EPOCH_FIGURES = ("epoch", "parameters", "steps", "seconds", "seconds_per_step", "communication_seconds_per_step")
 
 
 def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
     """One fresh training run; its epoch and reconfiguration records."""
-    command = [
-        *(sys.executable, "-m", "scaletrain", "train", args.workload, "-o", "dataset=fashion-mnist"),
-        *("-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
+    flags = [
+        *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
         *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9"),
-        *("--weight-decay", "1e-4", "--threads", "1", "--seed", "0", "--data-dir", str(data_dir)),
-        *("--out", str(out), "--progress", "off", "--no-tensorboard", "--no-download", *extra),
+        *("--weight-decay", "1e-4", "--threads", "1", "--seed", "0", "--data-dir", str(data_dir), *extra),
     ]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
-    began = time.time()
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=6 * 3600)
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed:\n{result.stderr[-3000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    wall = train_run(args.workload, out, flags, timeout=6 * 3600)
+    records, summary = run_records(out)
     epochs = [r for r in records if r["kind"] == "epoch"]
     changes = [r for r in records if r["kind"] == "reconfiguration"]
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     # a reconfiguration after the last epoch changes nothing that was measured
     measurable = [r["epoch"] for r in changes if r["epoch"] < epochs[-1]["epoch"]]
     first_change = measurable[0] if measurable else len(epochs)
@@ -72,7 +60,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     after = [r for r in epochs if r["epoch"] > last_change]
     return {
         "out": str(out),
-        "wall_seconds": time.time() - began,
+        "wall_seconds": wall,
         "train_seconds": sum(r["seconds"] for r in epochs),
         "test_accuracy": summary["test_accuracy"],
         "parameters_initial": summary["parameters_initial"],
@@ -125,10 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    try:
-        data_dir = find_fashion_mnist(args.data_dir, download=False)
-    except DataError as exc:
-        parser.error(f"this benchmark needs the real Fashion-MNIST: {exc}")
+    data_dir = fashion_mnist(parser, args.data_dir)
     prune = [
         *("--technique", "prunetrain", "--lasso-ratio", str(args.lasso_ratio)),
         *("--reconfigure-every", str(args.reconfigure_every)),

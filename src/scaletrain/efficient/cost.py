@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
-__all__ = ["channels_per_layer", "flops_per_sample", "layers_run", "network_figures"]
+__all__ = ["channels_per_layer", "flops_per_sample", "layers_run", "network_figures", "traced_forward"]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -25,7 +26,15 @@ def layers_run(model: nn.Module, example_inputs: Any) -> list[tuple[nn.Module, t
     its output (eval mode, no gradients; the model's mode is restored)."""
     ran: list[tuple[nn.Module, torch.Tensor]] = []
     layers = [m for m in model.modules() if isinstance(m, (*_CONVS, nn.Linear))]
-    hooks = [layer.register_forward_hook(lambda m, i, o: ran.append((m, o))) for layer in layers]
+    traced_forward(
+        model, example_inputs, [layer.register_forward_hook(lambda m, i, o: ran.append((m, o))) for layer in layers]
+    )
+    return ran
+
+
+def traced_forward(model: nn.Module, example_inputs: Any, hooks: list[RemovableHandle]) -> None:
+    """One forward pass over ``example_inputs`` in eval mode without gradients, for ``hooks`` to watch;
+    the model's mode is restored and the hooks removed afterwards."""
     was_training = model.training
     model.eval()
     try:
@@ -35,7 +44,6 @@ def layers_run(model: nn.Module, example_inputs: Any) -> list[tuple[nn.Module, t
         model.train(was_training)
         for hook in hooks:
             hook.remove()
-    return ran
 
 
 def flops_per_sample(model: nn.Module, example_inputs: Any) -> float:

@@ -44,7 +44,7 @@ from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
-from scaletrain.efficient.cost import layers_run
+from scaletrain.efficient.cost import layers_run, traced_forward
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -90,15 +90,7 @@ def following_norms(model: nn.Module, example_inputs: Any) -> dict[str, str]:
 
     hooks = [m.register_forward_hook(layer_hook) for m in model.modules() if isinstance(m, _LAYERS)]
     hooks += [m.register_forward_pre_hook(norm_hook) for m in model.modules() if isinstance(m, _NORMS)]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            model(example_inputs)
-    finally:
-        model.train(was_training)
-        for hook in hooks:
-            hook.remove()
+    traced_forward(model, example_inputs, hooks)
     return found
 
 
