@@ -35,6 +35,7 @@ from typing import Any
 
 import scaletrain
 from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.measure.profile import Profile
 from training_runs import fashion_mnist, run_records, train_run
 
 PROPORTION_TOLERANCE = 0.15
@@ -42,13 +43,14 @@ EPOCH_FIGURES = ("epoch", "parameters", "steps", "seconds", "seconds_per_step", 
 
 
 def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
-    """One fresh training run; its epoch and reconfiguration records."""
+    """One fresh training run (or, with ``--runs``, the finished one already in ``out``); its figures."""
     flags = [
         *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
         *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9"),
         *("--weight-decay", "1e-4", "--threads", "1", "--seed", "0", "--data-dir", str(data_dir), *extra),
     ]
-    wall = train_run(args.workload, out, flags, timeout=6 * 3600)
+    finished = args.runs is not None and (out / "summary.json").exists()
+    wall = None if finished else train_run(args.workload, out, flags, timeout=6 * 3600)
     records, summary = run_records(out)
     epochs = [r for r in records if r["kind"] == "epoch"]
     changes = [r for r in records if r["kind"] == "reconfiguration"]
@@ -75,17 +77,11 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
             for r in epochs
             if "predicted_seconds_per_step" in r
         ],
-        "epochs": [
-            {
-                k: r.get(k)
-                for k in ("epoch", "parameters", "seconds", "seconds_per_step", "communication_seconds_per_step")
-            }
-            for r in epochs
-        ],
+        "epochs": [{k: r.get(k) for k in EPOCH_FIGURES} for r in epochs],
     }
 
 
-def profile(args: argparse.Namespace, data_dir: Path, run: Path | None, out: Path) -> scaletrain.Profile:
+def profile(args: argparse.Namespace, data_dir: Path, run: Path | None, out: Path) -> Profile:
     settings = {
         "batch_size": args.batch_size,
         "network": args.network,
@@ -96,6 +92,8 @@ def profile(args: argparse.Namespace, data_dir: Path, run: Path | None, out: Pat
         "data_dir": data_dir,
         "download": False,
     }
+    if args.runs is not None and out.exists():
+        return Profile.load(out)
     return scaletrain.profile(args.workload, out=out, architecture_of=run, **settings)
 
 
@@ -112,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default="allreduce-split,ps-sharded-split")
     parser.add_argument("--data-dir", type=Path)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--runs", type=Path, metavar="FOLDER",
+                        help="the folder of an earlier invocation (printed at its end): read the runs and profiles "
+                             "it finished instead of making them again, and make the rest")  # fmt: skip
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
     prune = [
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     runs: dict[str, dict[str, Any]] = {}
-    folder = Path(tempfile.mkdtemp(prefix="st-prunetrain-dist-"))
+    folder = args.runs or Path(tempfile.mkdtemp(prefix="st-prunetrain-dist-"))
     for setting, layout in [("one process", []), *((s, ["--workers", "2", "--strategy", s]) for s in strategies)]:
         network = ["--network", args.network] if layout else []
         for kind, extra in (("dense", []), ("prunetrain", prune)):
