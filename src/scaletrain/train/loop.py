@@ -307,6 +307,7 @@ class Trainer:
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         self._predicted: dict[str, float] | None = None  # by the last reconfiguration, for the next epoch
+        self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
@@ -359,8 +360,7 @@ class Trainer:
                 self.technique.after_backward(self.model)
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
             if self.technique is not None and self.role.exchange.updates_here:
-                lr = self.optimizer.param_groups[0]["lr"]
-                self.technique.after_update(dict(self.model.named_parameters()), lr)
+                self.technique.after_update(self._named_parameters, self.optimizer.param_groups[0]["lr"])
             seconds = now() - begin
             self.meter.add(seconds)
             self._epoch_steps.add(seconds, times.communication)
@@ -480,6 +480,7 @@ class Trainer:
         exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
         apply_decision(prepared, decision, epoch)
         self.model = prepared.model
+        self._named_parameters = dict(self.model.named_parameters())
         self.optimizer = prepared.optimizer
         exchange.reconfigure(self.model, self.optimizer)
         if self.technique is not None:
