@@ -72,6 +72,13 @@ class TrainConfig:
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`).
+
+    Precision (:mod:`scaletrain.efficient.precision`): ``precision`` (``fp32``, ``bf16``, ``fp16``)
+    is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
+    (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
+    ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
+    (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
+    the next gradient.
     """
 
     workload: str
@@ -108,6 +115,10 @@ class TrainConfig:
     network: str | None = None
     technique: str | None = None
     technique_options: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    loss_scale: str | float | None = None
+    wire: str = "fp32"
+    error_feedback: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -169,6 +180,17 @@ class TrainConfig:
             from scaletrain.efficient import create_technique  # checks the name and options early
 
             create_technique(self.technique, self.technique_options)
+        self._check_precision()
+
+    def _check_precision(self) -> None:
+        from scaletrain.efficient.precision import precision_technique
+        from scaletrain.parallel.codec import CODECS
+
+        precision_technique(self)  # checks --precision and --loss-scale
+        if self.wire not in CODECS:
+            raise ConfigError(f"wire must be one of {', '.join(CODECS)}, got {self.wire!r}")
+        if self.error_feedback and self.wire == "fp32":
+            raise ConfigError("--error-feedback corrects a narrower wire's rounding; add --wire bf16 or --wire fp16")
 
 
 def _field_names() -> set[str]:

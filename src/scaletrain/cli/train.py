@@ -13,12 +13,22 @@ from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
 from scaletrain.efficient import TECHNIQUES, technique_flags, with_flagged_options
+from scaletrain.efficient.precision import DTYPES
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.codec import CODECS
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
 from scaletrain.workloads import WORKLOADS
 
-__all__ = ["MODEL_FLAGS", "add_model_flags", "add_parser", "parse_options", "run", "workload_options"]
+__all__ = [
+    "MODEL_FLAGS",
+    "add_model_flags",
+    "add_parser",
+    "add_precision_flags",
+    "parse_options",
+    "run",
+    "workload_options",
+]
 
 #: Workload options that have a flag of their own: option name → flag.
 MODEL_FLAGS = {"num_classes": "--num-classes", "image_size": "--image-size"}
@@ -103,9 +113,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="workload option, e.g. -o num_steps=35 -o train_split=valid for ptb-lstm",
     )
     add_technique_flags(parser)
+    add_precision_flags(parser)
     add_model_flags(parser)
     _name_config_defaults(parser)
     parser.set_defaults(handler=run)
+
+
+def add_precision_flags(parser: argparse.ArgumentParser) -> None:
+    """``--precision``, ``--loss-scale``, ``--wire`` and ``--error-feedback`` (flags default to None: a
+    config file may set them)."""
+    group = parser.add_argument_group("precision and wire (scaletrain.efficient.precision, scaletrain.parallel.codec)")
+    group.add_argument(
+        "--precision",
+        choices=sorted(DTYPES),
+        help="the forward pass's type under autocast; weights stay float32 (fp16: CUDA only)",
+    )
+    group.add_argument(
+        "--loss-scale",
+        metavar="off|dynamic|SCALE",
+        help="dynamic loss scaling, starting at SCALE (dynamic: 65536); overflowed steps are skipped on every "
+        "process (default: dynamic for fp16, else off)",
+    )
+    group.add_argument(
+        "--wire", choices=sorted(CODECS), help="what gradients (and a parameter server's weights) travel as"
+    )
+    group.add_argument(
+        "--error-feedback",
+        action="store_true",
+        default=None,
+        help="add each message's rounding error to the next gradient (with --wire bf16 or fp16)",
+    )
 
 
 def strategy_choices() -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
+from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Stack, Technique, stacked
 from scaletrain.efficient.narrow import Narrow
 from scaletrain.efficient.prunetrain import PruneTrain
 from scaletrain.efficient.rebatch import Rebatch
@@ -20,8 +20,10 @@ __all__ = [
     "Context",
     "EpochEnd",
     "Reconfiguration",
+    "Stack",
     "Technique",
     "create_technique",
+    "stacked",
     "technique_flags",
     "with_flagged_options",
 ]

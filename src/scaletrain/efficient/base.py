@@ -5,18 +5,22 @@ A technique only *decides*; the training loop applies (composer's ``core/event.p
 
 1. :meth:`Technique.start` — once, before the first step (and after a resume), with a
    :class:`Context`: example inputs to trace the network, and a mean over the workers;
-2. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
-3. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
-4. :meth:`Technique.after_update` — each optimizer step, on the process that made it (the worker
+2. :meth:`Technique.forward_context` — each step, around the forward pass (autocast);
+3. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
+4. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
+5. :meth:`Technique.after_update` — each optimizer step, on the process that made it (the worker
    in one-process and all-reduce runs, the parameter server otherwise), with the tensors it updated;
-5. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
+   then :meth:`Technique.after_exchange` on every worker, told whether the step was skipped (an
+   overflowed gradient, when :attr:`Technique.skips_nonfinite`);
+6. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
    decided once (on the coordinating worker), agreed by every process and applied at this step
    boundary by every strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
-6. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
+7. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-__all__ = ["Context", "EpochEnd", "Reconfiguration", "Technique"]
+__all__ = ["Context", "EpochEnd", "Reconfiguration", "Stack", "Technique", "stacked"]
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,22 @@ class Technique:
 
     name: ClassVar[str]
 
+    @property
+    def skips_nonfinite(self) -> bool:
+        """Whether a step whose exchanged gradient overflowed is skipped (loss scaling) instead of applied."""
+        return False
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The dynamic loss scale now, if this technique scales the loss."""
+        return None
+
     def start(self, model: nn.Module, context: Context) -> None:
         """Before the first step."""
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """Entered around each step's forward pass and loss."""
+        return contextlib.nullcontext()
 
     def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
         """The loss to differentiate this step (``loss`` plus any regulariser)."""
@@ -114,6 +132,9 @@ class Technique:
         ``model.named_parameters()``; a sharded server's own tensors only). Runs where the step is taken —
         the worker, or the parameter server — so what it does to the weights reaches every worker."""
 
+    def after_exchange(self, skipped: bool) -> None:
+        """Every worker, after each step's exchange: whether the step was skipped (see :attr:`skips_nonfinite`)."""
+
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         """After epoch ``end.epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
         return None
@@ -126,3 +147,74 @@ class Technique:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+class Stack(Technique):
+    """Several techniques as one (``--precision`` beside ``--technique``): each hook calls every member in
+    order, except :meth:`after_backward`, which runs in reverse (the last to change the objective —
+    loss scaling — is the first to undo it). At most one member may reconfigure at an epoch's end."""
+
+    name: ClassVar[str] = "stack"
+
+    def __init__(self, members: list[Technique]) -> None:
+        self.members = members
+
+    @property
+    def skips_nonfinite(self) -> bool:
+        return any(member.skips_nonfinite for member in self.members)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return next((m.loss_scale for m in self.members if m.loss_scale is not None), None)
+
+    def start(self, model: nn.Module, context: Context) -> None:
+        for member in self.members:
+            member.start(model, context)
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        for member in self.members:
+            stack.enter_context(member.forward_context())
+        return stack
+
+    def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        for member in self.members:
+            loss = member.objective(loss, model)
+        return loss
+
+    def after_backward(self, model: nn.Module) -> None:
+        for member in reversed(self.members):
+            member.after_backward(model)
+
+    def after_update(self, parameters: dict[str, torch.Tensor], lr: float) -> None:
+        for member in self.members:
+            member.after_update(parameters, lr)
+
+    def after_exchange(self, skipped: bool) -> None:
+        for member in self.members:
+            member.after_exchange(skipped)
+
+    def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        decisions = [d for d in (member.epoch_end(end, model) for member in self.members) if d is not None]
+        if len(decisions) > 1:
+            raise ValueError(f"{len(decisions)} techniques reconfigured the network after the same epoch")
+        return decisions[0] if decisions else None
+
+    def reconfigured(self, model: nn.Module) -> None:
+        for member in self.members:
+            member.reconfigured(model)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {member.name: member.state_dict() for member in self.members}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for member in self.members:
+            member.load_state_dict(state.get(member.name, {}))
+
+
+def stacked(*techniques: Technique | None) -> Technique | None:
+    """The techniques given (``None`` left out) as one: none, the one itself, or a :class:`Stack`."""
+    members = [t for t in techniques if t is not None]
+    if len(members) <= 1:
+        return members[0] if members else None
+    return Stack(members)

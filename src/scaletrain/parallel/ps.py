@@ -9,8 +9,10 @@ lock. Messages (tags keep the two directions of a pair apart):
 - worker → owner, ``REQUEST``: header ``[kind, version, batches_done, layout_id, numel]`` then, for
   a gradient, the flat gradient of the owner's tensors (kinds: gradient, done, reconfigure — the
   worker is at a step boundary where the network changes; ``version`` then holds the epoch);
-- owner → worker, ``REPLY``: header ``[version, layout_id, numel]`` then the owner's flat weights
-  (no weights when the layouts differ: both sides then stop with both layouts named);
+- owner → worker, ``REPLY``: header ``[version, layout_id, numel, skipped]`` then the owner's flat
+  weights (no weights when the layouts differ: both sides then stop with both layouts named);
+  ``skipped`` is 1 when the update this reply answers was not made because the gradient overflowed
+  (with ``skip_nonfinite``, under dynamic loss scaling);
 - owner → worker, ``GRANT``: with ``--ps-admission exclusive``, permission to send (Šlampa 2017
   §7.2: one transfer at a time into the server, one out).
 """
@@ -33,14 +35,14 @@ from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
 from scaletrain.parallel.failures import describe
 from scaletrain.parallel.sharding import flatten
 from scaletrain.parallel.staleness import Compensation
-from scaletrain.train.exchange import ExchangeTimes, GradientExchange
+from scaletrain.train.exchange import ExchangeTimes, GradientExchange, finite
 from scaletrain.train.meter import now
 
 __all__ = ["PSExchange", "PeerLost", "ShardServer", "pair_groups"]
 
 REQUEST, REPLY, GRANT = 1, 2, 3
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
-REQUEST_FIELDS, REPLY_FIELDS = 5, 3
+REQUEST_FIELDS, REPLY_FIELDS = 5, 4
 
 
 class PeerLost(ScaletrainError):
@@ -68,6 +70,7 @@ class ServerStats:
     """What an owner observed: updates, staleness of applied gradients, lost peers."""
 
     updates: int = 0
+    skipped: int = 0  # overflowed gradients not applied (dynamic loss scaling)
     staleness: Counter = field(default_factory=Counter)
     lost: dict[int, str] = field(default_factory=dict)
     batches_done: dict[int, int] = field(default_factory=dict)
@@ -94,6 +97,8 @@ class ShardServer:
     owner's own worker through :meth:`contribute`). Asynchronous: every gradient is applied on
     arrival, and its staleness (updates applied since the sender's weights were current) recorded;
     ``compensation`` then sets each update's rate factor and momentum (:mod:`scaletrain.parallel.staleness`).
+    ``skip_nonfinite``: an update whose gradient holds inf or nan is not made (the version still
+    advances, as the workers' step count does) and the reply says so.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class ShardServer:
         timeout: float = 60.0,
         stats: ServerStats | None = None,
         codec: WireCodec | None = None,
+        skip_nonfinite: bool = False,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
@@ -123,6 +129,8 @@ class ShardServer:
         self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
         self.layout = TensorLayout.of(master)
         self.codec = codec or WireCodec()
+        self.skip_nonfinite = skip_nonfinite
+        self._skipped = False  # whether the last update was skipped
         #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
         self.reconfiguring: dict[int, int] = {}
         self._condition = threading.Condition()
@@ -154,8 +162,9 @@ class ShardServer:
         with self._condition:
             return self._snapshot.clone()
 
-    def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor]:
-        """The owner's own worker adds its gradient; returns the new version and weights."""
+    def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor, bool]:
+        """The owner's own worker adds its gradient; returns the new version, the weights and whether
+        the update was skipped."""
         return self._apply(gradient, views_of(gradient, self.master), version)
 
     def join(self, deadline_seconds: float | None = None) -> ServerStats:
@@ -204,8 +213,8 @@ class ShardServer:
                     with self._condition:
                         self.reconfiguring[peer] = version
                     return
-                new_version, weights = self._apply(gradient, gradient_views, version)
-                self._reply(peer, group, new_version, weights)
+                new_version, weights, skipped = self._apply(gradient, gradient_views, version)
+                self._reply(peer, group, new_version, weights, skipped)
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
@@ -227,23 +236,25 @@ class ShardServer:
         with _held(self._sending):
             dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
 
-    def _reply_header(self, version: int) -> torch.Tensor:
-        return torch.tensor([version, self.layout.layout_id, self.layout.numel], dtype=torch.int64)
+    def _reply_header(self, version: int, skipped: bool = False) -> torch.Tensor:
+        return torch.tensor([version, self.layout.layout_id, self.layout.numel, int(skipped)], dtype=torch.int64)
 
-    def _reply(self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor) -> None:
+    def _reply(
+        self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: bool = False
+    ) -> None:
         with _held(self._sending):
-            dist.send(self._reply_header(version), dst=peer, group=group, tag=REPLY)
+            dist.send(self._reply_header(version, skipped), dst=peer, group=group, tag=REPLY)
             dist.send(self.codec.encode(weights), dst=peer, group=group, tag=REPLY)
 
     # -- updates --------------------------------------------------------------------------------
-    def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor]:
+    def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor, bool]:
         with self._condition:
             if not self.synchronous:
                 staleness = self.version - version
                 self.stats.staleness[staleness] += 1
                 scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
                 self._update(views, scale, momentum)
-                return self.version, self._snapshot
+                return self.version, self._snapshot, self._skipped
             self._sum += gradient
             self._arrived += 1
             my_round = self._round
@@ -261,11 +272,19 @@ class ShardServer:
             if self._failure is not None and self._round == my_round:
                 peer, reason = self._failure
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
-            return self.version, self._snapshot
+            return self.version, self._snapshot, self._skipped
 
     def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
         """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
-        times ``scale``, and ``momentum`` instead of the optimizer's when given."""
+        times ``scale``, and ``momentum`` instead of the optimizer's when given; skipped when the
+        gradient overflowed and ``skip_nonfinite`` is on."""
+        self._skipped = self.skip_nonfinite and not finite(gradients)
+        if self._skipped:
+            self.version += 1
+            self.stats.skipped += 1
+            if self.on_update is not None:
+                self.on_update(self.version)
+            return
         for parameter, gradient in zip(self.master, gradients, strict=True):
             parameter.grad = gradient
         if self.clip_norm:
@@ -336,6 +355,7 @@ class PSExchange(GradientExchange):
         self.owners: list[int] = []
         self.versions: dict[int, int] = {}
         self.batches_done = 0
+        self._skipped = False  # whether an owner skipped this step's update
         self._owned: dict[int, list[nn.Parameter]] = {}
         self._layouts: dict[int, TensorLayout] = {}
         self._weights: dict[int, torch.Tensor] = {}
@@ -375,7 +395,8 @@ class PSExchange(GradientExchange):
         begin = now()
         dist.recv(self._header, src=owner, group=self.groups[owner], tag=REPLY)
         waited = now() - begin
-        version, layout_id, numel = (int(v) for v in self._header)
+        version, layout_id, numel, skipped = (int(v) for v in self._header)
+        self._skipped = self._skipped or bool(skipped)
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
             if version >= 0:  # the server has not seen it yet: take its weights, then our header stops it too
@@ -398,6 +419,7 @@ class PSExchange(GradientExchange):
         begin = now()
         waited = 0.0
         self.batches_done += 1
+        self._skipped = False
         for owner in self.owners:
             self.codec.pack([_gradient(p) for p in self._owned[owner]], out=self._gradients[owner])
         for owner in self.owners:
@@ -405,17 +427,23 @@ class PSExchange(GradientExchange):
                 continue
             waited += self._await_grant(owner)
             self._send_header(owner, GRADIENT, self.versions[owner])
-            dist.send(self.codec.encode(self._gradients[owner]), dst=owner, group=self.groups[owner], tag=REQUEST)
+            wire = self.codec.encode_gradient(self._gradients[owner], stream=owner)
+            dist.send(wire, dst=owner, group=self.groups[owner], tag=REQUEST)
         if self.rank in self._owned:
             arrive = now()
-            version, weights = self.local_server.contribute(self._gradients[self.rank], self.versions[self.rank])
-            self._weights[self.rank].copy_(weights)
+            own = self._gradients[self.rank]
+            wire = self.codec.encode_gradient(own, stream=self.rank)
+            if wire.data_ptr() != own.data_ptr():  # rounded as the other owners receive theirs
+                self.codec.unpack(wire, own)
+            version, weights, skipped = self.local_server.contribute(own, self.versions[self.rank])
+            self.codec.unpack(self.codec.encode(weights), self._weights[self.rank])  # as the others get theirs
             self.versions[self.rank] = version
+            self._skipped = self._skipped or skipped
             waited += now() - arrive
         for owner in self.owners:
             if owner != self.rank:
                 waited += self._receive_reply(owner)
-        return ExchangeTimes(communication=now() - begin - waited, wait=waited)
+        return ExchangeTimes(communication=now() - begin - waited, wait=waited, skipped=self._skipped)
 
     def _send_header(self, owner: int, kind: int, version: int) -> None:
         layout = self._layouts[owner]
@@ -450,6 +478,7 @@ class PSExchange(GradientExchange):
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Re-plan ownership over the new tensors, start this worker's new shard server (sharded) and pull
         every owner's weights, as at the start."""
+        self.codec.reset()
         self.start(model, optimizer)
 
 

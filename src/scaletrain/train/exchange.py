@@ -12,24 +12,28 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"]
+__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step", "finite"]
 
 
 @dataclass
 class ExchangeTimes:
-    """Seconds one step spent moving data and waiting for others (pure synchronisation)."""
+    """Seconds one step spent moving data and waiting for others (pure synchronisation); ``skipped``:
+    the exchanged gradient overflowed and no update was made (only with ``skip_nonfinite``)."""
 
     communication: float = 0.0
     wait: float = 0.0
+    skipped: bool = False
 
 
 class GradientExchange(ABC):
     """Turns the gradients in ``model`` into updated weights, however the strategy does it.
 
     ``updates_here``: this process's optimizer takes the step (one process, all-reduce); False where a
-    parameter server does and the worker receives the result."""
+    parameter server does and the worker receives the result. ``skip_nonfinite``: a gradient holding
+    inf or nan after the exchange is not applied (dynamic loss scaling turns it on)."""
 
     updates_here = True
+    skip_nonfinite = False
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """Bring every worker to the same initial weights."""
@@ -51,15 +55,26 @@ class GradientExchange(ABC):
         """The network in ``model`` changed shape: re-make whatever was sized for the old one."""
 
 
-def clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> None:
+def clip_and_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None, skip_nonfinite: bool = False
+) -> bool:
+    """Clip and take the optimizer step; with ``skip_nonfinite``, not when a gradient holds inf or nan.
+    Whether the step was skipped."""
+    if skip_nonfinite and not finite([p.grad for p in model.parameters() if p.grad is not None]):
+        return True
     if clip_norm:
         nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
+    return False
+
+
+def finite(tensors: list[torch.Tensor]) -> bool:
+    """No inf or nan in any of ``tensors`` (one sum per tensor: an overflowing sum counts as inf too)."""
+    return not tensors or bool(torch.isfinite(torch.stack([t.sum() for t in tensors])).all())
 
 
 class LocalExchange(GradientExchange):
     """One process: clip and step."""
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
-        clip_and_step(model, optimizer, clip_norm)
-        return ExchangeTimes()
+        return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))

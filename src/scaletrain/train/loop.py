@@ -8,6 +8,7 @@ TensorBoard events under ``tb/``. A worker of a distributed run runs the same lo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -18,8 +19,9 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
-from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique
+from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique, stacked
 from scaletrain.efficient.cost import network_figures
+from scaletrain.efficient.precision import precision_technique
 from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.train.checkpoint import (
@@ -185,7 +187,8 @@ def prepare(
     model = workload.build_model()
     model.train()
     initial_parameters = count_parameters(model)
-    technique = create_technique(config.technique, config.technique_options) if config.technique else None
+    chosen = create_technique(config.technique, config.technique_options) if config.technique else None
+    technique = stacked(chosen, precision_technique(config))  # precision last: its loss scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
@@ -294,6 +297,7 @@ class Trainer:
         self.technique = prepared.technique
         self.meter = ThroughputMeter(config.warmup_steps)
         self.communication = self.wait = 0.0
+        self.skipped_steps = 0
         writes = role.coordinator
         self.metrics = MetricsLog(config.out, resume_step=prepared.resumed_from) if writes else None
         self.tensorboard = TensorBoardLog(
@@ -308,6 +312,7 @@ class Trainer:
         self._epoch_steps = EpochSteps()
         self._predicted: dict[str, float] | None = None  # by the last reconfiguration, for the next epoch
         self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
+        role.exchange.skip_nonfinite = self.technique is not None and self.technique.skips_nonfinite
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
@@ -350,7 +355,8 @@ class Trainer:
             self.state = self.workload.initial_state(self.model, rows)
         for number, batch in zip(numbers, batches, strict=True):
             begin = now()
-            objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
+            with self.technique.forward_context() if self.technique is not None else contextlib.nullcontext():
+                objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
             self._check_finite(loss)
             if self.technique is not None:
                 objective = self.technique.objective(objective, self.model)
@@ -359,8 +365,11 @@ class Trainer:
             if self.technique is not None:
                 self.technique.after_backward(self.model)
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
-            if self.technique is not None and self.role.exchange.updates_here:
-                self.technique.after_update(self._named_parameters, self.optimizer.param_groups[0]["lr"])
+            if self.technique is not None:
+                if self.role.exchange.updates_here and not times.skipped:
+                    self.technique.after_update(self._named_parameters, self.optimizer.param_groups[0]["lr"])
+                self.technique.after_exchange(times.skipped)
+            self.skipped_steps += times.skipped
             seconds = now() - begin
             self.meter.add(seconds)
             self._epoch_steps.add(seconds, times.communication)
@@ -553,6 +562,8 @@ class Trainer:
             batch_fraction=self.role.plan.batch_fraction,
             final_loss=self.last_loss,
             minor_faults_per_step=self.meter.minor_faults_per_step(),
+            skipped_steps=self.skipped_steps,
+            loss_scale=self.technique.loss_scale if self.technique is not None else None,
         )
 
     def close(self) -> None:

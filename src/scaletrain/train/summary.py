@@ -42,6 +42,8 @@ class WorkerStats:
     batch_fraction: float = 1.0
     final_loss: float | None = None
     minor_faults_per_step: float | None = None  # page faults the kernel served per step (see train/runtime.py)
+    skipped_steps: int = 0  # overflowed gradients not applied (dynamic loss scaling)
+    loss_scale: float | None = None  # the dynamic loss scale at the end
 
 
 def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
@@ -119,6 +121,10 @@ def write_summary(
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
+        "precision": config.precision,
+        "wire": config.wire,
+        "error_feedback": config.error_feedback,
+        "skipped_steps": max((s.skipped_steps for s in stats), default=0),
         "seed": config.seed,
         "threads": prepared.process.threads,
         "allocator": prepared.process.allocator,

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.parallel.sharding import flatten, unflatten_into
 from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
@@ -37,7 +37,7 @@ class AllReduce(Strategy):
         role = Role(
             rank=rank,
             plan=layout.worker_plan(rank),
-            exchange=AllReduceExchange(layout.workers, WireCodec.of()),
+            exchange=AllReduceExchange(layout.workers, wire_codec(prepared.config)),
             coordinator=rank == 0,
             checkpoints=rank == 0,
             evaluate_each_epoch=False,
@@ -76,13 +76,13 @@ class AllReduceExchange(GradientExchange):
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Every worker rebuilt the same network from the agreed decision; the buffers are made per step.
+        self.codec.reset()
         if self.workers > 1:
             check_same_layout(list(model.parameters()))
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:
-            clip_and_step(model, optimizer, clip_norm)
-            return ExchangeTimes()
+            return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
         parameters = [p for p in model.parameters() if p.grad is not None]
         begin = now()
         # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it
@@ -93,8 +93,8 @@ class AllReduceExchange(GradientExchange):
         dist.all_reduce(wire)
         self.codec.decode_mean_into(wire, [p.grad for p in parameters], self.workers)
         done = now()
-        clip_and_step(model, optimizer, clip_norm)
-        return ExchangeTimes(communication=done - arrived, wait=arrived - begin)
+        skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
+        return ExchangeTimes(communication=done - arrived, wait=arrived - begin, skipped=skipped)
 
 
 def check_same_layout(parameters: list[torch.Tensor]) -> None:

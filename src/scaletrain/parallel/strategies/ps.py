@@ -18,6 +18,7 @@ from torch import nn
 
 from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement
+from scaletrain.parallel.codec import wire_codec
 from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
 from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
@@ -83,6 +84,8 @@ class _Setup:
             clip_norm=config.clip_norm,
             learning_rate=lambda version: learning_rate_at_step(prepared, version),
             timeout=config.timeout,
+            codec=wire_codec(config),  # weights out, gradients in: no error feedback on a server
+            skip_nonfinite=prepared.technique is not None and prepared.technique.skips_nonfinite,
         )
         return cls(prepared, layout, store, peers_of, options)
 
@@ -192,6 +195,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         serve=shards.serve if shards else None,
         gather=shards.gather if shards else None,
         exclusive=config.ps_admission == "exclusive",
+        codec=wire_codec(config),
     )
     role = Role(
         rank=rank,
@@ -312,7 +316,11 @@ def _momentum(server: ShardServer) -> torch.Tensor:
 def _server_extra(
     stats: ServerStats, layout: Layout, prepared: Prepared, compensation: Compensation | None
 ) -> dict[str, Any]:
-    extra: dict[str, Any] = {"server_updates": stats.updates, "ps_admission": prepared.config.ps_admission}
+    extra: dict[str, Any] = {
+        "server_updates": stats.updates,
+        "server_skipped_updates": stats.skipped,
+        "ps_admission": prepared.config.ps_admission,
+    }
     if layout.sync == "async":
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
