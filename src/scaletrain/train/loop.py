@@ -40,7 +40,7 @@ from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Schedule
-from scaletrain.train.summary import WorkerStats
+from scaletrain.train.summary import WorkerStats, weights_digest
 from scaletrain.workloads import Workload, create_workload
 from scaletrain.workloads.base import count_parameters
 
@@ -564,6 +564,7 @@ class Trainer:
             minor_faults_per_step=self.meter.minor_faults_per_step(),
             skipped_steps=self.skipped_steps,
             loss_scale=self.technique.loss_scale if self.technique is not None else None,
+            weights_digest=weights_digest(self.model),
         )
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import platform
 import statistics
 import time
@@ -18,7 +19,7 @@ from scaletrain.workloads.base import count_parameters
 if TYPE_CHECKING:
     from scaletrain.train.loop import Prepared
 
-__all__ = ["MODEL_NAME", "SUMMARY_NAME", "WorkerStats", "throughput", "write_summary"]
+__all__ = ["MODEL_NAME", "SUMMARY_NAME", "WorkerStats", "throughput", "weights_digest", "write_summary"]
 
 SUMMARY_NAME = "summary.json"
 MODEL_NAME = "model.pt"
@@ -44,6 +45,20 @@ class WorkerStats:
     minor_faults_per_step: float | None = None  # page faults the kernel served per step (see train/runtime.py)
     skipped_steps: int = 0  # overflowed gradients not applied (dynamic loss scaling)
     loss_scale: float | None = None  # the dynamic loss scale at the end
+    weights_digest: str | None = None  # of the final weights this worker holds: equal replicas, equal digests
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 (first 16 hex digits) of the parameters' bytes in order: two replicas agree exactly or not.
+
+    >>> one, two = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    >>> two.load_state_dict(one.state_dict()) and weights_digest(one) == weights_digest(two)
+    True
+    """
+    digest = hashlib.sha256()
+    for parameter in model.parameters():
+        digest.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
