@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -78,7 +80,8 @@ class TrainConfig:
     (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
     ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
     (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
-    the next gradient.
+    the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.train.device`)
+    is where a worker computes.
     """
 
     workload: str
@@ -119,6 +122,7 @@ class TrainConfig:
     loss_scale: str | float | None = None
     wire: str = "fp32"
     error_feedback: bool = False
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -185,8 +189,12 @@ class TrainConfig:
     def _check_precision(self) -> None:
         from scaletrain.efficient.precision import precision_technique
         from scaletrain.parallel.codec import CODECS
+        from scaletrain.train.device import check_device
 
-        precision_technique(self)  # checks --precision and --loss-scale
+        check_device(self.device)
+        # checks --precision and --loss-scale (fp16 only where the device can be a GPU)
+        on_cpu = self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available())
+        precision_technique(self, "cpu" if on_cpu else "cuda")
         if self.wire not in CODECS:
             raise ConfigError(f"wire must be one of {', '.join(CODECS)}, got {self.wire!r}")
         if self.error_feedback and self.wire == "fp32":

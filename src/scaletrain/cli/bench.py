@@ -13,7 +13,13 @@ from typing import Any
 
 from scaletrain.api import bench
 from scaletrain.cli.arguments import name_list, number_list
-from scaletrain.cli.train import add_model_flags, add_technique_flags, technique_settings, workload_options
+from scaletrain.cli.train import (
+    add_model_flags,
+    add_precision_flags,
+    add_technique_flags,
+    technique_settings,
+    workload_options,
+)
 from scaletrain.config import ASYNC_COMPENSATIONS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
@@ -67,6 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default: bench-results/WORKLOAD-DATE-TIME)")
     add_technique_flags(parser)
+    add_precision_flags(parser)
     add_model_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -92,6 +99,11 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("lr", args.lr),
                 ("momentum", args.momentum),
                 ("async_compensation", args.async_compensation),
+                ("precision", args.precision),
+                ("loss_scale", args.loss_scale),
+                ("wire", args.wire),
+                ("error_feedback", args.error_feedback),
+                ("device", args.device),
                 *technique_settings(args).items(),
             )
             if value is not None

@@ -8,7 +8,9 @@ from pathlib import Path
 from scaletrain.api import profile
 from scaletrain.cli.arguments import number_list
 from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.efficient.precision import DTYPES
 from scaletrain.measure.profile import Profile
+from scaletrain.parallel.codec import CODECS
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
@@ -33,6 +35,12 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--data-dir", type=Path, metavar="FOLDER", help="folder with the dataset files")
     group.add_argument("--no-download", dest="download", action="store_false", help="never download datasets")
     group.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
+    group.add_argument("--precision", choices=sorted(DTYPES), default="fp32",
+                       help="time t_grad under this autocast type, as train --precision runs it")  # fmt: skip
+    group.add_argument("--wire", choices=sorted(CODECS), default="fp32",
+                       help="time t_comm for the weights in this type, as train --wire sends them")  # fmt: skip
+    group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
+                       help="where t_grad is timed (default: cpu)")  # fmt: skip
     add_model_flags(parser)
 
 
@@ -51,6 +59,9 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "data_dir": args.data_dir,
         "download": args.download,
         "options": workload_options(args),
+        "precision": args.precision,
+        "wire": args.wire,
+        "device": args.device,
     }
 
 
@@ -81,7 +92,8 @@ def describe(result: Profile) -> str:
     return "\n".join(
         [
             f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
-            f"({result.weight_bytes:,} bytes), {result.threads} thread(s), {result.network or 'loopback'}",
+            f"({result.weight_bytes:,} bytes as {result.wire}), {result.precision} compute, "
+            f"{result.threads} thread(s), {result.network or 'loopback'}",
             f"t_grad   {result.t_grad * 1000:10.2f} ms" + (f"   ({parts})" if parts else ""),
             f"t_update {result.t_update * 1000:10.2f} ms",
             f"t_comm   {result.t_comm * 1000:10.2f} ms   latency {result.latency * 1e6:.0f} µs, "

@@ -138,6 +138,12 @@ def add_precision_flags(parser: argparse.ArgumentParser) -> None:
         "--wire", choices=sorted(CODECS), help="what gradients (and a parameter server's weights) travel as"
     )
     group.add_argument(
+        "--device",
+        metavar="auto|cpu|cuda|cuda:K",
+        help="where workers compute (auto: the process's GPU when torch sees one — cuda:LOCAL_RANK under a "
+        "launcher — else the CPU; a parameter server process always uses the CPU)",
+    )
+    group.add_argument(
         "--error-feedback",
         action="store_true",
         default=None,

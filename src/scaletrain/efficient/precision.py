@@ -44,12 +44,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INITIAL_SCALE, GROWTH_INTERVAL = 2.0**16, 2000
 
 
-def precision_technique(config: Any) -> Precision | None:
-    """The :class:`Precision` a run's ``precision`` and ``loss_scale`` ask for; ``None`` for plain float32."""
+def precision_technique(config: Any, device_type: str = "cpu") -> Precision | None:
+    """The :class:`Precision` a run's ``precision`` and ``loss_scale`` ask for on a device of
+    ``device_type`` (``cpu``, ``cuda``); ``None`` for plain float32."""
     scale = parse_loss_scale(config.loss_scale, config.precision)
     if config.precision == "fp32" and scale is None:
         return None
-    return Precision(precision=config.precision, initial_scale=scale, device_type="cpu")
+    return Precision(precision=config.precision, initial_scale=scale, device_type=device_type)
 
 
 def parse_loss_scale(value: str | float | None, precision: str) -> float | None:

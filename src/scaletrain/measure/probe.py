@@ -7,7 +7,8 @@
   barrier, so ``world_size`` ranks measure t_grad while that many processes compete for the cores.
 - ``transfer``: rank 0 plays the parameter server and rank 1 a worker, over a two-process gloo group
   with the same calls and message shapes the parameter server uses (``[header]`` then one flat
-  float32 buffer, tags per direction): round trips of push(gradient) + pull(weights) per size.
+  buffer of the wire codec's type, tags per direction): round trips of push(gradient) + pull(weights)
+  per size in bytes.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
+from scaletrain.parallel.codec import WireCodec
 from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.train.device import resolve_device, to_device
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
@@ -45,14 +49,17 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     workload = create_workload(job["workload"], job["options"])
     data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
     torch.manual_seed(0)
-    model = network(workload, job.get("architecture") or {})
+    device = resolve_device(job.get("device", "cpu"), local_rank=int(job.get("local_rank", 0)))
+    model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    autocast = Precision(precision=job.get("precision", "fp32"), device_type=device.type)
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}
     updates: list[float] = []
     for parts in job["parts"]:  # 1 = the whole batch; n = the 1/n share a split worker computes
         batch = next(iter(workload.train_batches(data, epoch=0, batch_size=batch_size, seed=0, part=Part(0, parts))))
+        batch = to_device(batch, device)
         samples = []
         if barrier is not None:
             barrier()  # every rank starts this batch size together
@@ -61,7 +68,8 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
             optimizer.zero_grad(set_to_none=True)
             _synchronize(model)
             begin = now()
-            objective, _, _ = workload.training_loss(model, batch, state)
+            with autocast.forward_context():
+                objective, _, _ = workload.training_loss(model, batch, state)
             objective.backward()
             _synchronize(model)
             middle = now()
@@ -83,8 +91,9 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
     # the parameter server's headers: a request's and a reply's, as they travel
     request, reply = torch.zeros(REQUEST_FIELDS, dtype=torch.int64), torch.zeros(REPLY_FIELDS, dtype=torch.int64)
     results: dict[str, dict[str, list[float]]] = {}
+    codec = WireCodec.of(job.get("wire", "fp32"))
     for size in job["sizes"]:
-        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32)
+        buffer = codec.buffer(max(1, size // codec.bytes_per_value))
         round_trips, one_way = [], []
         # Small messages are cheap and their times noisy (scheduling): many more rounds for them.
         warmup, repeats = (job["warmup"], job["repeats"]) if size > SMALL_LIMIT else (5, max(job["repeats"], 50))
@@ -109,7 +118,7 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
             if round_number >= warmup:
                 round_trips.append(sample[0])
                 one_way.append(sample[1])
-        results[str(buffer.numel() * 4)] = {"round_trip": round_trips, "one_way": one_way}
+        results[str(buffer.numel() * codec.bytes_per_value)] = {"round_trip": round_trips, "one_way": one_way}
     return results
 
 

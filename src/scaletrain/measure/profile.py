@@ -7,7 +7,9 @@
   alone, for k = 2..``concurrency`` (what workers sharing cores cost each other).
 - **t_comm**: one transfer of all weights between two real processes over the transport the
   parameter server uses (gloo point-to-point, header + flat buffer, both directions): half the
-  median push + pull round trip. **latency**: the same for a 4-byte buffer; **bandwidth**: the
+  median push + pull round trip. With ``wire`` the buffer is of the codec's type (``bf16``: half the
+  bytes), so ``weight_bytes`` and every estimate built on them are the encoded bytes; with
+  ``precision`` t_grad is timed under that autocast. **latency**: the same for a 4-byte buffer; **bandwidth**: the
   weight bytes over (t_comm − latency). With ``network`` the two processes talk across an emulated
   link of that rate.
 
@@ -40,7 +42,9 @@ from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
+from scaletrain.parallel.codec import WireCodec
 from scaletrain.parallel.launch import free_port, spawn_rank, stop_processes
+from scaletrain.train.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
 __all__ = ["Profile", "ProfileConfig", "ProfileError", "network", "run_profile"]
@@ -78,8 +82,17 @@ class ProfileConfig:
     #: the network a run left (``summary.json``'s ``architecture``: pruned channels, removed blocks);
     #: empty: the workload's own network
     architecture: dict[str, dict[str, int]] = field(default_factory=dict)
+    precision: str = "fp32"  # autocast type of the timed forward passes
+    wire: str = "fp32"  # what the weights travel as (scaletrain.parallel.codec)
+    device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
 
     def __post_init__(self) -> None:
+        from scaletrain.efficient.precision import DTYPES, Precision
+
+        if self.precision not in DTYPES:
+            raise ConfigError(f"--precision must be one of {', '.join(DTYPES)}, got {self.precision!r}")
+        Precision(precision=self.precision, device_type=resolve_device(self.device).type)  # fp16: GPUs only
+        WireCodec.of(self.wire)
         if self.repeats < 1 or self.round_trips < 1 or self.launches < 1 or self.warmup < 0:
             raise ConfigError("--repeats, --round-trips and --launches must be ≥ 1 and --warmup ≥ 0")
         if self.threads < 1:
@@ -123,6 +136,8 @@ class Profile:
     samples: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     architecture: dict[str, dict[str, int]] = field(default_factory=dict)  # as ProfileConfig's
+    precision: str = "fp32"
+    wire: str = "fp32"
 
     def t_grad_at(self, parts: int) -> float:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
@@ -195,9 +210,11 @@ class Profile:
         return path
 
     def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE].json``"""
+        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE].json`` (float32 parts left out)"""
         network = f"-{self.network}" if self.network else ""
-        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}.json"
+        precision = f"-{self.precision}" if self.precision != "fp32" else ""
+        wire = f"-w{self.wire}" if self.wire != "fp32" else ""
+        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}{precision}{wire}.json"
 
     @classmethod
     def load(cls, path: Path) -> Profile:
@@ -222,9 +239,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
     # Load the data here first: a missing dataset is one clear error before any process starts.
     workload.load_data(config.data_dir, download=config.download)
-    tensors = [
-        p.numel() * p.element_size() for p in network(workload, config.architecture).parameters() if p.requires_grad
-    ]
+    codec = WireCodec.of(config.wire)
+    values = [p.numel() for p in network(workload, config.architecture).parameters() if p.requires_grad]
+    tensors = [n * codec.bytes_per_value for n in values]  # as they travel
     weight_bytes = sum(tensors)
     job = {
         "workload": config.workload,
@@ -239,6 +256,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         "download": config.download,
         "timeout": config.timeout,
         "architecture": config.architecture,
+        "precision": config.precision,
+        "wire": config.wire,
+        "device": config.device,
     }
     parts = sorted({1, *config.split_workers})
     # A process's speed varies from launch to launch (±15 % here), so every timing is pooled over
@@ -278,11 +298,13 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         cores=cores,
         threads=config.threads,
         network=config.network,
-        parameters=weight_bytes // 4,
+        parameters=sum(values),
         options=dict(config.options),
         samples={"t_grad": pooled[1], "round_trip": worker[str(weight_bytes)]["round_trip"]},
         machine=machine_info(config.network),
         architecture=dict(config.architecture),
+        precision=config.precision,
+        wire=config.wire,
     )
     if out is not None:
         profile.save(out)

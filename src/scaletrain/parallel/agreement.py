@@ -64,7 +64,7 @@ class StoreAgreement(Agreement):
     def shared(self) -> dict[str, Any] | None:
         if not self.store.check([STATE_KEY]):
             return None
-        return torch.load(io.BytesIO(self.store.get(STATE_KEY)), weights_only=True)
+        return torch.load(io.BytesIO(self.store.get(STATE_KEY)), map_location="cpu", weights_only=True)
 
     def read(self, epoch: int) -> Reconfiguration | None:
         """The decision after ``epoch``, once the coordinating worker has written it."""

@@ -16,15 +16,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.parallel.failures import ProcessFailed, describe, write_traceback
 from scaletrain.parallel.heartbeat import Heartbeat
-from scaletrain.parallel.plan import Layout
+from scaletrain.parallel.plan import WORKER, Layout
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.checkpoint import resume_advice
+from scaletrain.train.device import backend_for, resolve_device
 from scaletrain.train.loop import prepare
 from scaletrain.train.runtime import configure_process
 
@@ -53,16 +55,23 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             f"but the launcher started {rendezvous.world_size}"
         )
     rank, alone = rendezvous.rank, rendezvous.world_size == 1
+    # A server process steps over flat buffers that gloo sends from host memory: always the CPU.
+    on_cpu = layout.role(rank) != WORKER
+    device = torch.device("cpu") if on_cpu else resolve_device(config.device, local_rank=rendezvous.local_rank)
     settings = configure_process(config.threads, processes_on_host=rendezvous.local_world_size)
     config = dataclasses.replace(config, threads=settings.threads)
     if config.out is not None:  # a launcher gave the folder: record the process before anything can hang
         _record_process(config, rank, layout.role(rank))
-    store = dist.HashStore() if alone else connect(rendezvous, timeout=config.timeout)
+    # NCCL for a GPU's tensors only where the strategy runs collectives over them (all-reduce)
+    backend = backend_for(device) if layout.plugin.device_collectives else "gloo"
+    store = dist.HashStore() if alone else connect(rendezvous, timeout=config.timeout, backend=backend)
     heartbeat = None if alone else Heartbeat(rendezvous)
     prepared = None
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
-        prepared = prepare(config, workload, process=settings, global_batch_factor=factor, coordinator=rank == 0)
+        prepared = prepare(
+            config, workload, process=settings, global_batch_factor=factor, coordinator=rank == 0, device=device
+        )
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))
         return layout.plugin.run(prepared, layout, rank, store)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -33,14 +34,16 @@ from torch import nn
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec
 from scaletrain.parallel.failures import describe
-from scaletrain.parallel.sharding import flatten
+from scaletrain.parallel.sharding import flatten, unflatten_into
 from scaletrain.parallel.staleness import Compensation
+from scaletrain.train.device import synchronize
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, finite
 from scaletrain.train.meter import now
 
 __all__ = ["PSExchange", "PeerLost", "ShardServer", "pair_groups"]
 
 REQUEST, REPLY, GRANT = 1, 2, 3
+HOST_STAGING = "SCALETRAIN_HOST_STAGING"
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
 REQUEST_FIELDS, REPLY_FIELDS = 5, 4
 
@@ -325,7 +328,9 @@ class PSExchange(GradientExchange):
     """A worker's side: push each owner its share of the gradient, pull that owner's new weights.
 
     The model's tensors become views of one flat weight buffer per owner, so weights are received
-    straight into the model; gradients are packed into a reused flat buffer per owner.
+    straight into the model; gradients are packed into a reused flat buffer per owner. A model on a
+    GPU stays there: the flat buffers are in host memory (gloo sends from there), and each step
+    copies the gradients down and the weights up once per owner, timed apart (``host_copy``).
 
     ``plan(parameters)`` gives each tensor's owner (recomputed after a reconfiguration);
     ``serve(owned, optimizer)``, for a worker that owns tensors (sharded server), builds and starts
@@ -356,6 +361,7 @@ class PSExchange(GradientExchange):
         self.versions: dict[int, int] = {}
         self.batches_done = 0
         self._skipped = False  # whether an owner skipped this step's update
+        self._device = torch.device("cpu")  # the model's; another one: host buffers and copies
         self._owned: dict[int, list[nn.Parameter]] = {}
         self._layouts: dict[int, TensorLayout] = {}
         self._weights: dict[int, torch.Tensor] = {}
@@ -364,6 +370,7 @@ class PSExchange(GradientExchange):
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         parameters = list(model.parameters())
+        self._device = parameters[0].device if parameters else torch.device("cpu")
         self.owner_of = self.plan(parameters)
         self.owners = sorted(set(self.owner_of))
         self.versions = {owner: self.versions.get(owner, 0) for owner in self.owners}
@@ -372,19 +379,49 @@ class PSExchange(GradientExchange):
             owned = [p for p, o in zip(parameters, self.owner_of, strict=True) if o == owner]
             self._owned[owner] = owned
             self._layouts[owner] = TensorLayout.of(owned)
-            self._weights[owner] = flatten([p.detach() for p in owned])
+            self._weights[owner] = flatten([p.detach() for p in owned]).cpu()
             self._gradients[owner] = torch.zeros_like(self._weights[owner])
         if self.rank in self._owned:
             self.local_server = self.serve(self._owned[self.rank], optimizer)
         for owner in self.owners:
             owned = self._owned[owner]
-            with torch.no_grad():
-                for parameter, view in zip(owned, views_of(self._weights[owner], owned), strict=True):
-                    parameter.data = view
+            if not self._staged:
+                with torch.no_grad():
+                    for parameter, view in zip(owned, views_of(self._weights[owner], owned), strict=True):
+                        parameter.data = view
             if owner == self.rank:
                 self._weights[owner].copy_(self.local_server.weights())
             else:
                 self._receive_reply(owner)
+        self._weights_to_device()
+
+    @property
+    def _staged(self) -> bool:
+        """The model is not in host memory: its tensors are copied to and from the flat buffers
+        (``SCALETRAIN_HOST_STAGING=1`` does so on the CPU too: the GPU path's code without a GPU)."""
+        return self._device.type != "cpu" or os.environ.get(HOST_STAGING) == "1"
+
+    def _weights_to_device(self) -> float:
+        """Copy every owner's flat weights into a model on a GPU; the seconds it took (0 on the CPU)."""
+        if not self._staged:
+            return 0.0
+        begin = now()
+        with torch.no_grad():
+            for owner in self.owners:
+                unflatten_into(self._weights[owner], self._owned[owner])
+        synchronize(self._device)
+        return now() - begin
+
+    def _pack_gradients(self) -> float:
+        """Each owner's share of the gradients into its flat host buffer; the seconds a GPU's copies took."""
+        begin = now()
+        for owner in self.owners:
+            gradients = [_gradient(p) for p in self._owned[owner]]
+            if self._staged:
+                self._gradients[owner].copy_(flatten(gradients))  # one device-to-host copy per owner
+            else:
+                self.codec.pack(gradients, out=self._gradients[owner])
+        return now() - begin if self._staged else 0.0
 
     def owned(self, owner: int) -> list[nn.Parameter]:
         """The model's tensors that ``owner`` holds the master copy of (views of its flat weights)."""
@@ -420,8 +457,7 @@ class PSExchange(GradientExchange):
         waited = 0.0
         self.batches_done += 1
         self._skipped = False
-        for owner in self.owners:
-            self.codec.pack([_gradient(p) for p in self._owned[owner]], out=self._gradients[owner])
+        host_copy = self._pack_gradients()
         for owner in self.owners:
             if owner == self.rank:
                 continue
@@ -443,7 +479,10 @@ class PSExchange(GradientExchange):
         for owner in self.owners:
             if owner != self.rank:
                 waited += self._receive_reply(owner)
-        return ExchangeTimes(communication=now() - begin - waited, wait=waited, skipped=self._skipped)
+        host_copy += self._weights_to_device()
+        return ExchangeTimes(
+            communication=now() - begin - waited - host_copy, wait=waited, skipped=self._skipped, host_copy=host_copy
+        )
 
     def _send_header(self, owner: int, kind: int, version: int) -> None:
         layout = self._layouts[owner]

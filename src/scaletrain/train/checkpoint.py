@@ -149,7 +149,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if size == 0:
         raise ScaletrainError(f"checkpoint {path} is empty (0 bytes): it was never completely written; {fix}")
     try:
-        content = torch.load(path, weights_only=True)
+        content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # torch raises several types for a damaged file; its advice does not apply here
         content = None
     if not isinstance(content, dict):

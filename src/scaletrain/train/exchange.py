@@ -17,12 +17,14 @@ __all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"
 
 @dataclass
 class ExchangeTimes:
-    """Seconds one step spent moving data and waiting for others (pure synchronisation); ``skipped``:
-    the exchanged gradient overflowed and no update was made (only with ``skip_nonfinite``)."""
+    """Seconds one step spent moving data and waiting for others (pure synchronisation), and copying
+    between a GPU and host memory (``host_copy``, not part of ``communication``); ``skipped``: the
+    exchanged gradient overflowed and no update was made (only with ``skip_nonfinite``)."""
 
     communication: float = 0.0
     wait: float = 0.0
     skipped: bool = False
+    host_copy: float = 0.0
 
 
 class GradientExchange(ABC):

@@ -34,6 +34,7 @@ from scaletrain.train.checkpoint import (
     make_folder,
     refuse_overwrite,
 )
+from scaletrain.train.device import synchronize, to_device
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
@@ -122,6 +123,7 @@ class Prepared:
     decided_epochs: int = 0
     global_batch_factor: int = 1
     initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def steps_per_epoch(self) -> int:
@@ -164,11 +166,14 @@ def prepare(
     process: ProcessSettings,
     global_batch_factor: int = 1,
     coordinator: bool = True,
+    device: torch.device | None = None,
 ) -> Prepared:
     """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming.
 
-    ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`).
+    ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`);
+    ``device``: where the model lives (default: the CPU).
     """
+    device = device or torch.device("cpu")
     started = time.time()
     workload = workload or create_workload(config.workload, config.options)
     config = resolve(config, workload.defaults)
@@ -188,7 +193,7 @@ def prepare(
     model.train()
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
-    technique = stacked(chosen, precision_technique(config))  # precision last: its loss scale covers all
+    technique = stacked(chosen, precision_technique(config, device.type))  # last: its loss scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
@@ -196,6 +201,7 @@ def prepare(
         check_compatible(checkpoint, config, workload)
         architecture = checkpoint.get("architecture") or {}
         apply_architecture(model, architecture)  # the reconfigured network, before its weights go in
+    model.to(device)
     optimizer = make_optimizer(config, list(model.parameters()))
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
@@ -225,6 +231,7 @@ def prepare(
         decided,
         global_batch_factor,
         initial_parameters,
+        device,
     )
 
 
@@ -298,6 +305,7 @@ class Trainer:
         self.meter = ThroughputMeter(config.warmup_steps)
         self.communication = self.wait = 0.0
         self.skipped_steps = 0
+        self.host_copy = 0.0
         writes = role.coordinator
         self.metrics = MetricsLog(config.out, resume_step=prepared.resumed_from) if writes else None
         self.tensorboard = TensorBoardLog(
@@ -318,7 +326,7 @@ class Trainer:
         self.role.exchange.start(self.model, self.optimizer)
         if self.technique is not None:
             context = Context(
-                example_inputs=lambda: self.workload.example_inputs(self.data),
+                example_inputs=self._example_inputs,
                 mean=self.role.agreement.mean,
                 momentum=self.config.momentum,
             )
@@ -353,8 +361,10 @@ class Trainer:
         if self.state is None:
             rows = self.prepared.batch_size * plan.global_batch_factor // plan.part.count
             self.state = self.workload.initial_state(self.model, rows)
+        device = self.prepared.device
         for number, batch in zip(numbers, batches, strict=True):
             begin = now()
+            batch = to_device(batch, device)
             with self.technique.forward_context() if self.technique is not None else contextlib.nullcontext():
                 objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
             self._check_finite(loss)
@@ -370,17 +380,22 @@ class Trainer:
                     self.technique.after_update(self._named_parameters, self.optimizer.param_groups[0]["lr"])
                 self.technique.after_exchange(times.skipped)
             self.skipped_steps += times.skipped
+            synchronize(device)  # the step's queued device work is done before the clock is read
             seconds = now() - begin
             self.meter.add(seconds)
             self._epoch_steps.add(seconds, times.communication)
             if self.meter.measured_steps:  # after the warm-up, like the throughput
                 self.communication += times.communication
                 self.wait += times.wait
+                self.host_copy += times.host_copy
             self._loss_sum += loss
             self._loss_count += 1
             position.batch = number + 1
             position.step += 1
             self._after_step(loss)
+
+    def _example_inputs(self) -> Any:
+        return to_device(self.workload.example_inputs(self.data), self.prepared.device)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         """Stop before a nan or infinite loss turns into gradients that reach the other processes.
@@ -501,7 +516,7 @@ class Trainer:
 
     def _network_record(self) -> dict[str, Any]:
         """Parameters, FLOPs per sample, channels per layer and quality of the network now."""
-        figures = network_figures(self.model, self.workload.example_inputs(self.data))
+        figures = network_figures(self.model, self._example_inputs())
         return {**figures, "quality": self.workload.evaluate(self.model, self.data)}
 
     def _log_reconfiguration(self, epoch: int, decision: Reconfiguration, before: dict[str, Any]) -> None:
@@ -563,6 +578,7 @@ class Trainer:
             final_loss=self.last_loss,
             minor_faults_per_step=self.meter.minor_faults_per_step(),
             skipped_steps=self.skipped_steps,
+            host_copy_seconds=self.host_copy,
             loss_scale=self.technique.loss_scale if self.technique is not None else None,
             weights_digest=weights_digest(self.model),
         )

@@ -44,6 +44,7 @@ class WorkerStats:
     final_loss: float | None = None
     minor_faults_per_step: float | None = None  # page faults the kernel served per step (see train/runtime.py)
     skipped_steps: int = 0  # overflowed gradients not applied (dynamic loss scaling)
+    host_copy_seconds: float = 0.0  # copying between a GPU and host memory for the parameter server
     loss_scale: float | None = None  # the dynamic loss scale at the end
     weights_digest: str | None = None  # of the final weights this worker holds: equal replicas, equal digests
 
@@ -117,7 +118,7 @@ def write_summary(
     """Write ``model.pt`` and ``summary.json`` for the final weights in ``prepared.model``."""
     config, workload, model = prepared.config, prepared.workload, prepared.model
     out = config.out
-    torch.save(model.state_dict(), out / MODEL_NAME)
+    torch.save({name: value.cpu() for name, value in model.state_dict().items()}, out / MODEL_NAME)
     steps = steps if steps is not None else max(s.steps for s in stats) + (prepared.resumed_from or 0)
     losses = [s.final_loss for s in stats if s.final_loss is not None]
     summary = {
@@ -136,6 +137,7 @@ def write_summary(
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
+        "device": str(prepared.device),
         "precision": config.precision,
         "wire": config.wire,
         "error_feedback": config.error_feedback,

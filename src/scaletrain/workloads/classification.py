@@ -143,7 +143,9 @@ class ClassificationWorkload(Workload):
         was_training = model.training
         model.eval()
         correct, total_loss, count = 0, 0.0, 0
+        device = next(model.parameters()).device
         for inputs, labels in self.test_batches(data):
+            inputs, labels = inputs.to(device), labels.to(device)
             logits = model(inputs)
             total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
             correct += (logits.argmax(dim=1) == labels).sum().item()

@@ -150,7 +150,7 @@ class PTBLSTMWorkload(Workload):
         """e^(mean negative log-likelihood per word) over ``stream``, state carried across windows."""
         was_training = model.training
         model.eval()
-        streams = _rows(stream, self.options.eval_batch_size)
+        streams = _rows(stream, self.options.eval_batch_size).to(next(model.parameters()).device)
         state = model.initial_state(streams.shape[0])
         total, count = 0.0, 0
         steps = self.options.num_steps

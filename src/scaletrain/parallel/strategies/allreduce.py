@@ -32,6 +32,7 @@ class AllReduce(Strategy):
     name = "allreduce"
     description = "gradients averaged by all-reduce, the same step on every worker"
     syncs = ("join", "split")
+    device_collectives = True
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         role = Role(

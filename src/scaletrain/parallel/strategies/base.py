@@ -42,6 +42,9 @@ class Strategy(ABC):
     max_workers: ClassVar[int | None] = None
     #: Whether the speedup estimators model it (a one-process strategy has nothing to predict).
     predicted: ClassVar[bool] = True
+    #: Whether its collectives carry tensors on the workers' device (then NCCL on a GPU), or only
+    #: host buffers (gloo).
+    device_collectives: ClassVar[bool] = False
 
     def label(self, server: str, sync: str) -> str:
         parts = [self.name, *([server] if self.servers else []), *([sync] if len(self.syncs) > 1 else [])]

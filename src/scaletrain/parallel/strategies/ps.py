@@ -241,12 +241,15 @@ class _Shards:
         """Start this worker's server over clones of ``owned``, with their state in ``optimizer``."""
         setup, prepared = self.setup, self.setup.prepared
         names = {id(p): name for name, p in prepared.model.named_parameters()}
-        master = [nn.Parameter(p.detach().clone()) for p in owned]
+        # the master copies live in host memory, wherever the model computes (gloo sends from there)
+        master = [nn.Parameter(p.detach().cpu().clone()) for p in owned]
         shard_optimizer = make_optimizer(prepared.config, master)
         for parameter, copy in zip(owned, master, strict=True):
             state = optimizer.state.get(parameter)
             if state:
-                shard_optimizer.state[copy] = {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
+                shard_optimizer.state[copy] = {
+                    k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in state.items()
+                }
         checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer)
         if self.version is None:
             version = (
@@ -305,7 +308,7 @@ def _share_shards(
             unflatten_into(weights, shard)
         if momentum_into is not None:
             for parameter, view in zip(shard, views_of(buffers, shard), strict=True):
-                momentum_into.state[parameter]["momentum_buffer"] = view.clone()
+                momentum_into.state[parameter]["momentum_buffer"] = view.to(parameter.device, copy=True)
 
 
 def _momentum(server: ShardServer) -> torch.Tensor:
