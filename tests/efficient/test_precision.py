@@ -183,3 +183,21 @@ def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnis
     assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert fp32["test_accuracy"] > 0.8
     assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
+
+
+def test_a_resumed_run_keeps_its_loss_scale_and_refuses_other_precision_settings(
+    tiny_fmnist: Path, tmp_path: Path
+) -> None:
+    """The scale after the forced overflows is in the checkpoint: stopping after 3 steps and resuming to
+    8 ends in the weights (and scale) of 8 uninterrupted steps."""
+    settings = dict(data_dir=tiny_fmnist, batch_size=16, momentum=0.9, seed=2, loss_scale="3e38", **COMMON)
+    whole = scaletrain.train("lenet", out=tmp_path / "whole", steps=8, **settings)
+    scaletrain.train("lenet", out=tmp_path / "parts", steps=3, **settings)
+    with pytest.raises(ConfigError, match="cannot resume: the checkpoint was written with precision fp32, dynamic"):
+        scaletrain.train("lenet", out=tmp_path / "parts", steps=8, resume=True, **{**settings, "loss_scale": "off"})
+    parts = scaletrain.train("lenet", out=tmp_path / "parts", steps=8, resume=True, **settings)
+    assert whole["skipped_steps"] > 0
+    assert parts["per_worker"][0]["loss_scale"] == whole["per_worker"][0]["loss_scale"]
+    first, second = model_weights(tmp_path / "whole"), model_weights(tmp_path / "parts")
+    for name in first:
+        assert torch.equal(first[name], second[name]), name

@@ -184,12 +184,22 @@ def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: 
         ("batch size", config.batch_size, checkpoint.get("batch_size")),
         ("seed", config.seed, checkpoint.get("seed")),
         ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy)),
+        # the technique's saved state is laid out for the techniques in force (precision is one)
+        ("precision", _precision_label(config), checkpoint.get("precision", "fp32, no loss scaling")),
     ):
         if saved != expected:
             raise ConfigError(
                 f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
                 f"{expected}; use the same settings or another --out"
             )
+
+
+def _precision_label(config: TrainConfig) -> str:
+    """``bf16, no loss scaling`` — the precision settings a checkpoint must be resumed with."""
+    from scaletrain.efficient.precision import parse_loss_scale
+
+    scaling = parse_loss_scale(config.loss_scale, config.precision) is not None
+    return f"{config.precision}, {'dynamic loss scaling' if scaling else 'no loss scaling'}"
 
 
 def _strategy_label(config: TrainConfig) -> str:
@@ -227,6 +237,7 @@ def checkpoint_payload(
         "workload": prepared.workload.name,
         "batch_size": config.batch_size,
         "seed": config.seed,
+        "precision": _precision_label(config),
         "strategy": _strategy_label(config),
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
