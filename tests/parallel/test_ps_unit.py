@@ -30,7 +30,7 @@ def test_async_updates_record_staleness() -> None:
     ps = server()
     ps.contribute(torch.ones(3), version=0)
     ps.contribute(torch.ones(3), version=0)  # computed on weights one update old
-    version, weights = ps.contribute(torch.ones(3), version=0)  # two updates old
+    version, weights, _ = ps.contribute(torch.ones(3), version=0)  # two updates old
     assert version == 3
     torch.testing.assert_close(weights, torch.full((3,), -1.5))
     assert ps.stats.staleness_summary() == {"mean": 1.0, "max": 2, "histogram": {"0": 1, "1": 1, "2": 1}}
@@ -40,7 +40,7 @@ def test_staleness_aware_rate_divides_by_the_staleness() -> None:
     ps = server("lr")
     ps.contribute(torch.ones(3), version=0)  # fresh: lr 0.5
     ps.contribute(torch.ones(3), version=0)  # staleness 1: lr 0.5
-    _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 2: lr 0.25
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 2: lr 0.25
     torch.testing.assert_close(weights, torch.full((3,), -1.25))
 
 
@@ -48,9 +48,9 @@ def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
     # Two workers: the estimate starts at staleness 1 and sees 0 → 0.5, then 1 → 2/3; the explicit
     # momentum is 0.9 − τ̄/(τ̄ + 1): 0.5667, then 0.5. Heavy ball (torch SGD): buf = μ·buf + g, w −= lr·buf.
     ps = server("momentum", contributors=2, momentum=0.9)
-    _, weights = ps.contribute(torch.ones(3), version=0)  # buf = g = 1
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # buf = g = 1
     torch.testing.assert_close(weights, torch.full((3,), -0.5))
-    _, weights = ps.contribute(torch.ones(3), version=0)  # staleness 1: buf = 0.5·1 + 1
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 1: buf = 0.5·1 + 1
     torch.testing.assert_close(weights, torch.full((3,), -0.5 - 0.5 * 1.5))
     assert ps.optimizer.param_groups[0]["momentum"] == pytest.approx(0.5)
     assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.9 - 1 / 3 + 0.5) / 2)
@@ -68,7 +68,7 @@ def test_no_compensation_keeps_the_requested_momentum() -> None:
 
 def test_synchronous_update_averages_all_contributions() -> None:
     ps = server(synchronous=True, contributors=1)
-    _, weights = ps.contribute(torch.tensor([2.0, 4.0, 6.0]), version=0)
+    _, weights, _ = ps.contribute(torch.tensor([2.0, 4.0, 6.0]), version=0)
     torch.testing.assert_close(weights, torch.tensor([-1.0, -2.0, -3.0]))
 
 
