@@ -36,6 +36,7 @@ from torch import nn
 
 from scaletrain.efficient.base import Technique
 from scaletrain.errors import ConfigError
+from scaletrain.train.exchange import finite
 
 __all__ = ["DTYPES", "LossScale", "Precision", "parse_loss_scale", "poison_if_overflowed", "precision_technique"]
 
@@ -82,10 +83,7 @@ def poison_if_overflowed(gradients: list[torch.Tensor]) -> bool:
     >>> poison_if_overflowed(g), g[0]
     (True, tensor([nan, nan]))
     """
-    if not gradients:
-        return False
-    sums = torch.stack([g.sum() for g in gradients])
-    if bool(torch.isfinite(sums).all()):
+    if finite(gradients):
         return False
     for gradient in gradients:
         gradient.fill_(math.nan)

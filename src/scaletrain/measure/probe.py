@@ -26,7 +26,7 @@ from scaletrain.measure.profile import network
 from scaletrain.parallel.codec import WireCodec
 from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS
 from scaletrain.parallel.rendezvous import Rendezvous, connect
-from scaletrain.train.device import resolve_device, to_device
+from scaletrain.train.device import resolve_device, synchronize, to_device
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
@@ -36,20 +36,13 @@ __all__ = ["main", "time_gradient", "time_transfers"]
 SMALL_LIMIT = 65536  # bytes
 
 
-def _synchronize(model: torch.nn.Module) -> None:
-    """Wait for queued GPU work before reading a clock (CUDA runs asynchronously); a no-op on CPU."""
-    parameter = next(model.parameters(), None)
-    if parameter is not None and parameter.is_cuda:
-        torch.cuda.synchronize(parameter.device)
-
-
 def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     """Median-able samples of t_grad per batch size and of t_update, after ``job['warmup']`` rounds."""
     configure_process(job["threads"])  # threads and allocator as in a training process
     workload = create_workload(job["workload"], job["options"])
     data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
     torch.manual_seed(0)
-    device = resolve_device(job.get("device", "cpu"), local_rank=int(job.get("local_rank", 0)))
+    device = resolve_device(job.get("device", "cpu"))
     model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
@@ -66,15 +59,15 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
         for round_number in range(job["warmup"] + job["repeats"]):
             state = workload.initial_state(model, batch_size // parts)
             optimizer.zero_grad(set_to_none=True)
-            _synchronize(model)
+            synchronize(device)  # CUDA runs asynchronously: clocks are read after its queued work
             begin = now()
             with autocast.forward_context():
                 objective, _, _ = workload.training_loss(model, batch, state)
             objective.backward()
-            _synchronize(model)
+            synchronize(device)
             middle = now()
             optimizer.step()
-            _synchronize(model)
+            synchronize(device)
             end = now()
             if round_number >= job["warmup"]:
                 samples.append(middle - begin)
