@@ -24,7 +24,7 @@ import torch.distributed as dist
 from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
 from scaletrain.parallel.codec import WireCodec
-from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS
+from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.train.device import resolve_device, synchronize, to_device
 from scaletrain.train.meter import now
@@ -45,7 +45,7 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     device = resolve_device(job.get("device", "cpu"))
     model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"], fused=True)
     autocast = Precision(precision=job.get("precision", "fp32"), device_type=device.type)
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}
@@ -78,8 +78,9 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
 
 
 def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Rank 1 pushes a buffer of each size to rank 0 and pulls one back; round trips timed on rank 1,
-    each direction timed on its receiver from the header's arrival to the buffer's."""
+    """Rank 1 pushes a buffer of each size to rank 0 and pulls one back, in the parameter server's messages
+    (header and body, both receives posted first); round trips timed on rank 1, each direction timed on
+    its receiver from the header's arrival to the body's."""
     group = dist.new_group([0, 1])
     # the parameter server's headers: a request's and a reply's, as they travel
     request, reply = torch.zeros(REQUEST_FIELDS, dtype=torch.int64), torch.zeros(REPLY_FIELDS, dtype=torch.int64)
@@ -90,24 +91,22 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
         round_trips, one_way = [], []
         # Small messages are cheap and their times noisy (scheduling): many more rounds for them.
         warmup, repeats = (job["warmup"], job["repeats"]) if size > SMALL_LIMIT else (5, max(job["repeats"], 50))
-        for round_number in range(warmup + repeats):
+        inbound = torch.empty_like(buffer)
+        for round_number in range(warmup + repeats):  # as a PSExchange and a ShardServer exchange messages
+            peer = 0 if rank == 1 else 1
+            header, body = post_message(
+                reply if rank == 1 else request, inbound, peer, group, REPLY if rank == 1 else REQUEST
+            )
             if rank == 1:
                 begin = now()
-                dist.send(request, dst=0, group=group, tag=REQUEST)
-                dist.send(buffer, dst=0, group=group, tag=REQUEST)
-                dist.recv(reply, src=0, group=group, tag=REPLY)
-                arrived = now()
-                dist.recv(buffer, src=0, group=group, tag=REPLY)
-                end = now()
-                sample = (end - begin, end - arrived)
-            else:
-                dist.recv(request, src=1, group=group, tag=REQUEST)
-                arrived = now()
-                dist.recv(buffer, src=1, group=group, tag=REQUEST)
-                received = now()
-                dist.send(reply, dst=1, group=group, tag=REPLY)
-                dist.send(buffer, dst=1, group=group, tag=REPLY)
-                sample = (0.0, received - arrived)
+                send_message(request, buffer, 0, group, REQUEST)
+            header.wait()
+            arrived = now()
+            body.wait()
+            end = now()
+            if rank == 0:
+                send_message(reply, buffer, 1, group, REPLY)
+            sample = (end - begin if rank == 1 else 0.0, end - arrived)
             if round_number >= warmup:
                 round_trips.append(sample[0])
                 one_way.append(sample[1])
