@@ -81,7 +81,8 @@ class TrainConfig:
     ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
     (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
     the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.train.device`)
-    is where a worker computes.
+    is where a worker computes. ``ghost_batch``: every batch norm normalises over ghost batches of
+    this many samples (:mod:`scaletrain.efficient.ghost`).
     """
 
     workload: str
@@ -123,6 +124,7 @@ class TrainConfig:
     wire: str = "fp32"
     error_feedback: bool = False
     device: str = "auto"
+    ghost_batch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -151,6 +153,10 @@ class TrainConfig:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
+        if self.ghost_batch is not None and (not isinstance(self.ghost_batch, int) or self.ghost_batch < 2):
+            raise ConfigError(
+                f"ghost_batch must be a whole number ≥ 2 (a variance needs two samples), got {self.ghost_batch!r}"
+            )
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
         if self.strategy is None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import model_weights, run_cli
 from torch import nn
 
+import scaletrain
 from scaletrain.efficient.ghost import GhostBatchNorm2d, ghost_batch_norm
 from scaletrain.errors import ConfigError
 
@@ -87,3 +90,35 @@ def test_bad_sizes_and_networks_without_batch_norm_are_refused() -> None:
         ghost_batch_norm(nn.Sequential(nn.BatchNorm1d(2)), 1)
     with pytest.raises(ConfigError, match="no batch norm"):
         ghost_batch_norm(nn.Sequential(nn.Linear(2, 2)), 8)
+
+
+# -- in real runs ----------------------------------------------------------------------------------
+
+RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
+RUN = {"steps": 6, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1}
+
+
+def test_a_run_with_ghost_batches_as_large_as_the_batch_ends_where_plain_batch_norm_does(
+    tiny_fmnist: Path, tmp_path: Path
+) -> None:
+    """2 workers, split: each normalises its own 8 samples, so ghost batches of 8 change nothing and 4 do."""
+    settings = {"options": RESNET, "data_dir": tiny_fmnist, "workers": 2, "sync": "split", **RUN}
+    plain = scaletrain.train("resnet", out=tmp_path / "plain", **settings)
+    same = scaletrain.train("resnet", out=tmp_path / "ghost8", ghost_batch=8, **settings)
+    smaller = scaletrain.train("resnet", out=tmp_path / "ghost4", ghost_batch=4, **settings)
+    assert (plain["ghost_batch"], same["ghost_batch"], smaller["ghost_batch"]) == (None, 8, 4)
+    first, second, third = (model_weights(tmp_path / name) for name in ("plain", "ghost8", "ghost4"))
+    for name in first:
+        torch.testing.assert_close(second[name], first[name], rtol=1e-4, atol=1e-5)
+    assert any(not torch.allclose(third[name].float(), first[name].float(), atol=1e-4) for name in first)
+
+
+def test_a_network_without_batch_norm_or_a_ghost_batch_of_one_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for flags, message in (
+        (["lenet", "--ghost-batch", "8"], "no batch norm"),
+        (["resnet20", "--ghost-batch", "1"], "≥ 2"),
+    ):
+        result = run_cli("train", *flags, "--steps", "1", "--out", str(tmp_path / flags[-1]), timeout=120)
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], result.stderr

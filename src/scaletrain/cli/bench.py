@@ -104,6 +104,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("wire", args.wire),
                 ("error_feedback", args.error_feedback),
                 ("device", args.device),
+                ("ghost_batch", args.ghost_batch),
                 *technique_settings(args).items(),
             )
             if value is not None

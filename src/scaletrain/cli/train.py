@@ -161,6 +161,12 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("techniques (scaletrain.efficient)")
     group.add_argument("--technique", choices=sorted(TECHNIQUES), help="a technique to apply while training")
     group.add_argument(
+        "--ghost-batch",
+        type=int,
+        metavar="N",
+        help="every batch norm normalises over ghost batches of N samples (Hoffer et al. 2017; per worker)",
+    )
+    group.add_argument(
         "-T",
         "--technique-option",
         action="append",

@@ -11,6 +11,7 @@ from typing import Any
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Stack, Technique, stacked
 from scaletrain.efficient.narrow import Narrow
+from scaletrain.efficient.net2net import Net2Net
 from scaletrain.efficient.prunetrain import PruneTrain
 from scaletrain.efficient.rebatch import Rebatch
 from scaletrain.errors import ConfigError
@@ -30,6 +31,7 @@ __all__ = [
 
 TECHNIQUES: dict[str, type[Technique]] = {
     "narrow": Narrow,
+    "net2net": Net2Net,
     "prunetrain": PruneTrain,
     "rebatch": Rebatch,
 }

@@ -21,6 +21,7 @@ A technique only *decides*; the training loop applies (composer's ``core/event.p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,8 +42,15 @@ class Reconfiguration:
     {"in": [0, 1, ...]}}`` keeps those output units of one layer and the matching inputs of the next.
     An index may repeat (a copied channel, for widening). ``remove`` names residual blocks (modules
     with ``residual`` and ``shortcut`` children) whose residual branch goes: each becomes its shortcut
-    followed by its activation. ``batch_size``: the new ``--batch-size`` from the next step on;
-    ``lr_scale``: the factor on the learning rate that goes with it.
+    followed by its activation. ``scale``: per module and dimension of ``keep``, a factor per new
+    channel that multiplies its weights and their momentum (Net2WiderNet divides a copied input by its
+    copy count). ``noise``: the standard deviation, relative to each layer's weights, of noise added
+    to the copies of output channels (a repeated index after its first use), drawn from ``seed`` so
+    every process adds the same. ``insert``: new modules by the path they will have (inside an
+    ``nn.Sequential``; later siblings move up one), each ``{"kind": "conv"|"linear"|"block",
+    "channels": C, "kernel": k, "relu": 0|1}`` (see :mod:`scaletrain.efficient.net2net`); a decision
+    inserts, or resizes and removes, not both. ``batch_size``: the new ``--batch-size`` from the next
+    step on; ``lr_scale``: the factor on the learning rate that goes with it.
 
     >>> decision = Reconfiguration(keep={"fc": {"out": [0, 2]}})
     >>> Reconfiguration.from_json(decision.to_json()) == decision
@@ -53,25 +61,21 @@ class Reconfiguration:
     batch_size: int | None = None
     lr_scale: float = 1.0
     remove: list[str] = field(default_factory=list)
+    scale: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    noise: float = 0.0
+    seed: int = 0
+    insert: dict[str, dict[str, int | str]] = field(default_factory=dict)
 
     @property
     def changes_network(self) -> bool:
-        return bool(self.keep or self.remove)
+        return bool(self.keep or self.remove or self.insert)
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"keep": self.keep, "batch_size": self.batch_size, "lr_scale": self.lr_scale, "remove": self.remove}
-        )
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> Reconfiguration:
-        values = json.loads(text)
-        return cls(
-            keep=values["keep"],
-            batch_size=values["batch_size"],
-            lr_scale=values["lr_scale"],
-            remove=values.get("remove", []),
-        )
+        return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)

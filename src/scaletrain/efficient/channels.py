@@ -35,7 +35,15 @@ from torch import nn
 from scaletrain.efficient.cost import layers_run
 from scaletrain.errors import ConfigError
 
-__all__ = ["ChannelGroup", "Member", "Pruning", "channel_groups", "dead_channel_pruning", "residual_blocks"]
+__all__ = [
+    "ChannelGroup",
+    "Member",
+    "Pruning",
+    "channel_count",
+    "channel_groups",
+    "dead_channel_pruning",
+    "residual_blocks",
+]
 
 _LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
@@ -142,7 +150,7 @@ def dead_channel_pruning(
     keep: dict[str, dict[str, list[int]]] = defaultdict(dict)
     for (path, dim), indices in sorted(dropped.items()):
         if indices:
-            size = _size(model.get_submodule(path), dim)
+            size = channel_count(model.get_submodule(path), dim)
             keep[path][dim] = [index for index in range(size) if index not in indices]
     return Pruning(dict(keep), removed_blocks)
 
@@ -187,7 +195,8 @@ def _strength(members: list[Member], weights: dict[str, torch.Tensor], channel: 
     return sum(_largest(weights[m.path], m, channel) for m in members if m.role != "norm" and m.indices[channel])
 
 
-def _size(module: nn.Module, dim: str) -> int:
+def channel_count(module: nn.Module, dim: str) -> int:
+    """How many channels a Linear, Conv or BatchNorm layer has along ``dim`` (``"out"`` or ``"in"``)."""
     if isinstance(module, nn.Linear):
         return module.out_features if dim == "out" else module.in_features
     if isinstance(module, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):

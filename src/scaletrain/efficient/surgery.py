@@ -5,10 +5,15 @@ chosen channels; the SGD momentum of what is kept is carried over, so training c
 dropped channels had never existed. The cumulative sizes (the *architecture*) go into checkpoints,
 so a resumed run rebuilds the reconfigured network before loading its weights.
 
-Linear, Conv1d/2d/3d (ungrouped) and BatchNorm1d/2d/3d layers can be resized; anything else is an
-error naming the module. A residual block (a module with ``residual`` and ``shortcut`` children and a
-``relu``) can be removed: it becomes a :class:`Bypass` that keeps its shortcut under the same name, so
-paths into the shortcut stay valid. The architecture records a removed block as ``{"removed": 1}``.
+Linear, Conv1d/2d/3d (ungrouped) and BatchNorm1d/2d/3d layers can be resized — shrunk, or grown by
+repeating channels (Net2WiderNet), with a factor per channel on the weights and their momentum; anything
+else is an error naming the module. A residual block (a module with ``residual`` and ``shortcut``
+children and a ``relu``) can be removed: it becomes a :class:`Bypass` that keeps its shortcut under the
+same name, so paths into the shortcut stay valid. A module can be inserted into an ``nn.Sequential``
+(Net2DeeperNet); the siblings after it move up one. The architecture records a removed block as
+``{"removed": 1}`` and an inserted module as ``{"inserted": 1, **spec}``, every path as it is after
+all changes; a resume applies insertions first (outer before inner, in ascending position), then
+removals, then sizes.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Reconfiguration
+from scaletrain.efficient.channels import channel_count
 from scaletrain.errors import ConfigError
 
 __all__ = ["Architecture", "Bypass", "apply_architecture", "reconfigure", "resized_architecture"]
 
-#: ``{module path: {"out": size, "in": size}}`` (or ``{"removed": 1}`` for a block that went) — how the
-#: network differs from the workload's own.
-Architecture = dict[str, dict[str, int]]
-REMOVED = "removed"
+#: ``{module path: {"out": size, "in": size}}`` (or ``{"removed": 1}`` for a block that went, or
+#: ``{"inserted": 1, "kind": ...}`` for a module Net2DeeperNet added) — how the network differs from
+#: the workload's own.
+Architecture = dict[str, dict[str, int | str]]
+REMOVED, INSERTED = "removed", "inserted"
 
 
 class Bypass(nn.Module):
@@ -53,49 +60,83 @@ def reconfigure(
 ) -> torch.optim.Optimizer:
     """Resize ``model``'s modules in place as ``decision`` says; returns a new optimizer over the new
     parameters with the kept part of each parameter's momentum (and every other state tensor of the
-    same shape) and the old one's learning rate."""
-    carried: dict[nn.Parameter, tuple[nn.Parameter, dict[int, list[int]]]] = {}
+    same shape, scaled as the weights are) and the old one's learning rate. Inserted modules start
+    without optimizer state."""
+    if decision.insert and (decision.keep or decision.remove):
+        raise ConfigError("a reconfiguration inserts modules or resizes and removes them, not both at once")
+    carried: dict[nn.Parameter, tuple[nn.Parameter, Selection]] = {}
+    for path, spec in sorted(decision.insert.items(), key=lambda item: _insertion_order(item[0])):
+        _insert(model, path, spec)
     for path in decision.remove:
         _remove_block(model, path)
+    generator = torch.Generator().manual_seed(decision.seed)
     for path, keep in decision.keep.items():
         old = _module(model, path)
-        new, mapping = _resized(old, path, keep)
+        new, mapping = _resized(old, path, keep, decision.scale.get(path, {}))
+        if decision.noise and "out" in keep and isinstance(new, (nn.Linear, *_CONVS)):
+            _perturb_copies(new, keep["out"], decision.noise, generator)
         _replace(model, path, new)
         carried.update(mapping)
     renewed = make_optimizer(list(model.parameters()))
     for old_group, new_group in zip(optimizer.param_groups, renewed.param_groups, strict=True):
         new_group["lr"] = old_group["lr"]
-    old_of = {new: (old, dims) for old, (new, dims) in carried.items()}
+    old_of = {new: (old, selection) for old, (new, selection) in carried.items()}
     for parameter in model.parameters():
-        old, dims = old_of.get(parameter, (parameter, {}))
+        old, selection = old_of.get(parameter, (parameter, Selection()))
         state = optimizer.state.get(old)
         if not state:
             continue
         renewed.state[parameter] = {
-            key: _select(value, dims) if torch.is_tensor(value) and value.shape == old.shape else value
+            key: selection.apply(value) if torch.is_tensor(value) and value.shape == old.shape else value
             for key, value in state.items()
         }
+    _start_momentum(renewed)
     return renewed
+
+
+def _start_momentum(optimizer: torch.optim.Optimizer) -> None:
+    """Fused SGD steps only when every parameter has a momentum buffer or none has: a parameter that
+    starts now (an inserted layer) gets a zero buffer, which its next step fills with its gradient just
+    as a first step would (``momentum * 0 + gradient``; our SGD has no dampening)."""
+    if not any("momentum_buffer" in state for state in optimizer.state.values()):
+        return
+    for group in optimizer.param_groups:
+        if group.get("momentum") and not group.get("dampening"):
+            for parameter in group["params"]:
+                if optimizer.state[parameter].get("momentum_buffer") is None:
+                    optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
 
 
 def apply_architecture(model: nn.Module, architecture: Architecture) -> None:
     """Resize a freshly built network to ``architecture`` (weights to be loaded afterwards)."""
+    inserted = sorted((path for path, sizes in architecture.items() if INSERTED in sizes), key=_insertion_order)
+    for path in inserted:
+        _insert(model, path, {key: value for key, value in architecture[path].items() if key != INSERTED})
     for path, sizes in architecture.items():
         if REMOVED in sizes:
             _remove_block(model, path)
-    keep = {
-        path: {dim: list(range(size)) for dim, size in sizes.items()}
-        for path, sizes in architecture.items()
-        if REMOVED not in sizes
-    }
-    for path, dims in keep.items():
-        new, _ = _resized(_module(model, path), path, dims)
+    for path, sizes in architecture.items():
+        if REMOVED in sizes or INSERTED in sizes:
+            continue
+        module = _module(model, path)
+        # a grown layer takes its extra channels from the first ones: the weights are loaded next anyway
+        dims = {dim: [index % channel_count(module, dim) for index in range(size)] for dim, size in sizes.items()}
+        new, _ = _resized(module, path, dims)
         _replace(model, path, new)
 
 
 def resized_architecture(architecture: Architecture, decision: Reconfiguration) -> Architecture:
     """``architecture`` after ``decision``: the sizes of every module resized so far."""
     merged = {path: dict(sizes) for path, sizes in architecture.items()}
+    for path, spec in sorted(decision.insert.items(), key=lambda item: _insertion_order(item[0])):
+        merged = {_moved_up(key, path): sizes for key, sizes in merged.items()}
+        merged[path] = {INSERTED: 1, **spec}
+        if spec.get("kind") == "block":  # a copy of the block before it: the same sizes inside
+            parent, _, index = path.rpartition(".")
+            source = f"{parent}.{int(index) - 1}." if parent else f"{int(index) - 1}."
+            for key, sizes in list(merged.items()):
+                if key.startswith(source):
+                    merged[f"{path}.{key[len(source) :]}"] = dict(sizes)
     for block in decision.remove:
         branch = f"{block}.residual."
         merged = {path: sizes for path, sizes in merged.items() if not path.startswith(branch)}
@@ -103,6 +144,76 @@ def resized_architecture(architecture: Architecture, decision: Reconfiguration) 
     for path, keep in decision.keep.items():
         merged.setdefault(path, {}).update({dim: len(indices) for dim, indices in keep.items()})
     return merged
+
+
+class Selection:
+    """Which old indices each new index of a tensor takes, per dimension, and the factors on them."""
+
+    def __init__(
+        self, dims: dict[int, list[int]] | None = None, factors: dict[int, torch.Tensor] | None = None
+    ) -> None:
+        self.dims, self.factors = dims or {}, factors or {}
+
+    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+        selected = _select(tensor, self.dims)
+        for dim, factor in self.factors.items():
+            shape = [1] * selected.dim()
+            shape[dim] = -1
+            selected = selected * factor.to(selected.dtype).view(shape)
+        return selected.contiguous()
+
+
+def _insertion_order(path: str) -> tuple[int, str, int]:
+    """Outer modules first, then by parent, then by position (the order that rebuilds the final paths)."""
+    parent, _, index = path.rpartition(".")
+    return (path.count("."), parent, int(index) if index.isdigit() else -1)
+
+
+def _moved_up(key: str, inserted: str) -> str:
+    """``key`` after a module was inserted at ``inserted``: siblings at or after it, and what is inside
+    them, move up one position."""
+    parent, _, index = inserted.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    if not key.startswith(prefix):
+        return key
+    head, dot, tail = key[len(prefix) :].partition(".")
+    if head.isdigit() and int(head) >= int(index):
+        return f"{prefix}{int(head) + 1}{dot}{tail}"
+    return key
+
+
+def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> None:
+    from scaletrain.efficient.net2net import identity_module  # the modules Net2DeeperNet inserts
+
+    parent_path, _, index = path.rpartition(".")
+    parent = _module(model, parent_path) if parent_path else model
+    if not isinstance(parent, nn.Sequential) or not index.isdigit() or not 0 < int(index) <= len(parent):
+        raise ConfigError(
+            f"cannot insert a module at {path}: it must be a position after the first inside an nn.Sequential"
+        )
+    layers = list(parent)
+    layers.insert(int(index), identity_module(spec, layers[int(index) - 1]))
+    for key in list(parent._modules):
+        del parent._modules[key]
+    for position, layer in enumerate(layers):
+        parent.add_module(str(position), layer)
+
+
+def _perturb_copies(module: nn.Module, kept: list[int], noise: float, generator: torch.Generator) -> None:
+    """Add noise (``noise`` times the weights' standard deviation) to the output channels that repeat an
+    earlier one, so that copies can drift apart (Chen et al. 2015, §2.3)."""
+    seen: set[int] = set()
+    copies = []
+    for position, index in enumerate(kept):
+        if index in seen:
+            copies.append(position)
+        seen.add(index)
+    if not copies:
+        return
+    with torch.no_grad():
+        rows = module.weight[copies]
+        spread = noise * float(module.weight.std())
+        module.weight[copies] = rows + spread * torch.randn(rows.shape, generator=generator)
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:
@@ -132,10 +243,12 @@ def _replace(model: nn.Module, path: str, new: nn.Module) -> None:
 
 
 def _resized(
-    module: nn.Module, path: str, keep: dict[str, list[int]]
-) -> tuple[nn.Module, dict[nn.Parameter, tuple[nn.Parameter, dict[int, list[int]]]]]:
-    """A copy of ``module`` keeping channels ``keep["out"]`` / ``keep["in"]``, and for each old parameter
-    its successor with the kept indices per dimension."""
+    module: nn.Module, path: str, keep: dict[str, list[int]], scale: dict[str, list[float]] | None = None
+) -> tuple[nn.Module, dict[nn.Parameter, tuple[nn.Parameter, Selection]]]:
+    """A copy of ``module`` keeping channels ``keep["out"]`` / ``keep["in"]`` (an index may repeat), its
+    weights along a dimension of ``scale`` multiplied by the factors there, and for each old parameter
+    its successor with its :class:`Selection`."""
+    scale = scale or {}
     unknown = set(keep) - {"out", "in"}
     if unknown:
         raise ConfigError(f"module {path}: resize dimensions are 'out' and 'in', not {', '.join(sorted(unknown))}")
@@ -155,12 +268,16 @@ def _resized(
     new = copy.deepcopy(module)
     mapping = {}
     for name, old in module.named_parameters(recurse=False):
-        dims = {sizes[d][1] if old.dim() > 1 else 0: indices for d, indices in keep.items()}
+        axis = {d: sizes[d][1] if old.dim() > 1 else 0 for d in keep}
         if old.dim() == 1:  # a bias or a norm's scale: only the output channels
-            dims = {0: keep["out"]} if "out" in keep else {}
-        fresh = nn.Parameter(_select(old.detach(), dims), requires_grad=old.requires_grad)
+            axis = {"out": 0} if "out" in keep else {}
+        selection = Selection(
+            {axis[d]: keep[d] for d in axis},
+            {axis[d]: torch.as_tensor(scale[d]) for d in axis if d in scale and (old.dim() > 1 or d == "out")},
+        )
+        fresh = nn.Parameter(selection.apply(old.detach()), requires_grad=old.requires_grad)
         setattr(new, name, fresh)
-        mapping[old] = (fresh, dims)
+        mapping[old] = (fresh, selection)
     for name, buffer in module.named_buffers(recurse=False):
         if buffer is not None and buffer.dim() == 1 and "out" in keep:  # running mean / variance
             new.register_buffer(name, _select(buffer, {0: keep["out"]}).clone())

@@ -21,6 +21,7 @@ from torch import nn
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique, stacked
 from scaletrain.efficient.cost import network_figures
+from scaletrain.efficient.ghost import ghost_batch_norm
 from scaletrain.efficient.precision import precision_technique
 from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
@@ -190,6 +191,8 @@ def prepare(
 
     torch.manual_seed(config.seed)
     model = workload.build_model()
+    if config.ghost_batch is not None:
+        ghost_batch_norm(model, config.ghost_batch)
     model.train()
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
@@ -538,6 +541,7 @@ class Trainer:
             "flops_per_sample_before": before["flops_per_sample"],
             "flops_per_sample": after["flops_per_sample"],
             "blocks_removed": decision.remove,
+            "modules_inserted": list(decision.insert),
             "channels": after["channels"],
             "quality_before": before["quality"],
             "quality_after": after["quality"],

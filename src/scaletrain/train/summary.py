@@ -139,6 +139,7 @@ def write_summary(
         "clip_norm": config.clip_norm,
         "device": str(prepared.device),
         "precision": config.precision,
+        "ghost_batch": config.ghost_batch,
         "wire": config.wire,
         "error_feedback": config.error_feedback,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),

@@ -1,0 +1,237 @@
+"""``net2net``: grow a network while it trains without changing what it computes (Net2Net).
+
+Method card. *What*: Chen, Goodfellow and Shlens (ICLR 2016, "Net2Net: accelerating learning via
+knowledge transfer"). **Net2WiderNet** gives a layer ``q`` more output channels, each a copy of a
+randomly chosen existing one (the copies of its weights, bias and batch-norm parameters and
+statistics), and divides the inputs of every layer that reads those channels by how many times each
+was copied, so the network computes the same function; optional noise on the copies lets them drift
+apart. The channels that must change together (across batch norms, residual sums, concatenations and
+flattening) come from the dependency analysis PruneTrain uses (:func:`~scaletrain.efficient.channels.channel_groups`).
+**Net2DeeperNet** inserts an identity layer into an ``nn.Sequential``: after a residual block, a copy
+of that block whose last batch norm is zeroed (its branch adds nothing, and the block's closing ReLU
+leaves the previous block's non-negative output unchanged); elsewhere an identity convolution or
+linear layer, followed by a ReLU only when inserted right after one (``relu(relu(x)) = relu(x)``; the
+paper's condition on the activation — after a tanh the new layer stays linear). *When it helps*:
+start narrow or shallow (cheap epochs), grow once the small network has learned what it can, and
+reach the large network's accuracy in fewer total seconds than training it from scratch (the paper:
+Inception-BN widened and deepened reached the from-scratch accuracy faster). The momentum of copied
+channels is carried and divided like the weights; inserted layers start without momentum.
+*Source*: the paper's §2.2–2.3; residual-block insertion with a zeroed last batch norm follows
+Goyal et al. (2017) on zero-initialised residual branches.
+
+Options (``--technique net2net -T plan="2:wider:features.0:40;3:deeper:features.1" -T noise=0.01``):
+``plan`` — ``EPOCH:wider:LAYER:WIDTH`` (the layer's new number of output channels) or
+``EPOCH:deeper:MODULE`` (insert after that module), ``;``-separated, one per epoch, epochs counted
+from 1; ``noise`` (relative to each layer's weights' standard deviation, default 0); ``seed``.
+Python: :func:`wider_decision` and :func:`deeper_decision` return the
+:class:`~scaletrain.efficient.base.Reconfiguration`; :func:`widen` and :func:`deepen` apply it.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
+from scaletrain.efficient.channels import channel_count, channel_groups
+from scaletrain.errors import ConfigError
+
+__all__ = ["Net2Net", "deepen", "deeper_decision", "identity_module", "widen", "wider_decision"]
+
+_CONVS = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}
+_LAYERS = (nn.Linear, *_CONVS)
+
+
+def wider_decision(
+    model: nn.Module, layer: str, width: int, example_inputs: Any, *, noise: float = 0.0, seed: int = 0
+) -> Reconfiguration:
+    """Net2WiderNet: ``layer`` (and everything that shares its output channels) gets ``width`` output
+    channels, the new ones copies of randomly chosen old ones (``seed``); readers' inputs are divided
+    by the copy counts. The function is unchanged when ``noise`` is 0.
+
+    >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 1))
+    >>> wider_decision(net, "0", 4, torch.zeros(1, 3), seed=1).keep["2"]
+    {'in': [0, 1, 0, 0]}
+    """
+    group = next(
+        (g for g in channel_groups(model, example_inputs) for m in g.members if (m.path, m.dim) == (layer, "out")),
+        None,
+    )
+    if group is None:
+        raise ConfigError(f"net2net: {layer} has no output channels that can grow (not a layer, or the output layer)")
+    if width <= group.size:
+        raise ConfigError(f"net2net: {layer} has {group.size} channels already; give a larger width than that")
+    generator = random.Random(seed)
+    mapping = list(range(group.size)) + [generator.randrange(group.size) for _ in range(width - group.size)]
+    counts = Counter(mapping)
+    keep: dict[str, dict[str, list[int]]] = {}
+    scale: dict[str, dict[str, list[float]]] = {}
+    for member in group.members:
+        mine = [index for channel in range(group.size) for index in member.indices[channel]]
+        if not mine:
+            continue
+        size = channel_count(model.get_submodule(member.path), member.dim)
+        copies = [index for channel in mapping[group.size :] for index in member.indices[channel]]
+        last = max(mine)  # the copies go right after this member's last index of the group
+        order = [*range(last + 1), *copies, *range(last + 1, size)]
+        keep.setdefault(member.path, {})[member.dim] = order
+        if member.role == "reads":
+            factor = {index: 1.0 / counts[c] for c in range(group.size) for index in member.indices[c]}
+            scale.setdefault(member.path, {})[member.dim] = [factor.get(index, 1.0) for index in order]
+    return Reconfiguration(keep=keep, scale=scale, noise=noise, seed=seed)
+
+
+def deeper_decision(model: nn.Module, after: str, kernel: int = 3) -> Reconfiguration:
+    """Net2DeeperNet: insert an identity layer right after module ``after`` (a child of an
+    ``nn.Sequential``): a zeroed copy of ``after`` when it is a residual block, else an identity
+    ``kernel``-sized convolution or linear layer over the channels of the last layer up to ``after``.
+
+    >>> net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 1))
+    >>> deeper_decision(net, "1").insert
+    {'2': {'kind': 'linear', 'channels': 5, 'kernel': 1, 'relu': 1}}
+    """
+    parent_path, _, index = after.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if not isinstance(parent, nn.Sequential) or not index.isdigit():
+        raise ConfigError(f"net2net: {after} is not a module inside an nn.Sequential; name one that is")
+    position = int(index)
+    module = parent[position]
+    target = f"{parent_path}.{position + 1}" if parent_path else str(position + 1)
+    if _is_block(module):
+        if not isinstance(module.shortcut, nn.Identity):
+            raise ConfigError(
+                f"net2net: block {after} changes the shape (its shortcut is a projection); deepen after a block "
+                "whose shortcut is an identity"
+            )
+        return Reconfiguration(insert={target: {"kind": "block"}})
+    layer = next(
+        (m for earlier in reversed(list(parent)[: position + 1]) for m in reversed(list(earlier.modules()))
+         if isinstance(m, _LAYERS)),
+        None,
+    )  # fmt: skip
+    if layer is None:
+        raise ConfigError(f"net2net: no convolution or linear layer up to {after} tells how many channels to keep")
+    relu = int(isinstance(module, nn.ReLU))
+    if isinstance(layer, nn.Linear):
+        return Reconfiguration(
+            insert={target: {"kind": "linear", "channels": layer.out_features, "kernel": 1, "relu": relu}}
+        )
+    if kernel < 1 or kernel % 2 == 0:
+        raise ConfigError(f"net2net: the inserted convolution's kernel must be odd (it keeps the size), got {kernel}")
+    spec = {"kind": "conv", "channels": layer.out_channels, "kernel": kernel, "dims": _CONVS[type(layer)]}
+    return Reconfiguration(insert={target: {**spec, "relu": relu}})
+
+
+def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Module:
+    """The module :func:`deeper_decision`'s ``spec`` describes, computing the identity on what
+    ``previous`` (the module before it) outputs."""
+    kind = spec.get("kind")
+    if kind == "block":
+        if not _is_block(previous):
+            raise ConfigError("net2net: a residual block is inserted only right after one")
+        block = copy.deepcopy(previous)
+        last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
+        with torch.no_grad():
+            last_norm.weight.zero_()
+            last_norm.bias.zero_()
+            last_norm.running_mean.zero_()
+            last_norm.running_var.fill_(1.0)
+        return block
+    channels, relu = int(spec["channels"]), bool(spec.get("relu", 0))
+    if kind == "linear":
+        layer: nn.Module = nn.Linear(channels, channels)
+    elif kind == "conv":
+        kernel, dims = int(spec["kernel"]), int(spec.get("dims", 2))
+        convolution = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        layer = convolution(channels, channels, kernel, padding=kernel // 2)
+    else:
+        raise ConfigError(f"net2net: unknown inserted module kind {kind!r}")
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+        centre = (slice(None), slice(None), *(layer.weight.shape[2] // 2 for _ in layer.weight.shape[2:]))
+        layer.weight[centre] = torch.eye(channels)
+    return nn.Sequential(layer, nn.ReLU()) if relu else nn.Sequential(layer)
+
+
+def widen(model: nn.Module, layer: str, width: int, example_inputs: Any, **options: Any) -> nn.Module:
+    """Apply :func:`wider_decision` to ``model`` in place (no optimizer: for use outside training)."""
+    _apply(model, wider_decision(model, layer, width, example_inputs, **options))
+    return model
+
+
+def deepen(model: nn.Module, after: str, kernel: int = 3) -> nn.Module:
+    """Apply :func:`deeper_decision` to ``model`` in place (no optimizer: for use outside training)."""
+    _apply(model, deeper_decision(model, after, kernel))
+    return model
+
+
+def _apply(model: nn.Module, decision: Reconfiguration) -> None:
+    from scaletrain.efficient.surgery import reconfigure
+
+    reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
+
+
+def _is_block(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("residual", "shortcut", "relu"))
+
+
+@dataclass
+class Net2Net(Technique):
+    """The adapter: at the end of each planned epoch, the planned change."""
+
+    plan: str = ""
+    noise: float = 0.0
+    seed: int = 0
+    name = "net2net"
+    _steps: dict[int, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
+    _example_inputs: Any = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.plan:
+            raise ConfigError('technique net2net needs -T plan="EPOCH:wider:LAYER:WIDTH;EPOCH:deeper:MODULE"')
+        for entry in filter(None, (part.strip() for part in self.plan.split(";"))):
+            parts = tuple(entry.split(":"))
+            shapes = {"wider": 4, "deeper": 3}
+            if len(parts) < 3 or parts[1] not in shapes or len(parts) != shapes[parts[1]] or not parts[0].isdigit():
+                raise ConfigError(
+                    f"net2net: plan entry {entry!r} must be EPOCH:wider:LAYER:WIDTH or EPOCH:deeper:MODULE"
+                )
+            if parts[1] == "wider" and not parts[3].isdigit():
+                raise ConfigError(f"net2net: plan entry {entry!r}: WIDTH must be a whole number")
+            epoch = int(parts[0])
+            if epoch < 1 or epoch in self._steps:
+                raise ConfigError(f"net2net: plan entry {entry!r}: epochs count from 1, one change per epoch")
+            self._steps[epoch] = parts[1:]
+        if self.noise < 0:
+            raise ConfigError(f"net2net: noise must be ≥ 0, got {self.noise}")
+
+    def start(self, model: nn.Module, context: Context) -> None:
+        """Check the plan's modules before training: those named up to the first insertion (later paths
+        are those of the grown network)."""
+        self._example_inputs = context.example_inputs
+        for epoch in sorted(self._steps):
+            kind, path = self._steps[epoch][:2]
+            try:
+                model.get_submodule(path)
+            except AttributeError:
+                raise ConfigError(
+                    f"net2net: plan entry for epoch {epoch}: the network has no module {path!r}"
+                ) from None
+            if kind == "deeper":
+                break
+
+    def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        step = self._steps.get(end.epoch + 1)
+        if step is None:
+            return None
+        if step[0] == "wider":
+            example = self._example_inputs() if self._example_inputs else None
+            return wider_decision(model, step[1], int(step[2]), example, noise=self.noise, seed=self.seed + end.epoch)
+        return deeper_decision(model, step[1])
