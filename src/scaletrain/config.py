@@ -82,7 +82,9 @@ class TrainConfig:
     (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
     the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.train.device`)
     is where a worker computes. ``ghost_batch``: every batch norm normalises over ghost batches of
-    this many samples (:mod:`scaletrain.efficient.ghost`).
+    this many samples (:mod:`scaletrain.efficient.ghost`). ``batch_budget`` (``"600MB"``): after the
+    first epoch and every reconfiguration, the largest batch whose step fits that memory, the rate scaled
+    as ``batch_scaling`` says over ``batch_warmup`` updates (:mod:`scaletrain.efficient.adaptive_batch`).
     """
 
     workload: str
@@ -125,6 +127,9 @@ class TrainConfig:
     error_feedback: bool = False
     device: str = "auto"
     ghost_batch: int | None = None
+    batch_budget: str | None = None
+    batch_scaling: str = "linear"
+    batch_warmup: int = 0
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -153,6 +158,12 @@ class TrainConfig:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
+        if self.batch_budget is not None or self.batch_scaling != "linear" or self.batch_warmup:
+            from scaletrain.efficient.adaptive_batch import adapt_batch_technique
+
+            if self.batch_budget is None:
+                raise ConfigError("--batch-scaling and --batch-warmup go with --batch-budget; add --batch-budget SIZE")
+            adapt_batch_technique(self)  # checks the budget, scaling and warm-up
         if self.ghost_batch is not None and (not isinstance(self.ghost_batch, int) or self.ghost_batch < 2):
             raise ConfigError(
                 f"ghost_batch must be a whole number ≥ 2 (a variance needs two samples), got {self.ghost_batch!r}"

@@ -105,6 +105,9 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("error_feedback", args.error_feedback),
                 ("device", args.device),
                 ("ghost_batch", args.ghost_batch),
+                ("batch_budget", args.batch_budget),
+                ("batch_scaling", args.batch_scaling),
+                ("batch_warmup", args.batch_warmup),
                 *technique_settings(args).items(),
             )
             if value is not None

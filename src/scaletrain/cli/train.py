@@ -161,6 +161,16 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("techniques (scaletrain.efficient)")
     group.add_argument("--technique", choices=sorted(TECHNIQUES), help="a technique to apply while training")
     group.add_argument(
+        "--batch-budget",
+        metavar="SIZE",
+        help="after the first epoch and every reconfiguration, the largest batch whose step fits SIZE of memory "
+        "(e.g. 600MB; peak RSS on a CPU, device memory on a GPU)",
+    )
+    group.add_argument("--batch-scaling", choices=("linear", "sqrt", "none"), help="--batch-budget: the rate's rule")
+    group.add_argument(
+        "--batch-warmup", type=int, metavar="N", help="--batch-budget: reach the new rate over N updates"
+    )
+    group.add_argument(
         "--ghost-batch",
         type=int,
         metavar="N",

@@ -12,9 +12,10 @@ A technique only *decides*; the training loop applies (composer's ``core/event.p
    in one-process and all-reduce runs, the parameter server otherwise), with the tensors it updated;
    then :meth:`Technique.after_exchange` on every worker, told whether the step was skipped (an
    overflowed gradient, when :attr:`Technique.skips_nonfinite`);
-6. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which is
-   decided once (on the coordinating worker), agreed by every process and applied at this step
-   boundary by every strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
+6. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which
+   :meth:`Technique.amend` may then change (every technique, in order), decided once (on the
+   coordinating worker), agreed by every process and applied at this step boundary by every
+   strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
 7. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
 """
 
@@ -50,7 +51,8 @@ class Reconfiguration:
     ``nn.Sequential``; later siblings move up one), each ``{"kind": "conv"|"linear"|"block",
     "channels": C, "kernel": k, "relu": 0|1}`` (see :mod:`scaletrain.efficient.net2net`); a decision
     inserts, or resizes and removes, not both. ``batch_size``: the new ``--batch-size`` from the next
-    step on; ``lr_scale``: the factor on the learning rate that goes with it.
+    step on; ``lr_scale``: the factor on the learning rate that goes with it, reached over
+    ``lr_warmup_steps`` updates.
 
     >>> decision = Reconfiguration(keep={"fc": {"out": [0, 2]}})
     >>> Reconfiguration.from_json(decision.to_json()) == decision
@@ -65,6 +67,7 @@ class Reconfiguration:
     noise: float = 0.0
     seed: int = 0
     insert: dict[str, dict[str, int | str]] = field(default_factory=dict)
+    lr_warmup_steps: int = 0
 
     @property
     def changes_network(self) -> bool:
@@ -94,12 +97,18 @@ class Context:
     them; ``mean(name, value, weight)``: the ``weight``-weighted mean of ``value`` over every worker of
     the run, the same number on each (each worker calls it once per ``name``, at the same point; a
     parameter server may call it too, its own value left out); ``computes_loss``: False on a
-    parameter server, whose technique sees updates but no loss; ``momentum``: the optimizer's."""
+    parameter server, whose technique sees updates but no loss; ``momentum``: the optimizer's;
+    ``step_peak`` and ``batch_share`` for batch adaptation."""
 
     example_inputs: Callable[[], Any] = lambda: None
     mean: Callable[[str, float, float], float] = lambda name, value, weight: value
     computes_loss: bool = True
     momentum: float = 0.0
+    #: ``step_peak(model, rows)``: the peak memory (bytes) of one training step of ``model`` on a batch of
+    #: ``rows`` samples in this process (``None`` when it does not fit, or the epoch has no such batch)
+    step_peak: Callable[[nn.Module, int], int | None] = lambda model, rows: None
+    #: the rows each process trains on per unit of ``--batch-size`` (1; 1/N for a split run of N)
+    batch_share: float = 1.0
 
 
 class Technique:
@@ -142,6 +151,11 @@ class Technique:
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         """After epoch ``end.epoch`` (0-based): a reconfiguration to apply now, or ``None``."""
         return None
+
+    def amend(self, decision: Reconfiguration | None, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        """After every technique's :meth:`epoch_end`: the decision as this technique would have it (batch
+        adaptation sets the batch that fits the network the decision leaves)."""
+        return decision
 
     def reconfigured(self, model: nn.Module) -> None:
         """The loop applied a reconfiguration: ``model`` is the rebuilt network."""
@@ -203,6 +217,11 @@ class Stack(Technique):
         if len(decisions) > 1:
             raise ValueError(f"{len(decisions)} techniques reconfigured the network after the same epoch")
         return decisions[0] if decisions else None
+
+    def amend(self, decision: Reconfiguration | None, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        for member in self.members:
+            decision = member.amend(decision, end, model)
+        return decision
 
     def reconfigured(self, model: nn.Module) -> None:
         for member in self.members:

@@ -20,7 +20,8 @@ channels is carried and divided like the weights; inserted layers start without 
 Goyal et al. (2017) on zero-initialised residual branches.
 
 Options (``--technique net2net -T plan="2:wider:features.0:40;3:deeper:features.1" -T noise=0.01``):
-``plan`` — ``EPOCH:wider:LAYER:WIDTH`` (the layer's new number of output channels) or
+``plan`` — ``EPOCH:wider:LAYER:WIDTH`` (the layer's new number of output channels),
+``EPOCH:wider-all:FACTOR`` (every group of channels times FACTOR: a uniform width multiplier) or
 ``EPOCH:deeper:MODULE`` (insert after that module), ``;``-separated, one per epoch, epochs counted
 from 1; ``noise`` (relative to each layer's weights' standard deviation, default 0); ``seed``.
 Python: :func:`wider_decision` and :func:`deeper_decision` return the
@@ -39,10 +40,18 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
-from scaletrain.efficient.channels import channel_count, channel_groups
+from scaletrain.efficient.channels import ChannelGroup, channel_count, channel_groups
 from scaletrain.errors import ConfigError
 
-__all__ = ["Net2Net", "deepen", "deeper_decision", "identity_module", "widen", "wider_decision"]
+__all__ = [
+    "Net2Net",
+    "deepen",
+    "deeper_decision",
+    "identity_module",
+    "uniform_wider_decision",
+    "widen",
+    "wider_decision",
+]
 
 _CONVS = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}
 _LAYERS = (nn.Linear, *_CONVS)
@@ -67,11 +76,47 @@ def wider_decision(
         raise ConfigError(f"net2net: {layer} has no output channels that can grow (not a layer, or the output layer)")
     if width <= group.size:
         raise ConfigError(f"net2net: {layer} has {group.size} channels already; give a larger width than that")
-    generator = random.Random(seed)
-    mapping = list(range(group.size)) + [generator.randrange(group.size) for _ in range(width - group.size)]
-    counts = Counter(mapping)
     keep: dict[str, dict[str, list[int]]] = {}
     scale: dict[str, dict[str, list[float]]] = {}
+    _grow_group(model, group, width, random.Random(seed), keep, scale)
+    return Reconfiguration(keep=keep, scale=scale, noise=noise, seed=seed)
+
+
+def uniform_wider_decision(
+    model: nn.Module, factor: float, example_inputs: Any, *, noise: float = 0.0, seed: int = 0
+) -> Reconfiguration:
+    """Net2WiderNet on every group of channels at once: each grows to ``round(size * factor)`` (a
+    uniform width multiplier, as MorphNet's expansion and PruneTrain + Net2Net re-widening use).
+
+    >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1))
+    >>> decision = uniform_wider_decision(net, 1.5, torch.zeros(1, 3))
+    >>> len(decision.keep["0"]["out"]), len(decision.keep["2"]["out"])
+    (3, 6)
+    """
+    if factor <= 1:
+        raise ConfigError(f"net2net: a width multiplier grows the network only above 1, got {factor}")
+    generator = random.Random(seed)
+    keep: dict[str, dict[str, list[int]]] = {}
+    scale: dict[str, dict[str, list[float]]] = {}
+    for group in channel_groups(model, example_inputs):
+        width = round(group.size * factor)
+        if width > group.size:
+            _grow_group(model, group, width, generator, keep, scale)
+    return Reconfiguration(keep=keep, scale=scale, noise=noise, seed=seed)
+
+
+def _grow_group(
+    model: nn.Module,
+    group: ChannelGroup,
+    width: int,
+    generator: random.Random,
+    keep: dict[str, dict[str, list[int]]],
+    scale: dict[str, dict[str, list[float]]],
+) -> None:
+    """Add to ``keep`` and ``scale`` what grows ``group`` to ``width`` channels (copies drawn from
+    ``generator``); the groups of one network touch different (module, dimension) pairs."""
+    mapping = list(range(group.size)) + [generator.randrange(group.size) for _ in range(width - group.size)]
+    counts = Counter(mapping)
     for member in group.members:
         mine = [index for channel in range(group.size) for index in member.indices[channel]]
         if not mine:
@@ -84,7 +129,6 @@ def wider_decision(
         if member.role == "reads":
             factor = {index: 1.0 / counts[c] for c in range(group.size) for index in member.indices[c]}
             scale.setdefault(member.path, {})[member.dim] = [factor.get(index, 1.0) for index in order]
-    return Reconfiguration(keep=keep, scale=scale, noise=noise, seed=seed)
 
 
 def deeper_decision(model: nn.Module, after: str, kernel: int = 3) -> Reconfiguration:
@@ -178,6 +222,13 @@ def _apply(model: nn.Module, decision: Reconfiguration) -> None:
     reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
 
 
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) > 1
+    except ValueError:
+        return False
+
+
 def _is_block(module: nn.Module) -> bool:
     return all(isinstance(getattr(module, name, None), nn.Module) for name in ("residual", "shortcut", "relu"))
 
@@ -198,13 +249,16 @@ class Net2Net(Technique):
             raise ConfigError('technique net2net needs -T plan="EPOCH:wider:LAYER:WIDTH;EPOCH:deeper:MODULE"')
         for entry in filter(None, (part.strip() for part in self.plan.split(";"))):
             parts = tuple(entry.split(":"))
-            shapes = {"wider": 4, "deeper": 3}
+            shapes = {"wider": 4, "deeper": 3, "wider-all": 3}
             if len(parts) < 3 or parts[1] not in shapes or len(parts) != shapes[parts[1]] or not parts[0].isdigit():
                 raise ConfigError(
-                    f"net2net: plan entry {entry!r} must be EPOCH:wider:LAYER:WIDTH or EPOCH:deeper:MODULE"
+                    f"net2net: plan entry {entry!r} must be EPOCH:wider:LAYER:WIDTH, EPOCH:deeper:MODULE or "
+                    "EPOCH:wider-all:FACTOR"
                 )
             if parts[1] == "wider" and not parts[3].isdigit():
                 raise ConfigError(f"net2net: plan entry {entry!r}: WIDTH must be a whole number")
+            if parts[1] == "wider-all" and not _is_number(parts[2]):
+                raise ConfigError(f"net2net: plan entry {entry!r}: FACTOR must be a number above 1")
             epoch = int(parts[0])
             if epoch < 1 or epoch in self._steps:
                 raise ConfigError(f"net2net: plan entry {entry!r}: epochs count from 1, one change per epoch")
@@ -218,6 +272,8 @@ class Net2Net(Technique):
         self._example_inputs = context.example_inputs
         for epoch in sorted(self._steps):
             kind, path = self._steps[epoch][:2]
+            if kind == "wider-all":
+                continue
             try:
                 model.get_submodule(path)
             except AttributeError:
@@ -231,7 +287,10 @@ class Net2Net(Technique):
         step = self._steps.get(end.epoch + 1)
         if step is None:
             return None
+        example = self._example_inputs() if self._example_inputs else None
+        seed = self.seed + end.epoch
         if step[0] == "wider":
-            example = self._example_inputs() if self._example_inputs else None
-            return wider_decision(model, step[1], int(step[2]), example, noise=self.noise, seed=self.seed + end.epoch)
+            return wider_decision(model, step[1], int(step[2]), example, noise=self.noise, seed=seed)
+        if step[0] == "wider-all":
+            return uniform_wider_decision(model, float(step[1]), example, noise=self.noise, seed=seed)
         return deeper_decision(model, step[1])

@@ -9,6 +9,7 @@ TensorBoard events under ``tb/``. A worker of a distributed run runs the same lo
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from torch import nn
 
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique, stacked
+from scaletrain.efficient.adaptive_batch import adapt_batch_technique, cuda_peak, forked_peak_rss, trial_step
 from scaletrain.efficient.cost import network_figures
 from scaletrain.efficient.ghost import ghost_batch_norm
 from scaletrain.efficient.precision import precision_technique
@@ -196,7 +198,8 @@ def prepare(
     model.train()
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
-    technique = stacked(chosen, precision_technique(config, device.type))  # last: its loss scale covers all
+    adapt = adapt_batch_technique(config)
+    technique = stacked(chosen, adapt, precision_technique(config, device.type))  # last: its loss scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
@@ -281,7 +284,13 @@ def change_batch(prepared: Prepared, decision: Reconfiguration, epoch: int) -> N
         return
     batch = decision.batch_size or prepared.batch_size
     steps = _steps_per_epoch(prepared.workload, prepared.data, batch * prepared.global_batch_factor)
-    prepared.schedule.change(epoch=epoch + 1, steps_per_epoch=steps, batch_size=batch, lr_scale=decision.lr_scale)
+    prepared.schedule.change(
+        epoch=epoch + 1,
+        steps_per_epoch=steps,
+        batch_size=batch,
+        lr_scale=decision.lr_scale,
+        warmup_steps=decision.lr_warmup_steps,
+    )
 
 
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -332,10 +341,13 @@ class Trainer:
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
         if self.technique is not None:
+            plan = self.role.plan
             context = Context(
                 example_inputs=self._example_inputs,
                 mean=self.role.agreement.mean,
                 momentum=self.config.momentum,
+                step_peak=self._step_peak,
+                batch_share=plan.global_batch_factor / plan.part.count,
             )
             self.technique.start(self.model, context)
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
@@ -371,6 +383,9 @@ class Trainer:
         device = self.prepared.device
         for number, batch in zip(numbers, batches, strict=True):
             begin = now()
+            if self.schedule.warming_up(position.step):  # the rate moves every update of a warm-up
+                for group in self.optimizer.param_groups:
+                    group["lr"] = learning_rate_at_step(self.prepared, position.step)
             batch = to_device(batch, device)
             with self.technique.forward_context() if self.technique is not None else contextlib.nullcontext():
                 objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
@@ -400,6 +415,22 @@ class Trainer:
             position.batch = number + 1
             position.step += 1
             self._after_step(loss)
+
+    def _step_peak(self, model: nn.Module, rows: int) -> int | None:
+        """Peak memory of one step of ``model`` on ``rows`` samples here: a forked copy's peak RSS on the
+        CPU, a network copy's peak allocation on a GPU (see :mod:`scaletrain.efficient.adaptive_batch`)."""
+        plan, device = self.role.plan, self.prepared.device
+        global_batch = rows * plan.part.count  # the --batch-size × factor that gives each process these rows
+        if self.workload.batches_per_epoch(self.data, global_batch) < 1:
+            return None  # the epoch has no batch that large
+        batch = next(iter(self.workload.train_batches(self.data, epoch=0, batch_size=rows, seed=self.config.seed)))
+        batch = to_device(batch, device)
+        context = self.technique.forward_context if self.technique is not None else contextlib.nullcontext
+        momentum = self.config.momentum or 0.0
+        if device.type == "cpu":
+            return forked_peak_rss(trial_step(model, self.workload, batch, rows, context, momentum))
+        copy_on_device = copy.deepcopy(model)
+        return cuda_peak(trial_step(copy_on_device, self.workload, batch, rows, context, momentum), device)
 
     def _example_inputs(self) -> Any:
         return to_device(self.workload.example_inputs(self.data), self.prepared.device)
@@ -497,7 +528,9 @@ class Trainer:
     def _decide(self, epoch: int) -> None:
         """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary."""
         end = EpochEnd(epoch=epoch, batch_size=self.prepared.batch_size, step=self.schedule.first_step(epoch + 1))
-        decision = self.role.agreement.agree(epoch, lambda: self.technique.epoch_end(end, self.model))
+        decision = self.role.agreement.agree(
+            epoch, lambda: self.technique.amend(self.technique.epoch_end(end, self.model), end, self.model)
+        )
         self.prepared.decided_epochs = epoch + 1  # before any checkpoint of the new network is written
         if decision is not None:
             self._reconfigure(decision, epoch)

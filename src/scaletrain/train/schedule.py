@@ -19,13 +19,15 @@ __all__ = ["Schedule", "Segment"]
 @dataclass(frozen=True)
 class Segment:
     """From epoch ``epoch`` (whose first update is number ``step``) on: ``steps_per_epoch`` steps of
-    ``batch_size``, the learning rate times ``lr_scale``."""
+    ``batch_size``, the learning rate times ``lr_scale`` — reached over the first ``warmup_steps``
+    updates, linearly from the factor before (gradual warm-up, Goyal et al. 2017)."""
 
     epoch: int
     step: int
     steps_per_epoch: int
     batch_size: int
     lr_scale: float = 1.0
+    warmup_steps: int = 0
 
 
 @dataclass
@@ -76,21 +78,40 @@ class Schedule:
         return step > 0 and self.position(step).batch == 0
 
     def lr_scale_at(self, step: int) -> float:
-        return self._segment(lambda s: s.step <= step).lr_scale
+        """The factor on the learning rate of update ``step``.
+
+        >>> schedule = Schedule.starting(steps_per_epoch=10, batch_size=32, epochs=3)
+        >>> schedule.change(epoch=1, steps_per_epoch=5, batch_size=64, lr_scale=2.0, warmup_steps=4)
+        >>> [schedule.lr_scale_at(step) for step in (9, 10, 11, 13, 14)]
+        [1.0, 1.25, 1.5, 2.0, 2.0]
+        """
+        index = max(i for i, segment in enumerate(self.segments) if segment.step <= step)
+        segment, done = self.segments[index], step - self.segments[index].step
+        if done >= segment.warmup_steps or index == 0:
+            return segment.lr_scale
+        before = self.segments[index - 1].lr_scale
+        return before + (segment.lr_scale - before) * (done + 1) / segment.warmup_steps
+
+    def warming_up(self, step: int) -> bool:
+        """Whether update ``step`` is inside a segment's warm-up (its rate differs from the one before)."""
+        segment = self._segment(lambda s: s.step <= step)
+        return step - segment.step < segment.warmup_steps and segment is not self.segments[0]
 
     def epochs_done(self, steps: int) -> float:
         position = self.position(steps)
         return position.epoch + position.batch / self.steps_in(position.epoch)
 
-    def change(self, *, epoch: int, steps_per_epoch: int, batch_size: int, lr_scale: float) -> None:
+    def change(
+        self, *, epoch: int, steps_per_epoch: int, batch_size: int, lr_scale: float, warmup_steps: int = 0
+    ) -> None:
         """From ``epoch`` on (not started yet): a new batch size and its steps; ``lr_scale`` multiplies the
-        factor in force."""
+        factor in force, reached over ``warmup_steps`` updates."""
         step = self.first_step(epoch)
         scale = self.current.lr_scale * lr_scale
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"learning-rate factor {scale} is not a positive number")
         kept = [s for s in self.segments if s.epoch < epoch]
-        self.segments = [*kept, Segment(epoch, step, steps_per_epoch, batch_size, scale)]
+        self.segments = [*kept, Segment(epoch, step, steps_per_epoch, batch_size, scale, warmup_steps)]
 
     def to_list(self) -> list[dict[str, Any]]:
         return [asdict(segment) for segment in self.segments]

@@ -1,0 +1,301 @@
+"""``--batch-budget``: the largest batch whose training step fits a memory budget, found again whenever
+the network changes.
+
+Method card. *What*: the Dortmund thesis's batch-size adaptation (seed 004 §3.2.2): find the largest
+batch that fits the memory by binary search on real training steps — not from free-memory readings,
+which fragmentation makes unreliable — and after each reconfiguration (a pruned network needs less
+memory per sample) raise the batch to what fits the new network, the learning rate scaled with it
+(linear, Goyal et al. 2017; ``sqrt``, Krizhevsky 2014; or ``none``), optionally reached over a
+gradual warm-up of ``--batch-warmup`` updates. Every search's (parameters, batch) point goes into a
+log-log fit of the batch against the parameter count, whose prediction is where the next search starts.
+
+*The budget.* On a CPU: the peak resident memory (RSS) of the process during one training step,
+measured in a forked copy of the process (``os.wait4`` reports the child's peak), so the search
+never disturbs the training process and a step that does not fit fails in the copy only. On a GPU:
+``torch.cuda.max_memory_allocated`` during a step of a copy of the network, an out-of-memory error
+counting as "does not fit" (this path has not run on a GPU yet). The batch searched is each
+process's share: ``--batch-size`` itself for ``join`` and for one process, ``--batch-size / N`` for
+``split``; the new global ``--batch-size`` goes to every process at once through the agreed
+reconfiguration, under every strategy.
+
+*When it helps*: the hardware stays full as the network shrinks (PruneTrain), and a run fits a
+container's memory limit without trial and error. *When it does not*: a larger batch changes the
+optimisation; the linear rule with warm-up keeps accuracy up to batches of about 8k on ImageNet
+(Goyal et al.), ghost batch norm (``--ghost-batch``) keeps the batch-norm statistics of the small batch.
+
+The first search runs after the first epoch, then after every reconfiguration that changes the network.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
+from scaletrain.errors import ConfigError, ScaletrainError
+
+__all__ = [
+    "AdaptBatch",
+    "BatchFit",
+    "adapt_batch_technique",
+    "batch_searches",
+    "cuda_peak",
+    "forked_peak_rss",
+    "largest_batch",
+    "parse_bytes",
+    "trial_step",
+]
+
+SCALINGS = ("linear", "sqrt", "none")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(text: str | int) -> int:
+    """``"600MB"``, ``"1.5GiB"`` or a number of bytes.
+
+    >>> parse_bytes("1.5GiB"), parse_bytes("600MB"), parse_bytes(4096)
+    (1610612736, 600000000, 4096)
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _UNITS:
+            raise ConfigError(f"--batch-budget {text!r}: give bytes with a unit, e.g. 600MB or 1.5GiB")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ConfigError(f"--batch-budget must be positive, got {text!r}")
+    return value
+
+
+def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> tuple[int, list[tuple[int, bool]]]:
+    """The largest batch in ``[1, limit]`` for which ``fits`` holds (assumed monotone), and the probes
+    made: from ``start``, doubling up while it fits (or halving down while it does not), then bisecting.
+    0 when not even a batch of 1 fits.
+
+    >>> largest_batch(lambda b: b <= 37, start=8, limit=1000)[0]
+    37
+    """
+    probes: list[tuple[int, bool]] = []
+
+    def probe(batch: int) -> bool:
+        result = fits(batch)
+        probes.append((batch, result))
+        return result
+
+    start = min(max(start, 1), limit)
+    if probe(start):
+        low, high = start, None
+        while high is None:
+            if low == limit:
+                return low, probes
+            candidate = min(2 * low, limit)
+            if probe(candidate):
+                low = candidate
+            else:
+                high = candidate
+    else:
+        low, high = 0, start
+        while low == 0:
+            if high == 1:
+                return 0, probes
+            candidate = high // 2
+            if probe(candidate):
+                low = candidate
+            else:
+                high = candidate
+    while high - low > 1:
+        middle = (low + high) // 2
+        if probe(middle):
+            low = middle
+        else:
+            high = middle
+    return low, probes
+
+
+def forked_peak_rss(step: Callable[[], None], timeout: float = 300.0) -> int | None:
+    """The peak resident bytes of a forked copy of this process while it runs ``step`` once (``None``
+    when the step fails for lack of memory there). The copy starts with this process's resident
+    pages, so the figure is the whole process's peak, as a container's memory limit counts it."""
+    pid = os.fork()
+    if pid == 0:  # the copy: one thread, the step, out without cleaning up (no atexit, no flushes)
+        code = 0
+        try:
+            torch.set_num_threads(1)
+            step()
+        except (MemoryError, torch.OutOfMemoryError):
+            code = 3
+        except BaseException:  # any failure of the copy is reported by its exit code
+            code = 4
+        os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.wait4(pid, 0)
+            raise ScaletrainError(f"a trial training step took over {timeout:.0f} s; the batch search gave up")
+        time.sleep(0.005)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 3 or code == -signal.SIGKILL:  # out of memory (the kernel's OOM killer sends SIGKILL)
+        return None
+    if code != 0:
+        raise ScaletrainError(f"a trial training step failed in its forked copy (exit status {code})")
+    return usage.ru_maxrss * 1024  # Linux reports kilobytes
+
+
+def trial_step(
+    model: nn.Module, workload: Any, batch: Any, rows: int, forward_context: Callable[[], Any], momentum: float
+) -> Callable[[], None]:
+    """One training step of ``model`` on ``batch`` as the loop takes it: forward under the technique's
+    context, backward, and an SGD step that creates the momentum buffers."""
+
+    def step() -> None:
+        model.train()
+        state = workload.initial_state(model, rows)
+        with forward_context():
+            objective, _, _ = workload.training_loss(model, batch, state)
+        model.zero_grad(set_to_none=True)
+        objective.backward()
+        torch.optim.SGD(model.parameters(), lr=0.0, momentum=momentum, fused=True).step()
+
+    return step
+
+
+def cuda_peak(step: Callable[[], None], device: torch.device) -> int | None:
+    """Peak allocated device memory of ``step`` (``None`` on out-of-memory). Not yet run on a GPU."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        step()
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.empty_cache()
+    return peak
+
+
+@dataclass
+class BatchFit:
+    """Batch against parameter count, fitted in log-log space over the points measured so far."""
+
+    points: list[tuple[int, int]] = field(default_factory=list)  # (parameters, batch)
+
+    def predict(self, parameters: int) -> int | None:
+        """The fitted batch for ``parameters`` (``None`` before two distinct points).
+
+        >>> BatchFit([(1000, 64), (4000, 16)]).predict(2000)
+        32
+        """
+        distinct = {p: b for p, b in self.points if p > 0 and b > 0}
+        if len(distinct) < 2:
+            return None
+        xs = [math.log(p) for p in distinct]
+        ys = [math.log(b) for b in distinct.values()]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+            (x - mean_x) ** 2 for x in xs
+        )
+        return max(1, round(math.exp(mean_y + slope * (math.log(parameters) - mean_x))))
+
+
+@dataclass
+class AdaptBatch(Technique):
+    """The adapter (stacked with ``--technique``, like ``--precision``): amends each epoch's decision."""
+
+    budget: int = 0
+    scaling: str = "linear"
+    warmup: int = 0
+    limit: int = 8192  # the largest per-process batch tried
+    name = "adapt-batch"
+    searches: list[dict[str, Any]] = field(default_factory=list)  # every search: epoch, parameters, batch, peak
+    _context: Context = field(default_factory=Context, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.budget <= 0:
+            raise ConfigError("batch adaptation needs a budget: --batch-budget 600MB")
+        if self.scaling not in SCALINGS:
+            raise ConfigError(f"--batch-scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
+        if self.warmup < 0:
+            raise ConfigError(f"--batch-warmup must be ≥ 0 updates, got {self.warmup}")
+
+    def start(self, model: nn.Module, context: Context) -> None:
+        self._context = context
+
+    def amend(self, decision: Reconfiguration | None, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
+        if decision is not None and decision.batch_size is not None:
+            return decision  # another technique chose the batch
+        if self.searches and (decision is None or not decision.changes_network):
+            return decision  # the network the last search measured is still the one
+        network = model if decision is None or not decision.changes_network else _prospective(model, decision)
+        parameters = sum(p.numel() for p in network.parameters())
+        share = self._context.batch_share
+        current = max(1, round(end.batch_size * share))
+        predicted = BatchFit([(s["parameters"], s["rows"]) for s in self.searches]).predict(parameters)
+        peaks: dict[int, int | None] = {}
+
+        def fits(rows: int) -> bool:
+            peaks[rows] = self._context.step_peak(network, rows)
+            return peaks[rows] is not None and peaks[rows] <= self.budget
+
+        rows, probes = largest_batch(fits, predicted or current, self.limit)
+        if rows == 0:
+            raise ConfigError(
+                f"--batch-budget {self.budget:,} bytes: not even a batch of 1 fits ({peaks.get(1)} bytes at "
+                "its peak); give a larger budget"
+            )
+        batch = max(1, round(rows / share))
+        self.searches.append(
+            {"epoch": end.epoch, "parameters": parameters, "rows": rows, "batch_size": batch, "peak_bytes": peaks[rows],
+             "budget_bytes": self.budget, "probes": [(r, fit, peaks[r]) for r, fit in probes],
+             "predicted_rows": predicted}
+        )  # fmt: skip
+        if batch == end.batch_size:
+            return decision
+        ratio = batch / end.batch_size
+        scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.scaling]
+        return replace(decision or Reconfiguration(), batch_size=batch, lr_scale=scale, lr_warmup_steps=self.warmup)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"searches": self.searches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.searches = list(state.get("searches", []))
+
+
+def adapt_batch_technique(config: Any) -> AdaptBatch | None:
+    """The adapter a run's settings ask for (``--batch-budget``), or ``None``."""
+    if config.batch_budget is None:
+        return None
+    return AdaptBatch(budget=parse_bytes(config.batch_budget), scaling=config.batch_scaling, warmup=config.batch_warmup)
+
+
+def batch_searches(technique: Technique | None) -> list[dict[str, Any]] | None:
+    """The searches of the run's batch adaptation (stacked or alone), ``None`` without one."""
+    members = getattr(technique, "members", [technique])
+    found = next((member for member in members if isinstance(member, AdaptBatch)), None)
+    return None if found is None else found.searches
+
+
+def _prospective(model: nn.Module, decision: Reconfiguration) -> nn.Module:
+    """A copy of ``model`` as ``decision`` will leave it (the search measures that network)."""
+    from scaletrain.efficient.surgery import reconfigure
+
+    network = copy.deepcopy(model)
+    reconfigure(network, torch.optim.SGD(network.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
+    return network
