@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Stack, Technique, stacked
+from scaletrain.efficient.morphnet import MorphNet
 from scaletrain.efficient.narrow import Narrow
 from scaletrain.efficient.net2net import Net2Net
 from scaletrain.efficient.prunetrain import PruneTrain
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 TECHNIQUES: dict[str, type[Technique]] = {
+    "morphnet": MorphNet,
     "narrow": Narrow,
     "net2net": Net2Net,
     "prunetrain": PruneTrain,

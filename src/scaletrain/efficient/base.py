@@ -109,6 +109,8 @@ class Context:
     step_peak: Callable[[nn.Module, int], int | None] = lambda model, rows: None
     #: the rows each process trains on per unit of ``--batch-size`` (1; 1/N for a split run of N)
     batch_share: float = 1.0
+    #: the epoch (0-based) being trained: a worker's, or on a parameter server the epoch of its updates
+    epoch: Callable[[], int] = lambda: 0
 
 
 class Technique:

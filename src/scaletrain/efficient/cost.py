@@ -16,7 +16,14 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["channels_per_layer", "flops_per_sample", "layers_run", "network_figures", "traced_forward"]
+__all__ = [
+    "channels_per_layer",
+    "flops_per_sample",
+    "layer_flops",
+    "layers_run",
+    "network_figures",
+    "traced_forward",
+]
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
@@ -48,14 +55,25 @@ def traced_forward(model: nn.Module, example_inputs: Any, hooks: list[RemovableH
 
 def flops_per_sample(model: nn.Module, example_inputs: Any) -> float:
     """Forward FLOPs of one sample, counted over one eval-mode pass over ``example_inputs``."""
-    total = 0.0
+    return sum(layer_flops(model, example_inputs).values())
+
+
+def layer_flops(model: nn.Module, example_inputs: Any) -> dict[str, float]:
+    """Forward FLOPs of one sample per convolution and linear layer (by path; a layer run twice counts twice).
+
+    >>> layer_flops(nn.Sequential(nn.Linear(10, 5), nn.Linear(5, 1)), torch.zeros(2, 10))
+    {'0': 100.0, '1': 10.0}
+    """
+    names = {module: name for name, module in model.named_modules()}
+    flops: dict[str, float] = {}
     for module, output in layers_run(model, example_inputs):
         if isinstance(module, _CONVS):
             per_output = module.in_channels // module.groups * int(torch.tensor(module.kernel_size).prod())
         else:
             per_output = module.in_features
-        total += 2.0 * per_output * output.numel() / output.shape[0]
-    return total
+        path = names[module]
+        flops[path] = flops.get(path, 0.0) + 2.0 * per_output * output.numel() / output.shape[0]
+    return flops
 
 
 def channels_per_layer(model: nn.Module) -> dict[str, int]:

@@ -83,10 +83,17 @@ def wider_decision(
 
 
 def uniform_wider_decision(
-    model: nn.Module, factor: float, example_inputs: Any, *, noise: float = 0.0, seed: int = 0
+    model: nn.Module,
+    factor: float,
+    example_inputs: Any,
+    *,
+    noise: float = 0.0,
+    seed: int = 0,
+    groups: list[ChannelGroup] | None = None,
 ) -> Reconfiguration:
     """Net2WiderNet on every group of channels at once: each grows to ``round(size * factor)`` (a
-    uniform width multiplier, as MorphNet's expansion and PruneTrain + Net2Net re-widening use).
+    uniform width multiplier, as MorphNet's expansion and PruneTrain + Net2Net re-widening use);
+    ``groups``: :func:`channel_groups` of ``model`` when already traced.
 
     >>> net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 1))
     >>> decision = uniform_wider_decision(net, 1.5, torch.zeros(1, 3))
@@ -98,7 +105,7 @@ def uniform_wider_decision(
     generator = random.Random(seed)
     keep: dict[str, dict[str, list[int]]] = {}
     scale: dict[str, dict[str, list[float]]] = {}
-    for group in channel_groups(model, example_inputs):
+    for group in groups if groups is not None else channel_groups(model, example_inputs):
         width = round(group.size * factor)
         if width > group.size:
             _grow_group(model, group, width, generator, keep, scale)

@@ -87,8 +87,10 @@ class ServerObserver:
         self.tensorboard = TensorBoardLog(self.config.out, enabled=self.config.tensorboard, purge_step=resumed)
         self.progress = Progress(prepared.total_steps, mode=self.config.progress)
         self._window = (now(), prepared.position.step)
+        self.version = prepared.position.step  # the last update made
 
     def __call__(self, version: int) -> None:
+        self.version = version
         prepared, config = self.prepared, self.config
         epoch = prepared.schedule.position(version).epoch
         periodic = version % config.log_every == 0 or version == prepared.total_steps

@@ -348,6 +348,7 @@ class Trainer:
                 momentum=self.config.momentum,
                 step_peak=self._step_peak,
                 batch_share=plan.global_batch_factor / plan.part.count,
+                epoch=lambda: self.position.epoch,
             )
             self.technique.start(self.model, context)
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:

@@ -123,6 +123,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
             mean=setup.agreement(0).mean,
             computes_loss=False,
             momentum=prepared.config.momentum,
+            epoch=lambda: prepared.schedule.position(observer.version).epoch,
         )
         prepared.technique.start(prepared.model, context)
     try:
