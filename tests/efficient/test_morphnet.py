@@ -15,8 +15,8 @@ from torch import nn
 import scaletrain
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import flops_per_sample
-from scaletrain.efficient.morphnet import channel_costs, composed, expansion_decision
-from scaletrain.efficient.net2net import uniform_wider_decision
+from scaletrain.efficient.morphnet import channel_costs
+from scaletrain.efficient.net2net import composed, expansion_decision, uniform_wider_decision
 from scaletrain.efficient.prunetrain import following_norms
 from scaletrain.efficient.surgery import reconfigure
 from scaletrain.errors import ConfigError

@@ -221,3 +221,23 @@ def test_a_bad_plan_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "net2net" in lines[0], result.stderr
+
+
+def test_prunetrain_then_net2net_rewidens_the_pruned_shape_to_the_starting_size(tmp_path: Path) -> None:
+    """PruneTrain + Net2Net (004 §3.5): prune, then (after epoch 2) widen uniformly back to the start's size.
+    The settings of the PruneTrain tests, which prune within two epochs."""
+    data = make_fashion_mnist(tmp_path / "fmnist", train=192, test=32)
+    small = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
+    options = {"ratio": "0.5", "threshold": "0.05", "every": "1", "rewiden": "2"}
+    settings = {**COMMON, "epochs": 3, "lr": 0.1, "seed": 5, "batch_size": 12}
+    summary = scaletrain.train("resnet", options=small, data_dir=data, out=tmp_path / "run", technique="prunetrain",
+                               technique_options=options, **settings)  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    changes = [r for r in records if r["kind"] == "reconfiguration"]
+    assert changes and changes[-1]["epoch"] == 1, "the re-widening after epoch 2 is the last change"
+    last = changes[-1]
+    assert last["parameters"] == summary["parameters"]
+    assert abs(summary["parameters"] / summary["parameters_initial"] - 1) < 0.05
+    start = {p: m.out_channels for p, m in create_workload("resnet", small).build_model().named_modules()
+             if isinstance(m, nn.Conv2d)}  # fmt: skip
+    assert any(last["channels"][path] != width for path, width in start.items()), "the pruned shape, not the start's"

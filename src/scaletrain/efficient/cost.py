@@ -22,6 +22,7 @@ __all__ = [
     "layer_flops",
     "layers_run",
     "network_figures",
+    "resource",
     "traced_forward",
 ]
 
@@ -74,6 +75,13 @@ def layer_flops(model: nn.Module, example_inputs: Any) -> dict[str, float]:
         path = names[module]
         flops[path] = flops.get(path, 0.0) + 2.0 * per_output * output.numel() / output.shape[0]
     return flops
+
+
+def resource(model: nn.Module, example_inputs: Any, kind: str) -> float:
+    """FLOPs per sample or trainable parameters of ``model``."""
+    if kind == "flops":
+        return sum(layer_flops(model, example_inputs).values())
+    return float(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def channels_per_layer(model: nn.Module) -> dict[str, int]:

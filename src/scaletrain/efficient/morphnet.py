@@ -34,21 +34,14 @@ from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import channel_count, channel_groups, dead_channel_pruning
-from scaletrain.efficient.cost import layer_flops
-from scaletrain.efficient.net2net import uniform_wider_decision
+from scaletrain.efficient.cost import layer_flops, resource
+from scaletrain.efficient.net2net import apply_decision, composed, expansion_decision
 from scaletrain.efficient.prunetrain import following_norms, shrink_values
 from scaletrain.errors import ConfigError
 
-__all__ = ["MorphNet", "channel_costs", "composed", "expansion_decision", "resource"]
+__all__ = ["MorphNet", "channel_costs"]
 
 RESOURCES = ("flops", "parameters")
-
-
-def resource(model: nn.Module, example_inputs: Any, kind: str) -> float:
-    """FLOPs per sample or trainable parameters of ``model``."""
-    if kind == "flops":
-        return sum(layer_flops(model, example_inputs).values())
-    return float(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def channel_costs(model: nn.Module, example_inputs: Any, kind: str = "flops") -> dict[str, float]:
@@ -77,63 +70,6 @@ def channel_costs(model: nn.Module, example_inputs: Any, kind: str = "flops") ->
             if member.role == "writes" and member.path in norms:
                 costs[norms[member.path]] = cost
     return costs
-
-
-def composed(first: Reconfiguration, second: Reconfiguration) -> Reconfiguration:
-    """``first`` (resizes and removals) then ``second`` (resizes of the network ``first`` leaves) as one
-    decision: each module's kept indices are the first's, picked by the second's.
-
-    >>> a = Reconfiguration(keep={"0": {"out": [0, 2, 3]}})
-    >>> b = Reconfiguration(keep={"0": {"out": [0, 1, 2, 1]}}, scale={"1": {"in": [1.0, 0.5, 1.0, 0.5]}})
-    >>> composed(a, b).keep
-    {'0': {'out': [0, 2, 3, 2]}}
-    """
-    keep = {path: dict(dims) for path, dims in first.keep.items()}
-    for path, dims in second.keep.items():
-        for dim, order in dims.items():
-            base = keep.get(path, {}).get(dim)
-            keep.setdefault(path, {})[dim] = list(order) if base is None else [base[index] for index in order]
-    return Reconfiguration(keep=keep, remove=first.remove, scale=second.scale, noise=second.noise, seed=second.seed)
-
-
-def expansion_decision(
-    model: nn.Module, example_inputs: Any, target: float, kind: str = "flops", *, steps: int = 24
-) -> tuple[Reconfiguration | None, float]:
-    """The uniform widening that brings ``model`` closest to ``target`` (FLOPs or parameters) without
-    exceeding it by more than the rounding of one channel per group, and the resource it reaches;
-    ``None`` when ``model`` costs ``target`` or more already."""
-    have = resource(model, example_inputs, kind)
-    if have >= target:
-        return None, have
-    groups = channel_groups(model, example_inputs)
-
-    def grown(factor: float) -> tuple[Reconfiguration, float]:
-        decision = uniform_wider_decision(model, factor, example_inputs, groups=groups)
-        trial = copy.deepcopy(model)
-        _apply(trial, decision)
-        return decision, resource(trial, example_inputs, kind)
-
-    low, high = 1.0, 2.0
-    while grown(high)[1] < target and high < 64:
-        low, high = high, 2 * high
-    best: tuple[Reconfiguration | None, float] = (None, have)
-    for _ in range(steps):
-        middle = (low + high) / 2
-        decision, reached = grown(middle)
-        if reached <= target:
-            low, best = middle, (decision, reached)
-        else:
-            high = middle
-    above = grown(high)
-    if best[0] is None or abs(above[1] - target) < abs(best[1] - target):
-        best = above
-    return best
-
-
-def _apply(model: nn.Module, decision: Reconfiguration) -> None:
-    from scaletrain.efficient.surgery import reconfigure
-
-    reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
 
 
 @dataclass
@@ -197,7 +133,7 @@ class MorphNet(Technique):
         shrink = Reconfiguration(keep=pruning.keep, remove=pruning.remove)
         shrunk = copy.deepcopy(model)
         if shrink.changes_network:
-            _apply(shrunk, shrink)
+            apply_decision(shrunk, shrink)
         target = self.target * (self.initial or resource(model, example, self.resource))
         expand, reached = expansion_decision(shrunk, example, target, self.resource)
         self.history.append(

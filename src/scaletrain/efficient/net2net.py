@@ -41,12 +41,16 @@ from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import ChannelGroup, channel_count, channel_groups
+from scaletrain.efficient.cost import resource
 from scaletrain.errors import ConfigError
 
 __all__ = [
     "Net2Net",
+    "apply_decision",
+    "composed",
     "deepen",
     "deeper_decision",
+    "expansion_decision",
     "identity_module",
     "uniform_wider_decision",
     "widen",
@@ -213,20 +217,72 @@ def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Modul
 
 def widen(model: nn.Module, layer: str, width: int, example_inputs: Any, **options: Any) -> nn.Module:
     """Apply :func:`wider_decision` to ``model`` in place (no optimizer: for use outside training)."""
-    _apply(model, wider_decision(model, layer, width, example_inputs, **options))
+    apply_decision(model, wider_decision(model, layer, width, example_inputs, **options))
     return model
 
 
 def deepen(model: nn.Module, after: str, kernel: int = 3) -> nn.Module:
     """Apply :func:`deeper_decision` to ``model`` in place (no optimizer: for use outside training)."""
-    _apply(model, deeper_decision(model, after, kernel))
+    apply_decision(model, deeper_decision(model, after, kernel))
     return model
 
 
-def _apply(model: nn.Module, decision: Reconfiguration) -> None:
+def apply_decision(model: nn.Module, decision: Reconfiguration) -> None:
+    """Apply ``decision`` to ``model`` in place, outside training (a throwaway optimizer)."""
     from scaletrain.efficient.surgery import reconfigure
 
     reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
+
+
+def composed(first: Reconfiguration, second: Reconfiguration) -> Reconfiguration:
+    """``first`` (resizes and removals) then ``second`` (resizes of the network ``first`` leaves) as one
+    decision: each module's kept indices are the first's, picked by the second's.
+
+    >>> a = Reconfiguration(keep={"0": {"out": [0, 2, 3]}})
+    >>> b = Reconfiguration(keep={"0": {"out": [0, 1, 2, 1]}}, scale={"1": {"in": [1.0, 0.5, 1.0, 0.5]}})
+    >>> composed(a, b).keep
+    {'0': {'out': [0, 2, 3, 2]}}
+    """
+    keep = {path: dict(dims) for path, dims in first.keep.items()}
+    for path, dims in second.keep.items():
+        for dim, order in dims.items():
+            base = keep.get(path, {}).get(dim)
+            keep.setdefault(path, {})[dim] = list(order) if base is None else [base[index] for index in order]
+    return Reconfiguration(keep=keep, remove=first.remove, scale=second.scale, noise=second.noise, seed=second.seed)
+
+
+def expansion_decision(
+    model: nn.Module, example_inputs: Any, target: float, kind: str = "flops", *, steps: int = 24
+) -> tuple[Reconfiguration | None, float]:
+    """The uniform widening that brings ``model`` closest to ``target`` (FLOPs or parameters) without
+    exceeding it by more than the rounding of one channel per group, and the resource it reaches;
+    ``None`` when ``model`` costs ``target`` or more already."""
+    have = resource(model, example_inputs, kind)
+    if have >= target:
+        return None, have
+    groups = channel_groups(model, example_inputs)
+
+    def grown(factor: float) -> tuple[Reconfiguration, float]:
+        decision = uniform_wider_decision(model, factor, example_inputs, groups=groups)
+        trial = copy.deepcopy(model)
+        apply_decision(trial, decision)
+        return decision, resource(trial, example_inputs, kind)
+
+    low, high = 1.0, 2.0
+    while grown(high)[1] < target and high < 64:
+        low, high = high, 2 * high
+    best: tuple[Reconfiguration | None, float] = (None, have)
+    for _ in range(steps):
+        middle = (low + high) / 2
+        decision, reached = grown(middle)
+        if reached <= target:
+            low, best = middle, (decision, reached)
+        else:
+            high = middle
+    above = grown(high)
+    if best[0] is None or abs(above[1] - target) < abs(best[1] - target):
+        best = above
+    return best
 
 
 def _is_number(text: str) -> bool:

@@ -28,13 +28,19 @@ saved on one GPU: the gain is in the communication. *In a distributed run*: L is
 workers of their first losses, so λ is the one process's λ (equal parts of a batch); the
 decision is made once and applied by every process.
 
+*PruneTrain + Net2Net* (004 §3.5): with ``-T rewiden=E``, the reconfiguration after epoch E prunes
+and then widens every group of channels by one uniform multiplier (Net2WiderNet copies: the function
+is kept) until the network has ``rewiden_to`` times its starting parameters again (default 1): the
+pruned shape, at the original size. From then on the penalty is off and nothing is pruned.
+
 Options: ``--technique prunetrain --lasso-ratio 0.2 --prune-threshold 1e-4 --reconfigure-every 10``
 (or ``-T ratio=0.2 -T threshold=1e-4 -T every=10``), ``-T step=proximal|subgradient``,
-``-T batchnorm=on|off``.
+``-T batchnorm=on|off``, ``-T rewiden=E -T rewiden_to=1.0``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -45,6 +51,7 @@ from torch import nn
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import layers_run, traced_forward
+from scaletrain.efficient.net2net import apply_decision, composed, expansion_decision
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -172,6 +179,8 @@ class PruneTrain(Technique):
     every: int = 10
     step: str = "proximal"
     batchnorm: str = "on"
+    rewiden: int = 0  # after this epoch (counted from 1): prune, then widen back to rewiden_to × the start
+    rewiden_to: float = 1.0
     name = "prunetrain"
     #: command-line flags (``--lasso-ratio``) and API settings (``lasso_ratio=``) for the options
     flags: ClassVar[dict[str, str]] = {
@@ -180,6 +189,7 @@ class PruneTrain(Technique):
         "reconfigure_every": "every",
     }
     weight: float | None = field(default=None, init=False)  # λ, once set
+    initial_parameters: int | None = field(default=None, init=False)
     _groups: dict[str, tuple[bool, bool]] = field(default_factory=dict, init=False, repr=False)
     _context: Context = field(default_factory=Context, init=False, repr=False)
     _initial_lasso: float = field(default=0.0, init=False, repr=False)  # R before the first step
@@ -196,9 +206,13 @@ class PruneTrain(Technique):
             raise ConfigError(f"prunetrain: batchnorm must be on or off, got {self.batchnorm!r}")
         if self.step not in STEPS:
             raise ConfigError(f"prunetrain: step must be one of {', '.join(STEPS)}, got {self.step!r}")
+        if self.rewiden < 0 or not self.rewiden_to > 0:
+            raise ConfigError("prunetrain: rewiden is an epoch (≥ 1; 0: never) and rewiden_to a positive fraction")
 
     def start(self, model: nn.Module, context: Context) -> None:
         self._context = context
+        if self.initial_parameters is None:
+            self.initial_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._groups = regularised_groups(model, context.example_inputs())
         self._norms = self._regularised_norms(model, context.example_inputs())
         if self.weight is None:  # R of the weights every process starts from
@@ -211,15 +225,19 @@ class PruneTrain(Technique):
         following = following_norms(model, example_inputs)
         return {path: following[path] for path, (outputs, _) in self._groups.items() if outputs and path in following}
 
+    def _pruning(self, epoch: int) -> bool:
+        """Whether ``epoch`` (0-based) still prunes: always, or until the re-widening."""
+        return not self.rewiden or epoch < self.rewiden
+
     def objective(self, loss: torch.Tensor, model: nn.Module) -> torch.Tensor:
         if self.weight is None:
             self._set_weight(loss.item())
-        if self.step == "proximal":
+        if self.step == "proximal" or not self._pruning(self._context.epoch()):
             return loss
         return loss + self.weight * group_lasso(model, self._groups, self._norms)
 
     def after_update(self, parameters: dict[str, torch.Tensor], lr: float) -> None:
-        if self.step != "proximal" or not self._groups:
+        if self.step != "proximal" or not self._groups or not self._pruning(self._context.epoch()):
             return
         if self.weight is None:
             if self._context.computes_loss:
@@ -244,13 +262,21 @@ class PruneTrain(Technique):
         self.weight = lasso_weight(self.ratio, mean_loss, self._initial_lasso)
 
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
-        if (end.epoch + 1) % self.every:
+        rewidening = self.rewiden and end.epoch + 1 == self.rewiden
+        if not self._pruning(end.epoch) or ((end.epoch + 1) % self.every and not rewidening):
             return None
         example = self._context.example_inputs()
         pruning = dead_channel_pruning(model, channel_groups(model, example), self.threshold, self._norms)
-        if not pruning.keep and not pruning.remove:
-            return None
-        return Reconfiguration(keep=pruning.keep, remove=pruning.remove)
+        decision = Reconfiguration(keep=pruning.keep, remove=pruning.remove)
+        if rewidening:
+            pruned = copy.deepcopy(model)
+            if decision.changes_network:
+                apply_decision(pruned, decision)
+            target = self.rewiden_to * (self.initial_parameters or 0)
+            expand, _ = expansion_decision(pruned, example, target, "parameters")
+            if expand is not None:
+                decision = composed(decision, expand)
+        return decision if decision.changes_network else None
 
     def reconfigured(self, model: nn.Module) -> None:
         """After the loop applied a decision: the layers to regularise are those left."""
@@ -258,10 +284,11 @@ class PruneTrain(Technique):
         self._norms = {path: norm for path, norm in self._norms.items() if path in self._groups}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"weight": self.weight}
+        return {"weight": self.weight, "initial_parameters": self.initial_parameters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weight = state.get("weight")
+        self.initial_parameters = state.get("initial_parameters")
 
 
 def _exists(model: nn.Module, path: str) -> bool:
