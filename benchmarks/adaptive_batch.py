@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from scaletrain.efficient.adaptive_batch import parse_bytes
-from training_runs import fashion_mnist, run_records, train_run
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
 
 WITHIN = 0.10
 
@@ -37,7 +34,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     flags = [
         *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}"),
         *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr)),
-        *("--momentum", "0.9", "--weight-decay", "1e-4", "--threads", str(args.threads), "--seed", "0"),
+        *("--momentum", "0.9", "--weight-decay", "1e-4", "--threads", str(args.threads), "--seed", str(args.seed)),
         *("--technique", "prunetrain", "--lasso-ratio", str(args.lasso_ratio), "--reconfigure-every", "1"),
         *("--data-dir", str(data_dir), *extra),
     ]
@@ -72,9 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--lasso-ratio", type=float, default=0.8)
     parser.add_argument("--warmup", type=int, default=20, help="--batch-warmup (updates)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--json", type=Path)
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
     budget = parse_bytes(args.budget)
@@ -119,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     met = bool(verdicts) and all(verdicts)
     print(f"\n{'PASS' if met else 'FAIL'}: every search's peak within {WITHIN:.0%} under the budget")
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings, "runs": runs, "met": met}, indent=2) + "\n")
-    return 0 if met else 1
+    return finish(args, {"runs": runs, "met": met}, met)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ import torch
 
 import scaletrain
 from scaletrain.efficient.cost import channels_per_layer, flops_per_sample
-from training_runs import fashion_mnist, run_records, train_run
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
 
 WITHIN = 0.05
 
@@ -38,7 +37,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
         *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}"),
         *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr)),
         *("--momentum", "0.9", "--weight-decay", "1e-4", "--lr-decay", "0.7", "--lr-decay-start", str(args.every)),
-        *("--threads", str(args.threads), "--seed", "0", "--data-dir", str(data_dir), *extra),
+        *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
     ]
     wall = train_run("resnet20", out, flags)
     records, summary = run_records(out)
@@ -73,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-samples", type=int, default=12800)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data-dir", type=Path)
-    parser.add_argument("--json", type=Path)
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
     morph = [f"target={args.target}", f"strength={args.strength}", f"threshold={args.threshold}"]
@@ -117,11 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{target / 1e6:.3f} M ({off:+.1%}; goal within {WITHIN:.0%}); accuracy {morph_run['test_accuracy']:.4f} "
         f"against dense {dense['test_accuracy']:.4f} ({points:+.2f} points)"
     )
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings, "runs": runs, "met": met}, indent=2) + "\n")
-    return 0 if met else 1
+    return finish(args, {"runs": runs, "met": met}, met)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from training_runs import fashion_mnist, run_records, train_run
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
 
 
 def train(args: argparse.Namespace, data_dir: Path, out: Path, epochs: int, extra: list[str]) -> dict[str, Any]:
@@ -84,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--lr-decay", type=float, default=0.6, help="multiply the rate by this every epoch after")
     parser.add_argument("--lr-decay-start", type=int, default=3, help="epochs at the full rate")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run (they run one at a time)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: found on disk)")
-    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
     print(
@@ -139,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'PASS' if met else 'FAIL'}: reached {target:.4f} after {grown_time:.0f} s against {wide_time:.0f} s"
         )
     print(f"\n{verdict} (goal: fewer seconds to the wide network's accuracy)")
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings, "runs": runs, "met": met}, indent=2) + "\n")
-    return 0 if met else 1
+    return finish(args, {"runs": runs, "met": met}, met)
 
 
 if __name__ == "__main__":

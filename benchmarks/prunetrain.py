@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 
 import scaletrain
 from scaletrain.efficient.cost import flops_per_sample
-from training_runs import fashion_mnist, run_records, train_run
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
 
 GOALS = {"parameters": 0.40, "flops": 0.40, "accuracy_points": 1.5}
 
@@ -95,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prune-threshold", type=float, default=1e-4)
     parser.add_argument("--reconfigure-every", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each run (they run one at a time)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: found on disk)")
-    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
     print(
@@ -133,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {'PASS' if passed else 'FAIL'}: {text}")
     met = [name for name, verdicts in checks.items() if all(verdicts.values())]
     print(f"\nevery goal met by: {', '.join(met) if met else 'none of the ratios'}")
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"settings": settings, "runs": runs, "checks": checks}, indent=2) + "\n")
-    return 0 if met else 1
+    return finish(args, {"runs": runs, "checks": checks}, bool(met))
 
 
 if __name__ == "__main__":
