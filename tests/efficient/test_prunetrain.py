@@ -260,7 +260,10 @@ def test_lambda_uses_the_mean_of_every_workers_first_loss() -> None:
     lasso = group_lasso(model, technique._groups, technique._norms).item()
     assert seen == [("prunetrain/loss", 1.0)]
     assert technique.weight == pytest.approx(lasso_weight(0.2, 4.0, lasso))
-    assert technique.state_dict() == {"weight": technique.weight}
+    assert technique.state_dict() == {
+        "weight": technique.weight,
+        "initial_parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def test_prunetrain_decides_only_every_interval_and_counts_fewer_flops_after() -> None:
