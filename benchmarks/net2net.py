@@ -2,7 +2,7 @@
 
 Fresh ``scaletrain train`` processes train ResNet-20 with the same seed, batch, learning-rate schedule
 and number of epochs, one after another: the wide network (``-o width=16``, 272,186 parameters) from
-scratch, and the narrow one (``-o width=8``, 68,442 parameters) that ``--technique net2net -T
+scratch, and the narrow one (``-o width=8``, 68,642 parameters) that ``--technique net2net -T
 plan=K:wider-all:2`` widens after epoch K to exactly the wide network's shape (every group of
 channels doubled, the function unchanged) and trains on. Each epoch record gives the test accuracy
 and the training seconds (evaluations left out), so the table shows, per run, when (in cumulative

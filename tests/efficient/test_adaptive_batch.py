@@ -4,6 +4,7 @@ runs whose batch follows the network."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ from tests.helpers import make_fashion_mnist, run_cli
 from torch import nn
 
 import scaletrain
-from scaletrain.efficient.adaptive_batch import BatchFit, forked_peak_rss, largest_batch, parse_bytes
+from scaletrain.efficient.adaptive_batch import (
+    BatchFit,
+    available_memory,
+    forked_peak_rss,
+    largest_batch,
+    parse_bytes,
+)
 from scaletrain.errors import ConfigError
 
 
@@ -69,6 +76,15 @@ def test_a_step_that_runs_out_of_memory_in_the_copy_does_not_fit() -> None:
         raise MemoryError
 
     assert forked_peak_rss(explode) is None
+
+
+def test_a_trial_far_too_large_for_the_machine_fails_at_once_in_the_copy() -> None:
+    """The copy may map only 80 % of the available memory: asking for 90 % fails there, not in the machine."""
+    available = available_memory()
+    began = time.monotonic()
+    assert forked_peak_rss(lambda: torch.ones(int(0.9 * available) // 4)) is None
+    assert time.monotonic() - began < 30
+    assert forked_peak_rss(lambda: torch.ones(2**20).sum()) is not None  # a small step still runs
 
 
 def test_the_fit_predicts_the_batch_from_the_parameters() -> None:

@@ -32,6 +32,7 @@ import copy
 import math
 import os
 import re
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ __all__ = [
     "AdaptBatch",
     "BatchFit",
     "adapt_batch_technique",
+    "available_memory",
     "batch_searches",
     "cuda_peak",
     "forked_peak_rss",
@@ -127,16 +129,22 @@ def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> tuple[
 def forked_peak_rss(step: Callable[[], None], timeout: float = 300.0) -> int | None:
     """The peak resident bytes of a forked copy of this process while it runs ``step`` once (``None``
     when the step fails for lack of memory there). The copy starts with this process's resident
-    pages, so the figure is the whole process's peak, as a container's memory limit counts it."""
+    pages, so the figure is the whole process's peak, as a container's memory limit counts it. The
+    copy may map at most 80 % of the memory the machine has available beyond what this process maps
+    (``RLIMIT_AS``), so a trial far too large fails at once in the copy instead of waking the OOM killer."""
+    ceiling = _address_space() + int(0.8 * available_memory())
     pid = os.fork()
     if pid == 0:  # the copy: one thread, the step, out without cleaning up (no atexit, no flushes)
         code = 0
         try:
+            resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
             torch.set_num_threads(1)
             step()
         except (MemoryError, torch.OutOfMemoryError):
             code = 3
-        except BaseException:  # any failure of the copy is reported by its exit code
+        except RuntimeError as exc:  # torch's CPU allocator: "can't allocate memory"
+            code = 3 if "allocate" in str(exc) else 4
+        except BaseException:  # any other failure of the copy is reported by its exit code
             code = 4
         os._exit(code)
     deadline = time.monotonic() + timeout
@@ -155,6 +163,21 @@ def forked_peak_rss(step: Callable[[], None], timeout: float = 300.0) -> int | N
     if code != 0:
         raise ScaletrainError(f"a trial training step failed in its forked copy (exit status {code})")
     return usage.ru_maxrss * 1024  # Linux reports kilobytes
+
+
+def _address_space() -> int:
+    """This process's mapped bytes (``VmSize``)."""
+    return _status_kilobytes("/proc/self/status", "VmSize:") * 1024
+
+
+def available_memory() -> int:
+    """The machine's available memory in bytes (``MemAvailable``)."""
+    return _status_kilobytes("/proc/meminfo", "MemAvailable:") * 1024
+
+
+def _status_kilobytes(path: str, key: str) -> int:
+    with open(path, encoding="ascii") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith(key))
 
 
 def trial_step(
