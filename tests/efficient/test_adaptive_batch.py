@@ -87,6 +87,16 @@ def test_a_trial_far_too_large_for_the_machine_fails_at_once_in_the_copy() -> No
     assert forked_peak_rss(lambda: torch.ones(2**20).sum()) is not None  # a small step still runs
 
 
+def test_memory_an_earlier_larger_step_left_free_does_not_count() -> None:
+    """A process keeps freed heap memory resident; the copy hands it back before its step is measured."""
+    small = lambda: torch.ones(10).sum()  # noqa: E731
+    before = forked_peak_rss(small)
+    chunks = [torch.ones(2**18) for _ in range(300)]  # 300 MiB in 1 MiB pieces, from the heap
+    del chunks
+    after = forked_peak_rss(small)
+    assert after < before + 30 * 2**20
+
+
 def test_the_fit_predicts_the_batch_from_the_parameters() -> None:
     fit = BatchFit([(100_000, 64), (50_000, 128)])
     assert fit.predict(25_000) == 256 and BatchFit([(1, 2)]).predict(5) is None

@@ -28,7 +28,9 @@ The first search runs after the first epoch, then after every reconfiguration th
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import math
 import os
 import re
@@ -128,25 +130,33 @@ def largest_batch(fits: Callable[[int], bool], start: int, limit: int) -> tuple[
 
 def forked_peak_rss(step: Callable[[], None], timeout: float = 300.0) -> int | None:
     """The peak resident bytes of a forked copy of this process while it runs ``step`` once (``None``
-    when the step fails for lack of memory there). The copy starts with this process's resident
-    pages, so the figure is the whole process's peak, as a container's memory limit counts it. The
-    copy may map at most 80 % of the memory the machine has available beyond what this process maps
-    (``RLIMIT_AS``), so a trial far too large fails at once in the copy instead of waking the OOM killer."""
+    when the step fails for lack of memory there): the whole process's peak, as a container's memory
+    limit counts it. The copy first hands the heap's free memory back to the system (``malloc_trim``)
+    and restarts its peak counter (``/proc/self/clear_refs``), so what an earlier, larger batch left
+    free in this process's heap does not count. The copy may map at most 80 % of the memory the
+    machine has available beyond what this process maps (``RLIMIT_AS``), so a trial far too large
+    fails at once in the copy instead of waking the OOM killer."""
     ceiling = _address_space() + int(0.8 * available_memory())
+    reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the copy: one thread, the step, out without cleaning up (no atexit, no flushes)
-        code = 0
+        os.close(reader)
+        code, peak = 0, 0
         try:
             resource.setrlimit(resource.RLIMIT_AS, (ceiling, ceiling))
             torch.set_num_threads(1)
+            _fresh_peak()
             step()
+            peak = _status_kilobytes("/proc/self/status", "VmHWM:") * 1024
         except (MemoryError, torch.OutOfMemoryError):
             code = 3
         except RuntimeError as exc:  # torch's CPU allocator: "can't allocate memory"
             code = 3 if "allocate" in str(exc) else 4
         except BaseException:  # any other failure of the copy is reported by its exit code
             code = 4
+        os.write(writer, str(peak).encode("ascii"))
         os._exit(code)
+    os.close(writer)
     deadline = time.monotonic() + timeout
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
@@ -157,12 +167,23 @@ def forked_peak_rss(step: Callable[[], None], timeout: float = 300.0) -> int | N
             os.wait4(pid, 0)
             raise ScaletrainError(f"a trial training step took over {timeout:.0f} s; the batch search gave up")
         time.sleep(0.005)
+    with os.fdopen(reader, "rb") as pipe:
+        reported = pipe.read().decode("ascii")
     code = os.waitstatus_to_exitcode(status)
     if code == 3 or code == -signal.SIGKILL:  # out of memory (the kernel's OOM killer sends SIGKILL)
         return None
     if code != 0:
         raise ScaletrainError(f"a trial training step failed in its forked copy (exit status {code})")
-    return usage.ru_maxrss * 1024  # Linux reports kilobytes
+    return int(reported) if reported.strip() not in ("", "0") else usage.ru_maxrss * 1024  # kilobytes on Linux
+
+
+def _fresh_peak() -> None:
+    """Return the heap's free memory to the system and restart the peak-RSS counter (Linux ≥ 4.0); where
+    either is refused the peak counts from the fork (a larger figure, never a smaller one)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as refs:
+        refs.write("5")
 
 
 def _address_space() -> int:
