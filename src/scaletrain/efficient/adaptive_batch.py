@@ -10,8 +10,8 @@ gradual warm-up of ``--batch-warmup`` updates. Every search's (parameters, batch
 log-log fit of the batch against the parameter count, whose prediction is where the next search starts.
 
 *The budget.* On a CPU: the peak resident memory (RSS) of the process during one training step,
-measured in a forked copy of the process (``os.wait4`` reports the child's peak), so the search
-never disturbs the training process and a step that does not fit fails in the copy only. On a GPU:
+measured in a forked copy of the process (see :func:`forked_peak_rss`), so the search never disturbs
+the training process and a step that does not fit fails in the copy only. On a GPU:
 ``torch.cuda.max_memory_allocated`` during a step of a copy of the network, an out-of-memory error
 counting as "does not fit" (this path has not run on a GPU yet). The batch searched is each
 process's share: ``--batch-size`` itself for ``join`` and for one process, ``--batch-size / N`` for
