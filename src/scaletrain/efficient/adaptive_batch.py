@@ -29,7 +29,6 @@ The first search runs after the first epoch, then after every reconfiguration th
 from __future__ import annotations
 
 import contextlib
-import copy
 import ctypes
 import math
 import os
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
+from scaletrain.efficient.net2net import applied
 from scaletrain.errors import ConfigError, ScaletrainError
 
 __all__ = [
@@ -286,7 +286,7 @@ class AdaptBatch(Technique):
             return decision  # another technique chose the batch
         if self.searches and (decision is None or not decision.changes_network):
             return decision  # the network the last search measured is still the one
-        network = model if decision is None or not decision.changes_network else _prospective(model, decision)
+        network = model if decision is None or not decision.changes_network else applied(model, decision)
         parameters = sum(p.numel() for p in network.parameters())
         share = self._context.batch_share
         current = max(1, round(end.batch_size * share))
@@ -334,12 +334,3 @@ def batch_searches(technique: Technique | None) -> list[dict[str, Any]] | None:
     members = getattr(technique, "members", [technique])
     found = next((member for member in members if isinstance(member, AdaptBatch)), None)
     return None if found is None else found.searches
-
-
-def _prospective(model: nn.Module, decision: Reconfiguration) -> nn.Module:
-    """A copy of ``model`` as ``decision`` will leave it (the search measures that network)."""
-    from scaletrain.efficient.surgery import reconfigure
-
-    network = copy.deepcopy(model)
-    reconfigure(network, torch.optim.SGD(network.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
-    return network

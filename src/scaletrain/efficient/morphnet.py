@@ -24,7 +24,6 @@ network's at the start.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ from torch import nn
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import channel_count, channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import layer_flops, resource
-from scaletrain.efficient.net2net import apply_decision, composed, expansion_decision
+from scaletrain.efficient.net2net import applied, composed, expansion_decision
 from scaletrain.efficient.prunetrain import following_norms, shrink_values
 from scaletrain.errors import ConfigError
 
@@ -131,9 +130,7 @@ class MorphNet(Technique):
         norms = following_norms(model, example)
         pruning = dead_channel_pruning(model, channel_groups(model, example), self.threshold, norms)
         shrink = Reconfiguration(keep=pruning.keep, remove=pruning.remove)
-        shrunk = copy.deepcopy(model)
-        if shrink.changes_network:
-            apply_decision(shrunk, shrink)
+        shrunk = applied(model, shrink)
         target = self.target * (self.initial or resource(model, example, self.resource))
         expand, reached = expansion_decision(shrunk, example, target, self.resource)
         self.history.append(

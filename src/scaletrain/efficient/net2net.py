@@ -46,6 +46,7 @@ from scaletrain.errors import ConfigError
 
 __all__ = [
     "Net2Net",
+    "applied",
     "apply_decision",
     "composed",
     "deepen",
@@ -234,6 +235,14 @@ def apply_decision(model: nn.Module, decision: Reconfiguration) -> None:
     reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
 
 
+def applied(model: nn.Module, decision: Reconfiguration) -> nn.Module:
+    """A copy of ``model`` as ``decision`` leaves it (``model`` itself is not changed)."""
+    network = copy.deepcopy(model)
+    if decision.changes_network:
+        apply_decision(network, decision)
+    return network
+
+
 def composed(first: Reconfiguration, second: Reconfiguration) -> Reconfiguration:
     """``first`` (resizes and removals) then ``second`` (resizes of the network ``first`` leaves) as one
     decision: each module's kept indices are the first's, picked by the second's.
@@ -264,9 +273,7 @@ def expansion_decision(
 
     def grown(factor: float) -> tuple[Reconfiguration, float]:
         decision = uniform_wider_decision(model, factor, example_inputs, groups=groups)
-        trial = copy.deepcopy(model)
-        apply_decision(trial, decision)
-        return decision, resource(trial, example_inputs, kind)
+        return decision, resource(applied(model, decision), example_inputs, kind)
 
     low, high = 1.0, 2.0
     while grown(high)[1] < target and high < 64:

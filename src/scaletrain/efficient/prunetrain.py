@@ -40,7 +40,6 @@ Options: ``--technique prunetrain --lasso-ratio 0.2 --prune-threshold 1e-4 --rec
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -51,7 +50,7 @@ from torch import nn
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import layers_run, traced_forward
-from scaletrain.efficient.net2net import apply_decision, composed, expansion_decision
+from scaletrain.efficient.net2net import applied, composed, expansion_decision
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -269,9 +268,7 @@ class PruneTrain(Technique):
         pruning = dead_channel_pruning(model, channel_groups(model, example), self.threshold, self._norms)
         decision = Reconfiguration(keep=pruning.keep, remove=pruning.remove)
         if rewidening:
-            pruned = copy.deepcopy(model)
-            if decision.changes_network:
-                apply_decision(pruned, decision)
+            pruned = applied(model, decision)
             target = self.rewiden_to * (self.initial_parameters or 0)
             expand, _ = expansion_decision(pruned, example, target, "parameters")
             if expand is not None:
