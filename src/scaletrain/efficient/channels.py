@@ -42,6 +42,7 @@ __all__ = [
     "channel_count",
     "channel_groups",
     "dead_channel_pruning",
+    "is_residual_block",
     "residual_blocks",
 ]
 
@@ -106,6 +107,12 @@ def channel_groups(model: nn.Module, example_inputs: Any) -> list[ChannelGroup]:
 def _output_layers(model: nn.Module, example_inputs: Any) -> list[nn.Module]:
     """The last convolution or linear layer the forward pass runs: the network's output layer."""
     return [module for module, _ in layers_run(model, example_inputs)[-1:]]
+
+
+def is_residual_block(module: nn.Module) -> bool:
+    """Whether ``module`` is a residual block the surgery can remove or copy: ``residual``,
+    ``shortcut`` and ``relu`` children."""
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("residual", "shortcut", "relu"))
 
 
 def residual_blocks(model: nn.Module) -> list[str]:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
-from scaletrain.efficient.channels import ChannelGroup, channel_count, channel_groups
+from scaletrain.efficient.channels import ChannelGroup, channel_count, channel_groups, is_residual_block
 from scaletrain.efficient.cost import resource
 from scaletrain.errors import ConfigError
 
@@ -159,7 +159,7 @@ def deeper_decision(model: nn.Module, after: str, kernel: int = 3) -> Reconfigur
     position = int(index)
     module = parent[position]
     target = f"{parent_path}.{position + 1}" if parent_path else str(position + 1)
-    if _is_block(module):
+    if is_residual_block(module):
         if not isinstance(module.shortcut, nn.Identity):
             raise ConfigError(
                 f"net2net: block {after} changes the shape (its shortcut is a projection); deepen after a block "
@@ -189,7 +189,7 @@ def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Modul
     ``previous`` (the module before it) outputs."""
     kind = spec.get("kind")
     if kind == "block":
-        if not _is_block(previous):
+        if not is_residual_block(previous):
             raise ConfigError("net2net: a residual block is inserted only right after one")
         block = copy.deepcopy(previous)
         last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
@@ -297,10 +297,6 @@ def _is_number(text: str) -> bool:
         return float(text) > 1
     except ValueError:
         return False
-
-
-def _is_block(module: nn.Module) -> bool:
-    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("residual", "shortcut", "relu"))
 
 
 @dataclass

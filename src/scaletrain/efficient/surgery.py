@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Reconfiguration
-from scaletrain.efficient.channels import channel_count
+from scaletrain.efficient.channels import channel_count, is_residual_block
 from scaletrain.errors import ConfigError
 
 __all__ = ["Architecture", "Bypass", "apply_architecture", "reconfigure", "resized_architecture"]
@@ -225,7 +225,7 @@ def _module(model: nn.Module, path: str) -> nn.Module:
 
 def _remove_block(model: nn.Module, path: str) -> None:
     block = _module(model, path)
-    if not all(isinstance(getattr(block, name, None), nn.Module) for name in ("residual", "shortcut", "relu")):
+    if not is_residual_block(block):
         raise ConfigError(f"module {path} is no residual block (one with residual, shortcut and relu children)")
     activation = copy.deepcopy(block.relu)
     if hasattr(activation, "inplace"):  # an identity shortcut hands over its input, which backward needs
