@@ -151,8 +151,10 @@ class ShardServer:
         with torch.no_grad():
             for parameter, view in zip(self.master, views_of(self._flat, self.master), strict=True):
                 parameter.data = view
-        self._sum = torch.zeros_like(self._flat)
-        self._sum_views = views_of(self._sum, self.master)
+        # Only a synchronous update of several gradients adds them up; otherwise no sum buffer is kept.
+        summing = synchronous and contributors > 1
+        self._sum = torch.zeros_like(self._flat) if summing else self._flat.new_empty(0)
+        self._sum_views = views_of(self._sum, self.master) if summing else []
         self._arrived = 0
         self._round = 0
         self._snapshot = self._flat if synchronous else self._flat.clone()
@@ -197,7 +199,7 @@ class ShardServer:
     def _serve(self, peer: int) -> None:
         group = self.peers[peer]
         header = torch.zeros(REQUEST_FIELDS, dtype=torch.int64)
-        gradient = torch.zeros_like(self._sum)
+        gradient = torch.zeros_like(self._flat)
         wire = self.codec.receive_buffer(gradient)
         gradient_views = views_of(gradient, self.master)
         try:
