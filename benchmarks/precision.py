@@ -2,10 +2,13 @@
 
 **A. Compute.** For each workload (default: LeNet and ResNet-20 on the real Fashion-MNIST, SqueezeNet
 on synthetic 64×64 images with 10 classes), one process times forward + backward (t_grad) and the
-optimizer step (t_update) under ``--precision fp32`` and ``bf16`` — the timing code ``scaletrain
-profile`` uses, with autocast around the forward pass as ``train --precision`` runs it. The two
-precisions alternate, round after round, so that both see the same machine; the step is the median
-t_grad plus the median t_update over all rounds. Goal (issue 12): bf16 ≥ 1.8× faster on the ResNet.
+optimizer step (t_update) under ``--precision fp32`` and ``bf16``, each with the convolutions'
+activations channels-first (``--memory-format contiguous``) and channels-last — the timing code
+``scaletrain profile`` uses, with the forward pass run as ``train`` runs it. The four alternate, round
+after round, so that all see the same machine; the step is the median t_grad plus the median
+t_update over all rounds. Goal (issue 12): bf16 ≥ 1.8× faster than fp32 on the ResNet, judged in each
+layout (like for like); printed beside it, what channels-last buys each precision, and bf16 with
+channels-last against the fp32 channels-first step scaletrain took before it had the option.
 
 **B. Wire.** LeNet with 2 workers (default: all-reduce and the sharded parameter server, ``split``)
 across an emulated link (``--network``, default 50mbit; namespaces + veth + tc, root), once with
@@ -41,6 +44,7 @@ from scaletrain.measure.probe import time_gradient
 from training_runs import fashion_mnist, run_records, train_run
 
 COMPUTE_GOAL, WIRE_TOLERANCE, GAIN_TOLERANCE = 1.8, 0.10, 0.10
+LAYOUTS = ("contiguous", "channels_last")
 #: workload, its options, batch size
 COMPUTE_WORKLOADS = {
     "lenet": ({}, 64),
@@ -50,29 +54,50 @@ COMPUTE_WORKLOADS = {
 
 
 def compute(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
-    """Part A: per workload, the median step under each precision, rounds alternating."""
+    """Part A: per workload, the median step of each precision in each layout, rounds alternating."""
     results = {}
+    layouts = args.layouts.split(",")
     for workload in args.workloads.split(","):
         options, batch = COMPUTE_WORKLOADS[workload]
         batch = args.compute_batch or batch
-        samples: dict[str, dict[str, list[float]]] = {p: {"t_grad": [], "t_update": []} for p in ("fp32", "bf16")}
+        runs = [(precision, layout) for layout in layouts for precision in ("fp32", "bf16")]
+        samples: dict[tuple[str, str], dict[str, list[float]]] = {run: {"t_grad": [], "t_update": []} for run in runs}
         for _ in range(args.rounds):
-            for precision in ("fp32", "bf16"):
+            for precision, layout in runs:
                 job = {
                     **dict(workload=workload, options=options, data_dir=str(data_dir), download=False),
                     **dict(threads=args.threads, batch_size=batch, parts=[1], lr=0.01, momentum=0.9),
-                    **dict(warmup=args.warmup, repeats=args.repeats, precision=precision),
+                    **dict(warmup=args.warmup, repeats=args.repeats, precision=precision, memory_format=layout),
                 }
                 measured = time_gradient(job)
-                samples[precision]["t_grad"] += measured["t_grad"]["1"]
-                samples[precision]["t_update"] += measured["t_update"]
-        step = {p: statistics.median(s["t_grad"]) + statistics.median(s["t_update"]) for p, s in samples.items()}
-        results[workload] = {"batch_size": batch, "step_seconds": step, "speedup": step["fp32"] / step["bf16"]}
-        print(
-            f"  {workload:<11} batch {batch:>3}: fp32 {1000 * step['fp32']:8.1f} ms, "
-            f"bf16 {1000 * step['bf16']:8.1f} ms per step → ×{results[workload]['speedup']:.2f}",
-            flush=True,
-        )
+                samples[precision, layout]["t_grad"] += measured["t_grad"]["1"]
+                samples[precision, layout]["t_update"] += measured["t_update"]
+        step = {run: statistics.median(s["t_grad"]) + statistics.median(s["t_update"]) for run, s in samples.items()}
+        speedup = {layout: step["fp32", layout] / step["bf16", layout] for layout in layouts}
+        results[workload] = {
+            "batch_size": batch,
+            "step_seconds": {f"{precision}/{layout}": seconds for (precision, layout), seconds in step.items()},
+            "speedup": speedup,
+        }
+        for layout in layouts:
+            print(
+                f"  {workload:<11} batch {batch:>3}, {layout:<13}: fp32 {1000 * step['fp32', layout]:8.1f} ms, "
+                f"bf16 {1000 * step['bf16', layout]:8.1f} ms per step → ×{speedup[layout]:.2f}",
+                flush=True,
+            )
+        if set(LAYOUTS) <= set(layouts):
+            fastest_fp32 = min(step["fp32", layout] for layout in layouts)
+            results[workload]["bf16_channels_last_against_fp32_contiguous"] = (
+                step["fp32", "contiguous"] / step["bf16", "channels_last"]
+            )
+            results[workload]["bf16_channels_last_against_fastest_fp32"] = fastest_fp32 / step["bf16", "channels_last"]
+            print(
+                f"  {workload:<11} channels_last against contiguous: fp32 "
+                f"×{step['fp32', 'contiguous'] / step['fp32', 'channels_last']:.2f}, bf16 "
+                f"×{step['bf16', 'contiguous'] / step['bf16', 'channels_last']:.2f}; bf16 channels_last against "
+                f"fp32 contiguous ×{results[workload]['bf16_channels_last_against_fp32_contiguous']:.2f}",
+                flush=True,
+            )
     return results
 
 
@@ -144,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10, help="part A: timed steps per round")
     parser.add_argument("--warmup", type=int, default=3, help="part A: untimed steps per round")
     parser.add_argument("--threads", type=int, default=1, help="part A: torch threads")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="part A: --memory-format values to time")
     parser.add_argument("--compute-batch", type=int, help="part A: this batch for every workload (default: 64/64/32)")
     parser.add_argument("--skip-wire", action="store_true", help="part A only")
     parser.add_argument("--strategies", default="allreduce-split,ps-sharded-split", help="part B's 2-worker runs")
@@ -156,15 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = fashion_mnist(parser, args.data_dir)
     print(f"A. bf16 autocast against fp32, {args.threads} thread(s), {args.rounds} alternating rounds", flush=True)
     result: dict[str, Any] = {"compute": compute(args, data_dir)}
-    checks = (
-        {
-            f"resnet20: bf16 step ×{result['compute']['resnet20']['speedup']:.2f} faster (goal ≥ {COMPUTE_GOAL})": (
-                result["compute"]["resnet20"]["speedup"] >= COMPUTE_GOAL
-            )
-        }
-        if "resnet20" in result["compute"]
-        else {}
-    )
+    checks = {
+        f"resnet20, {layout}: bf16 step ×{speedup:.2f} faster than fp32 in the same layout (goal ≥ {COMPUTE_GOAL})": (
+            speedup >= COMPUTE_GOAL
+        )
+        for layout, speedup in result["compute"].get("resnet20", {}).get("speedup", {}).items()
+    }
     if not args.skip_wire:
         print(f"\nB. --wire bf16 against fp32, LeNet, 2 workers over {args.network}", flush=True)
         folder = Path(tempfile.mkdtemp(prefix="st-precision-"))

@@ -104,6 +104,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("wire", args.wire),
                 ("error_feedback", args.error_feedback),
                 ("device", args.device),
+                ("memory_format", args.memory_format),
                 ("ghost_batch", args.ghost_batch),
                 ("batch_budget", args.batch_budget),
                 ("batch_scaling", args.batch_scaling),

@@ -8,6 +8,7 @@ from pathlib import Path
 from scaletrain.api import profile
 from scaletrain.cli.arguments import number_list
 from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.measure.profile import Profile
 from scaletrain.parallel.codec import CODECS
@@ -41,6 +42,8 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="time t_comm for the weights in this type, as train --wire sends them")  # fmt: skip
     group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
                        help="where t_grad is timed (default: cpu)")  # fmt: skip
+    group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="contiguous",
+                       help="the convolutions' activations while t_grad is timed, as in train")  # fmt: skip
     add_model_flags(parser)
 
 
@@ -62,6 +65,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "wire": args.wire,
         "device": args.device,
+        "memory_format": args.memory_format,
     }
 
 
@@ -92,7 +96,8 @@ def describe(result: Profile) -> str:
     return "\n".join(
         [
             f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
-            f"({result.weight_bytes:,} bytes as {result.wire}), {result.precision} compute, "
+            f"({result.weight_bytes:,} bytes as {result.wire}), {result.precision} compute"
+            f"{' (channels-last)' if result.memory_format == 'channels_last' else ''}, "
             f"{result.threads} thread(s), {result.network or 'loopback'}",
             f"t_grad   {result.t_grad * 1000:10.2f} ms" + (f"   ({parts})" if parts else ""),
             f"t_update {result.t_update * 1000:10.2f} ms",

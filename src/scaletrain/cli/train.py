@@ -13,6 +13,7 @@ from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
 from scaletrain.efficient import TECHNIQUES, technique_flags, with_flagged_options
+from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.codec import CODECS
@@ -120,8 +121,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_precision_flags(parser: argparse.ArgumentParser) -> None:
-    """``--precision``, ``--loss-scale``, ``--wire`` and ``--error-feedback`` (flags default to None: a
-    config file may set them)."""
+    """``--precision``, ``--loss-scale``, ``--wire``, ``--device``, ``--memory-format`` and ``--error-feedback``
+    (flags default to None: a config file may set them)."""
     group = parser.add_argument_group("precision and wire (scaletrain.efficient.precision, scaletrain.parallel.codec)")
     group.add_argument(
         "--precision",
@@ -142,6 +143,12 @@ def add_precision_flags(parser: argparse.ArgumentParser) -> None:
         metavar="auto|cpu|cuda|cuda:K",
         help="where workers compute (auto: the process's GPU when torch sees one — cuda:LOCAL_RANK under a "
         "launcher — else the CPU; a parameter server process always uses the CPU)",
+    )
+    group.add_argument(
+        "--memory-format",
+        choices=MEMORY_FORMATS,
+        help="the convolutions' activations while training: contiguous (NCHW, default) or channels_last (NHWC: "
+        "no reorders around oneDNN's and cuDNN's kernels)",
     )
     group.add_argument(
         "--error-feedback",

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from scaletrain.efficient.base import stacked
+from scaletrain.efficient.channels_last import memory_format_technique
 from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
 from scaletrain.parallel.codec import WireCodec
@@ -46,7 +48,9 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"], fused=True)
-    autocast = Precision(precision=job.get("precision", "fp32"), device_type=device.type)
+    # the forward pass as the training loop runs it: activations' layout, then autocast
+    layout = memory_format_technique(job.get("memory_format", "contiguous"))
+    autocast = stacked(layout, Precision(precision=job.get("precision", "fp32"), device_type=device.type))
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}
     updates: list[float] = []

@@ -22,6 +22,7 @@ from torch import nn
 from scaletrain.config import TrainConfig, resolve
 from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique, stacked
 from scaletrain.efficient.adaptive_batch import adapt_batch_technique, cuda_peak, forked_peak_rss, trial_step
+from scaletrain.efficient.channels_last import memory_format_technique
 from scaletrain.efficient.cost import network_figures
 from scaletrain.efficient.ghost import ghost_batch_norm
 from scaletrain.efficient.precision import precision_technique
@@ -199,7 +200,9 @@ def prepare(
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
     adapt = adapt_batch_technique(config)
-    technique = stacked(chosen, adapt, precision_technique(config, device.type))  # last: its loss scale covers all
+    layout = memory_format_technique(config.memory_format)
+    # precision last: its loss scale covers every other technique's objective
+    technique = stacked(chosen, adapt, layout, precision_technique(config, device.type))
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:

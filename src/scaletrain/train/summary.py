@@ -141,6 +141,7 @@ def write_summary(
         "clip_norm": config.clip_norm,
         "device": str(prepared.device),
         "precision": config.precision,
+        "memory_format": config.memory_format,
         "ghost_batch": config.ghost_batch,
         "batch_budget": config.batch_budget,
         "wire": config.wire,

@@ -1,0 +1,126 @@
+"""Channels-last activations: the same function and gradients, NHWC only inside the training forward pass,
+and runs under every strategy (with a network rebuilt mid-run) that end where channels-first ones do."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import assert_same_weights, make_fashion_mnist, run_cli
+from tests.helpers import model_weights as weights
+from torch import nn
+
+import scaletrain
+from scaletrain.efficient.channels_last import channels_last_activations, memory_format_technique
+from scaletrain.errors import ConfigError
+from scaletrain.workloads import create_workload
+
+RESNET = {"dataset": "fashion-mnist", "stages": "3", "blocks": "1", "width": "4"}
+
+
+def _layouts(model: nn.Module) -> tuple[list[str], list[torch.utils.hooks.RemovableHandle]]:
+    """Record, per convolution call, the layout of its input and output (``nchw``/``nhwc``)."""
+    seen: list[str] = []
+
+    def layout(tensor: torch.Tensor) -> str:
+        if tensor.is_contiguous():
+            return "nchw"
+        return "nhwc" if tensor.is_contiguous(memory_format=torch.channels_last) else "other"
+
+    def record(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if module.in_channels > 1:  # with one channel both layouts are the same strides
+            seen.append(f"in:{layout(inputs[0])}")
+        seen.append(f"out:{layout(output)}")
+
+    handles = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    return seen, handles
+
+
+def test_channels_last_computes_the_same_outputs_and_gradients_with_nhwc_convolutions() -> None:
+    torch.manual_seed(0)
+    model = create_workload("resnet", RESNET).build_model()
+    twin = copy.deepcopy(model)
+    inputs, labels = torch.randn(6, 1, 28, 28), torch.randint(0, 10, (6,))
+    seen, handles = _layouts(twin)
+    with channels_last_activations():
+        out = twin(inputs)
+        nn.functional.cross_entropy(out, labels).backward()
+    reference = model(inputs)
+    nn.functional.cross_entropy(reference, labels).backward()
+    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+    for mine, theirs in zip(twin.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-5)
+        assert mine.is_contiguous(), "the parameters keep their layout"
+    assert seen and set(seen) == {"in:nhwc", "out:nhwc"}, seen
+
+    seen.clear()
+    twin(inputs)  # outside the block: no hook is left behind
+    assert "in:nhwc" not in seen and "out:nhwc" not in seen
+    for handle in handles:
+        handle.remove()
+
+
+def test_the_hooks_go_away_when_the_forward_pass_fails() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3))
+    with pytest.raises(RuntimeError), channels_last_activations():
+        model(torch.randn(2, 5, 8, 8))  # wrong channel count
+    assert model(torch.randn(2, 3, 8, 8)).is_contiguous()
+
+
+def test_an_unknown_memory_format_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ConfigError, match="--memory-format must be one of contiguous, channels_last"):
+        memory_format_technique("nhwc")
+    with pytest.raises(ConfigError, match="memory-format"):
+        scaletrain.TrainConfig("lenet", memory_format="NHWC")
+
+
+def test_the_cli_refuses_a_bad_memory_format_in_one_line(tmp_path: Path) -> None:
+    result = run_cli("train", "lenet", "--memory-format", "nhwc", "--steps", "1", "--out", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "channels_last" in result.stderr
+    assert not (tmp_path / "r").exists()
+
+
+# -- real runs ---------------------------------------------------------------------------------------
+
+LENET_PLAN = "1:wider:features.0:26"  # the network is rebuilt mid-run, its first convolution replaced
+COMMON = {"epochs": 2, "lr": 0.05, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 3}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fashion_mnist(tmp_path_factory.mktemp("channels-last") / "fmnist", train=96, test=32)
+
+
+def run(data: Path, out: Path, **extra) -> dict:
+    settings = {**COMMON, "technique": "net2net", "technique_options": {"plan": LENET_PLAN}, **extra}
+    return scaletrain.train("lenet", data_dir=data, out=out, batch_size=12, **settings)
+
+
+@pytest.fixture(scope="module")
+def channels_first(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("channels-first") / "run"
+    run(data, out)
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("workers", "strategy", "server"), [(1, "local", "central"), (2, "allreduce", "central"),
+                                                             (2, "ps", "sharded")])  # fmt: skip
+def test_a_channels_last_run_ends_where_a_channels_first_one_does(
+    workers: int, strategy: str, server: str, data: Path, channels_first: Path, tmp_path: Path
+) -> None:
+    """LeNet has no batch norm, so a split run computes one process's gradients; the layout changes only
+    the order of the convolutions' sums."""
+    layout = {"memory_format": "channels_last", "strategy": strategy, "server": server}
+    summary = run(data, tmp_path / "run", workers=workers, sync="split" if workers > 1 else "join", **layout)
+    assert summary["memory_format"] == "channels_last"
+    assert summary["parameters"] > summary["parameters_initial"], "the network grew mid-run"
+    if workers > 1:
+        assert len({worker["weights_digest"] for worker in summary["per_worker"]}) == 1
+    assert_same_weights(weights(channels_first), weights(tmp_path / "run"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "reconfiguration" for r in records)
