@@ -81,8 +81,9 @@ class TrainConfig:
     ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
     (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
     the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.train.device`)
-    is where a worker computes. ``memory_format`` (``contiguous``, ``channels_last``): the layout of the
-    convolutions' activations in the training forward pass (:mod:`scaletrain.efficient.channels_last`).
+    is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
+    ``channels_last``): the layout of the convolutions' activations in the training forward pass
+    (:mod:`scaletrain.efficient.channels_last`).
     ``ghost_batch``: every batch norm normalises over ghost batches of
     this many samples (:mod:`scaletrain.efficient.ghost`). ``batch_budget`` (``"600MB"``): after the
     first epoch and every reconfiguration, the largest batch whose step fits that memory, the rate scaled
@@ -128,7 +129,7 @@ class TrainConfig:
     wire: str = "fp32"
     error_feedback: bool = False
     device: str = "auto"
-    memory_format: str = "contiguous"
+    memory_format: str = "auto"
     ghost_batch: int | None = None
     batch_budget: str | None = None
     batch_scaling: str = "linear"
@@ -167,10 +168,10 @@ class TrainConfig:
             if self.batch_budget is None:
                 raise ConfigError("--batch-scaling and --batch-warmup go with --batch-budget; add --batch-budget SIZE")
             adapt_batch_technique(self)  # checks the budget, scaling and warm-up
-        if self.memory_format != "contiguous":
-            from scaletrain.efficient.channels_last import memory_format_technique
+        if self.memory_format != "auto":
+            from scaletrain.efficient.channels_last import resolved_memory_format
 
-            memory_format_technique(self.memory_format)  # checks the name
+            resolved_memory_format(self.memory_format)  # checks the name
         if self.ghost_batch is not None and (not isinstance(self.ghost_batch, int) or self.ghost_batch < 2):
             raise ConfigError(
                 f"ghost_batch must be a whole number ≥ 2 (a variance needs two samples), got {self.ghost_batch!r}"

@@ -71,7 +71,7 @@ def test_the_hooks_go_away_when_the_forward_pass_fails() -> None:
 
 
 def test_an_unknown_memory_format_is_refused_naming_the_choices() -> None:
-    with pytest.raises(ConfigError, match="--memory-format must be one of contiguous, channels_last"):
+    with pytest.raises(ConfigError, match="--memory-format must be one of auto, contiguous, channels_last"):
         memory_format_technique("nhwc")
     with pytest.raises(ConfigError, match="memory-format"):
         scaletrain.TrainConfig("lenet", memory_format="NHWC")
@@ -103,24 +103,28 @@ def run(data: Path, out: Path, **extra) -> dict:
 @pytest.fixture(scope="module")
 def channels_first(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("channels-first") / "run"
-    run(data, out)
+    assert run(data, out, memory_format="contiguous")["memory_format"] == "contiguous"
     return out
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("workers", "strategy", "server"), [(1, "local", "central"), (2, "allreduce", "central"),
-                                                             (2, "ps", "sharded")])  # fmt: skip
+@pytest.mark.parametrize(("workers", "strategy", "server", "memory_format"), [
+    (1, "local", "central", "auto"), (2, "allreduce", "central", "channels_last"), (2, "ps", "sharded", "auto"),
+])  # fmt: skip
 def test_a_channels_last_run_ends_where_a_channels_first_one_does(
-    workers: int, strategy: str, server: str, data: Path, channels_first: Path, tmp_path: Path
+    workers: int, strategy: str, server: str, memory_format: str, data: Path, channels_first: Path, tmp_path: Path
 ) -> None:
     """LeNet has no batch norm, so a split run computes one process's gradients; the layout changes only
-    the order of the convolutions' sums."""
-    layout = {"memory_format": "channels_last", "strategy": strategy, "server": server}
+    the order of the convolutions' sums. On a CPU ``auto`` (the default) is channels-last."""
+    layout = {"memory_format": memory_format, "strategy": strategy, "server": server}
     summary = run(data, tmp_path / "run", workers=workers, sync="split" if workers > 1 else "join", **layout)
     assert summary["memory_format"] == "channels_last"
     assert summary["parameters"] > summary["parameters_initial"], "the network grew mid-run"
     if workers > 1:
         assert len({worker["weights_digest"] for worker in summary["per_worker"]}) == 1
-    assert_same_weights(weights(channels_first), weights(tmp_path / "run"))
+    first, last = weights(channels_first), weights(tmp_path / "run")
+    assert_same_weights(first, last)
+    if workers == 1:  # one process, the same sums but for the convolutions' kernels: NHWC ones ran
+        assert any(not torch.equal(first[name], last[name]) for name in first)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "reconfiguration" for r in records)

@@ -42,7 +42,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="time t_comm for the weights in this type, as train --wire sends them")  # fmt: skip
     group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
                        help="where t_grad is timed (default: cpu)")  # fmt: skip
-    group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="contiguous",
+    group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                        help="the convolutions' activations while t_grad is timed, as in train")  # fmt: skip
     add_model_flags(parser)
 

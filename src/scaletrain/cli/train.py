@@ -147,8 +147,8 @@ def add_precision_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--memory-format",
         choices=MEMORY_FORMATS,
-        help="the convolutions' activations while training: contiguous (NCHW, default) or channels_last (NHWC: "
-        "no reorders around oneDNN's and cuDNN's kernels)",
+        help="the convolutions' activations while training: channels_last (NHWC: no reorders around oneDNN's "
+        "kernels), contiguous (NCHW) or auto (channels_last on a CPU, contiguous on a GPU)",
     )
     group.add_argument(
         "--error-feedback",

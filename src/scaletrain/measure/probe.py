@@ -49,7 +49,7 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"], fused=True)
     # the forward pass as the training loop runs it: activations' layout, then autocast
-    layout = memory_format_technique(job.get("memory_format", "contiguous"))
+    layout = memory_format_technique(job.get("memory_format", "auto"), device.type)
     autocast = stacked(layout, Precision(precision=job.get("precision", "fp32"), device_type=device.type))
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from scaletrain.efficient.channels_last import resolved_memory_format
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
@@ -85,15 +86,15 @@ class ProfileConfig:
     precision: str = "fp32"  # autocast type of the timed forward passes
     wire: str = "fp32"  # what the weights travel as (scaletrain.parallel.codec)
     device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
-    memory_format: str = "contiguous"  # the convolutions' activations in the timed passes (--memory-format)
+    memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
 
     def __post_init__(self) -> None:
-        from scaletrain.efficient.channels_last import memory_format_technique
+        from scaletrain.efficient.channels_last import resolved_memory_format
         from scaletrain.efficient.precision import Precision
 
         # refuses an unknown precision, and fp16 where the device is no GPU
         Precision(precision=self.precision, device_type=resolve_device(self.device).type)
-        memory_format_technique(self.memory_format)
+        resolved_memory_format(self.memory_format)
         WireCodec.of(self.wire)
         if self.repeats < 1 or self.round_trips < 1 or self.launches < 1 or self.warmup < 0:
             raise ConfigError("--repeats, --round-trips and --launches must be ≥ 1 and --warmup ≥ 0")
@@ -140,7 +141,7 @@ class Profile:
     architecture: dict[str, dict[str, int]] = field(default_factory=dict)  # as ProfileConfig's
     precision: str = "fp32"
     wire: str = "fp32"
-    memory_format: str = "contiguous"
+    memory_format: str = "contiguous"  # as timed (auto resolved)
 
     def t_grad_at(self, parts: int) -> float:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
@@ -213,12 +214,11 @@ class Profile:
         return path
 
     def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE][-nhwc].json`` (defaults left out)"""
+        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE].json`` (float32 parts left out)"""
         network = f"-{self.network}" if self.network else ""
         precision = f"-{self.precision}" if self.precision != "fp32" else ""
         wire = f"-w{self.wire}" if self.wire != "fp32" else ""
-        layout = "-nhwc" if self.memory_format == "channels_last" else ""
-        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}{precision}{wire}{layout}.json"
+        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}{precision}{wire}.json"
 
     @classmethod
     def load(cls, path: Path) -> Profile:
@@ -310,7 +310,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         architecture=dict(config.architecture),
         precision=config.precision,
         wire=config.wire,
-        memory_format=config.memory_format,
+        memory_format=resolved_memory_format(config.memory_format, resolve_device(config.device).type),
     )
     if out is not None:
         profile.save(out)

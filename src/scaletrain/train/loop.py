@@ -200,7 +200,7 @@ def prepare(
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
     adapt = adapt_batch_technique(config)
-    layout = memory_format_technique(config.memory_format)
+    layout = memory_format_technique(config.memory_format, device.type)
     # precision last: its loss scale covers every other technique's objective
     technique = stacked(chosen, adapt, layout, precision_technique(config, device.type))
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from scaletrain.efficient.adaptive_batch import batch_searches
+from scaletrain.efficient.channels_last import resolved_memory_format
 from scaletrain.train.logs import METRICS_NAME, write_json
 from scaletrain.train.pictures import PRUNING_PICTURE, plot_reconfigurations
 from scaletrain.workloads.base import count_parameters
@@ -141,7 +142,7 @@ def write_summary(
         "clip_norm": config.clip_norm,
         "device": str(prepared.device),
         "precision": config.precision,
-        "memory_format": config.memory_format,
+        "memory_format": resolved_memory_format(config.memory_format, prepared.device.type),
         "ghost_batch": config.ghost_batch,
         "batch_budget": config.batch_budget,
         "wire": config.wire,
