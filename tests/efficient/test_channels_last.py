@@ -128,3 +128,15 @@ def test_a_channels_last_run_ends_where_a_channels_first_one_does(
         assert any(not torch.equal(first[name], last[name]) for name in first)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r["kind"] == "reconfiguration" for r in records)
+
+
+def test_a_run_resumes_in_the_other_layout_like_an_uninterrupted_run(
+    data: Path, channels_first: Path, tmp_path: Path
+) -> None:
+    """The layout is not part of the technique state a checkpoint keeps: the growth planned for the
+    second epoch still happens after resuming channels-last from a channels-first checkpoint."""
+    run(data, tmp_path / "run", epochs=1, memory_format="contiguous")
+    summary = run(data, tmp_path / "run", resume=True, memory_format="channels_last")
+    assert summary["memory_format"] == "channels_last"
+    assert summary["parameters"] > summary["parameters_initial"]
+    assert_same_weights(weights(channels_first), weights(tmp_path / "run"))

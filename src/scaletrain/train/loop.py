@@ -128,6 +128,9 @@ class Prepared:
     global_batch_factor: int = 1
     initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: ``--memory-format``: entered around each forward pass with the technique's context. Kept out of
+    #: the technique stack, whose checkpointed state must not depend on the layout a run resumes with.
+    layout: Technique | None = None
 
     @property
     def steps_per_epoch(self) -> int:
@@ -200,9 +203,7 @@ def prepare(
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
     adapt = adapt_batch_technique(config)
-    layout = memory_format_technique(config.memory_format, device.type)
-    # precision last: its loss scale covers every other technique's objective
-    technique = stacked(chosen, adapt, layout, precision_technique(config, device.type))
+    technique = stacked(chosen, adapt, precision_technique(config, device.type))  # last: its loss scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
@@ -241,6 +242,7 @@ def prepare(
         global_batch_factor,
         initial_parameters,
         device,
+        memory_format_technique(config.memory_format, device.type),
     )
 
 
@@ -391,7 +393,7 @@ class Trainer:
                 for group in self.optimizer.param_groups:
                     group["lr"] = learning_rate_at_step(self.prepared, position.step)
             batch = to_device(batch, device)
-            with self.technique.forward_context() if self.technique is not None else contextlib.nullcontext():
+            with self._forward_context():
                 objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
             self._check_finite(loss)
             if self.technique is not None:
@@ -429,12 +431,20 @@ class Trainer:
             return None  # the epoch has no batch that large
         batch = next(iter(self.workload.train_batches(self.data, epoch=0, batch_size=rows, seed=self.config.seed)))
         batch = to_device(batch, device)
-        context = self.technique.forward_context if self.technique is not None else contextlib.nullcontext
+        context = self._forward_context
         momentum = self.config.momentum or 0.0
         if device.type == "cpu":
             return forked_peak_rss(trial_step(model, self.workload, batch, rows, context, momentum))
         copy_on_device = copy.deepcopy(model)
         return cuda_peak(trial_step(copy_on_device, self.workload, batch, rows, context, momentum), device)
+
+    def _forward_context(self) -> contextlib.AbstractContextManager:
+        """Around each training forward pass: the activations' layout, then the technique's (autocast)."""
+        stack = contextlib.ExitStack()
+        for member in (self.prepared.layout, self.technique):
+            if member is not None:
+                stack.enter_context(member.forward_context())
+        return stack
 
     def _example_inputs(self) -> Any:
         return to_device(self.workload.example_inputs(self.data), self.prepared.device)
