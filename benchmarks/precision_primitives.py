@@ -12,7 +12,9 @@ the step's wall time minus those sums (oneDNN's printing lands there too, so com
 these runs, not with ``benchmarks/precision.py``'s steps). The children run one after another; rounds
 alternate.
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/precision_primitives.py [--rounds 2 --steps 5]``.
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/precision_primitives.py [--rounds 2 --steps 5]``; the
+thesis's ResNet-32 on CIFAR-10-shaped inputs (SPEC §4: batch 256): ``--workload resnet32 --synthetic
+3,32,32 --batch-size 256``.
 """
 
 from __future__ import annotations
@@ -44,13 +46,18 @@ def child(args: argparse.Namespace) -> None:
     from scaletrain.workloads import create_workload
 
     configure_process(args.threads)
-    workload = create_workload(args.workload, {"dataset": "fashion-mnist"})
-    data = workload.load_data(args.data_dir, download=False)
     torch.manual_seed(0)
+    if args.synthetic:  # random images of this shape (the ResNet's CIFAR-10 input: 3,32,32), 10 classes
+        shape = tuple(int(n) for n in args.synthetic.split(","))
+        workload = create_workload(args.workload, {"dataset": "cifar10" if shape[0] == 3 else "fashion-mnist"})
+        batch = (torch.randn(args.batch_size, *shape), torch.randint(0, 10, (args.batch_size,)))
+    else:
+        workload = create_workload(args.workload, {"dataset": "fashion-mnist"})
+        data = workload.load_data(args.data_dir, download=False)
+        batch = next(iter(workload.train_batches(data, epoch=0, batch_size=args.batch_size, seed=0)))
     model = workload.build_model().train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     technique = stacked(memory_format_technique(args.child[1]), Precision(precision=args.child[0]))
-    batch = next(iter(workload.train_batches(data, epoch=0, batch_size=args.batch_size, seed=0)))
     seconds = []
     for number in range(args.warmup + args.steps):
         if number == args.warmup:
@@ -91,7 +98,7 @@ def measure(args: argparse.Namespace, precision: str, layout: str) -> dict[str, 
 def forwarded(args: argparse.Namespace) -> list[str]:
     flags = ["--workload", args.workload, "--batch-size", str(args.batch_size), "--threads", str(args.threads)]
     flags += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--data-dir", str(args.data_dir)]
-    return flags
+    return flags + (["--synthetic", args.synthetic] if args.synthetic else [])
 
 
 def main() -> int:
@@ -103,6 +110,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the four runs")
     parser.add_argument("--data-dir", type=Path)
+    parser.add_argument("--synthetic", metavar="C,H,W", help="random inputs of this shape instead of Fashion-MNIST")
     parser.add_argument("--child", nargs=2, metavar=("PRECISION", "LAYOUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.data_dir = fashion_mnist(parser, args.data_dir)
@@ -113,7 +121,10 @@ def main() -> int:
     for _ in range(args.rounds):
         for precision, layout in RUNS:
             samples[precision, layout].append(measure(args, precision, layout))
-    print(f"{args.workload}, batch {args.batch_size}, {args.threads} thread(s); ms per step, median of {args.rounds}")
+    inputs = f"random {args.synthetic} inputs" if args.synthetic else "Fashion-MNIST"
+    print(
+        f"{args.workload} on {inputs}, batch {args.batch_size}, {args.threads} thread(s); ms per step, median of {args.rounds}"
+    )
     for layout in ("contiguous", "channels_last"):
         fp32, bf16 = samples["fp32", layout], samples["bf16", layout]
         kinds = sorted({kind for sample in fp32 + bf16 for kind in sample}, key=lambda k: (k == "step", k))
