@@ -122,9 +122,8 @@ def main() -> int:
         for precision, layout in RUNS:
             samples[precision, layout].append(measure(args, precision, layout))
     inputs = f"random {args.synthetic} inputs" if args.synthetic else "Fashion-MNIST"
-    print(
-        f"{args.workload} on {inputs}, batch {args.batch_size}, {args.threads} thread(s); ms per step, median of {args.rounds}"
-    )
+    print(f"{args.workload} on {inputs}, batch {args.batch_size}, {args.threads} thread(s)")
+    print(f"ms per step, median of {args.rounds} rounds")
     for layout in ("contiguous", "channels_last"):
         fp32, bf16 = samples["fp32", layout], samples["bf16", layout]
         kinds = sorted({kind for sample in fp32 + bf16 for kind in sample}, key=lambda k: (k == "step", k))
