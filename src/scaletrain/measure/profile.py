@@ -89,7 +89,6 @@ class ProfileConfig:
     memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
 
     def __post_init__(self) -> None:
-        from scaletrain.efficient.channels_last import resolved_memory_format
         from scaletrain.efficient.precision import Precision
 
         # refuses an unknown precision, and fp16 where the device is no GPU
