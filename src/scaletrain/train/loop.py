@@ -323,6 +323,8 @@ class Trainer:
         self.position = Position(**asdict(prepared.position))
         self.state = prepared.state
         self.technique = prepared.technique
+        # entered around each training forward pass: the activations' layout, then the technique's (autocast)
+        self._forward = stacked(prepared.layout, self.technique)
         self.meter = ThroughputMeter(config.warmup_steps)
         self.communication = self.wait = 0.0
         self.skipped_steps = 0
@@ -439,12 +441,7 @@ class Trainer:
         return cuda_peak(trial_step(copy_on_device, self.workload, batch, rows, context, momentum), device)
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
-        """Around each training forward pass: the activations' layout, then the technique's (autocast)."""
-        stack = contextlib.ExitStack()
-        for member in (self.prepared.layout, self.technique):
-            if member is not None:
-                stack.enter_context(member.forward_context())
-        return stack
+        return self._forward.forward_context() if self._forward is not None else contextlib.nullcontext()
 
     def _example_inputs(self) -> Any:
         return to_device(self.workload.example_inputs(self.data), self.prepared.device)
