@@ -36,7 +36,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
         *("--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr)),
         *("--momentum", "0.9", "--weight-decay", "1e-4", "--threads", str(args.threads), "--seed", str(args.seed)),
         *("--technique", "prunetrain", "--lasso-ratio", str(args.lasso_ratio), "--reconfigure-every", "1"),
-        *("--data-dir", str(data_dir), *extra),
+        *("--data-dir", str(data_dir), "--device", args.device, *extra),
     ]
     wall = train_run("resnet20", out, flags)
     records, summary = run_records(out)
@@ -53,6 +53,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
         "parameters_per_epoch": [r["parameters"] for r in epochs],
         "batch_per_epoch": per_epoch,
         "test_accuracy": summary["test_accuracy"],
+        "device": summary.get("device"),
         "searches": [
             {k: s[k] for k in ("epoch", "parameters", "batch_size", "peak_bytes", "budget_bytes", "probes")}
             for s in summary["batch_searches"] or []
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--lasso-ratio", type=float, default=0.8)
     parser.add_argument("--warmup", type=int, default=20, help="--batch-warmup (updates)")
+    parser.add_argument("--device", default="auto", help="where the runs train (auto, cpu, cuda)")
     add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)

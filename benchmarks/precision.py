@@ -23,7 +23,9 @@ bf16 over fp32 measured against predicted. Goals: the exchange per step with bf1
 the fp32 one; the measured gain within 10 % of the predicted.
 
 Run (root): ``PYTHONPATH=src .venv/bin/python benchmarks/precision.py [--rounds 3 --steps 60
---json out.json]``; ``--skip-wire`` runs part A only (no root needed).
+--json out.json]``; ``--skip-wire`` runs part A only (no root needed). On a GPU, part A also times fp16
+(``--device cuda --precisions fp32,bf16,fp16``); ``--resnet-dataset cifar10`` times the ResNets on
+CIFAR-10-shaped 3×32×32 inputs (``scripts/device-suite.sh`` gives them random images in its format).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ LAYOUTS = ("contiguous", "channels_last")
 COMPUTE_WORKLOADS = {
     "lenet": ({}, 64),
     "resnet20": ({"dataset": "fashion-mnist"}, 64),
+    "resnet32": ({"dataset": "fashion-mnist"}, 64),
     "squeezenet": ({"data": "synthetic", "image_size": "64", "num_classes": "10"}, 32),
 }
 
@@ -57,10 +60,14 @@ def compute(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     """Part A: per workload, the median step of each precision in each layout, rounds alternating."""
     results = {}
     layouts = args.layouts.split(",")
+    precisions = args.precisions.split(",")
+    narrow = [precision for precision in precisions if precision != "fp32"]
     for workload in args.workloads.split(","):
         options, batch = COMPUTE_WORKLOADS[workload]
+        if workload.startswith("resnet"):
+            options = {**options, "dataset": args.resnet_dataset}
         batch = args.compute_batch or batch
-        runs = [(precision, layout) for layout in layouts for precision in ("fp32", "bf16")]
+        runs = [(precision, layout) for layout in layouts for precision in precisions]
         samples: dict[tuple[str, str], dict[str, list[float]]] = {run: {"t_grad": [], "t_update": []} for run in runs}
         for _ in range(args.rounds):
             for precision, layout in runs:
@@ -68,24 +75,28 @@ def compute(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     **dict(workload=workload, options=options, data_dir=str(data_dir), download=False),
                     **dict(threads=args.threads, batch_size=batch, parts=[1], lr=0.01, momentum=0.9),
                     **dict(warmup=args.warmup, repeats=args.repeats, precision=precision, memory_format=layout),
+                    "device": args.device,
                 }
                 measured = time_gradient(job)
                 samples[precision, layout]["t_grad"] += measured["t_grad"]["1"]
                 samples[precision, layout]["t_update"] += measured["t_update"]
         step = {run: statistics.median(s["t_grad"]) + statistics.median(s["t_update"]) for run, s in samples.items()}
-        speedup = {layout: step["fp32", layout] / step["bf16", layout] for layout in layouts}
+        speedups = {p: {layout: step["fp32", layout] / step[p, layout] for layout in layouts} for p in narrow}
         results[workload] = {
             "batch_size": batch,
+            "device": args.device,
             "step_seconds": {f"{precision}/{layout}": seconds for (precision, layout), seconds in step.items()},
-            "speedup": speedup,
+            "speedup": speedups.get("bf16", {}),
+            "speedups": speedups,
         }
         for layout in layouts:
+            others = ", ".join(f"{p} {1000 * step[p, layout]:8.1f} ms → ×{speedups[p][layout]:.2f}" for p in narrow)
             print(
-                f"  {workload:<11} batch {batch:>3}, {layout:<13}: fp32 {1000 * step['fp32', layout]:8.1f} ms, "
-                f"bf16 {1000 * step['bf16', layout]:8.1f} ms per step → ×{speedup[layout]:.2f}",
+                f"  {workload:<11} batch {batch:>3}, {layout:<13}: fp32 {1000 * step['fp32', layout]:8.1f} ms"
+                f"{', ' + others if others else ''} per step",
                 flush=True,
             )
-        if set(LAYOUTS) <= set(layouts):
+        if set(LAYOUTS) <= set(layouts) and "bf16" in precisions:
             fastest_fp32 = min(step["fp32", layout] for layout in layouts)
             results[workload]["bf16_channels_last_against_fp32_contiguous"] = (
                 step["fp32", "contiguous"] / step["bf16", "channels_last"]
@@ -171,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="part A: torch threads")
     parser.add_argument("--layouts", default=",".join(LAYOUTS), help="part A: --memory-format values to time")
     parser.add_argument("--compute-batch", type=int, help="part A: this batch for every workload (default: 64/64/32)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="part A: the first must be fp32; fp16 on CUDA only")
+    parser.add_argument("--device", default="cpu", help="part A: where the steps run (cpu, cuda, cuda:K)")
+    parser.add_argument("--resnet-dataset", default="fashion-mnist", help="part A: the ResNets' inputs (or cifar10)")
     parser.add_argument("--skip-wire", action="store_true", help="part A only")
     parser.add_argument("--strategies", default="allreduce-split,ps-sharded-split", help="part B's 2-worker runs")
     parser.add_argument("--network", default="50mbit")

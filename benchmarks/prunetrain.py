@@ -42,6 +42,7 @@ def train(name: str, args: argparse.Namespace, data_dir: Path, out: Path, extra:
         *("--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", str(args.weight_decay)),
         *("--lr-decay", str(args.lr_decay), "--lr-decay-start", str(args.lr_decay_start)),
         *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
+        *("-o", f"train_samples={args.train_samples}", "--device", args.device),
     ]
     wall = train_run(args.workload, out, flags)
     records, summary = run_records(out)
@@ -51,6 +52,7 @@ def train(name: str, args: argparse.Namespace, data_dir: Path, out: Path, extra:
         "parameters": summary["parameters"],
         "parameters_initial": summary["parameters_initial"],
         "flops_per_sample": flops_per_sample(model, torch.zeros(1, 1, 28, 28)),
+        "device": summary.get("device"),
         "test_accuracy": summary["test_accuracy"],
         "train_seconds": sum(r["seconds"] for r in epochs),
         "wall_seconds": wall,
@@ -94,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prune-threshold", type=float, default=1e-4)
     parser.add_argument("--reconfigure-every", type=int, default=2)
+    parser.add_argument("--train-samples", type=int, default=0, help="train on the first N images only (0: all)")
+    parser.add_argument("--device", default="auto", help="where the runs train (auto, cpu, cuda)")
     add_run_flags(parser)
     args = parser.parse_args(argv)
     data_dir = fashion_mnist(parser, args.data_dir)
