@@ -137,7 +137,7 @@ def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Rec
     except ScaletrainError as exc:
         entry["profile_error"] = str(exc)
         profile = None
-    entry["profile_seconds"] = time.monotonic() - began
+    entry["profile_seconds"] = context["last_profile_seconds"] = time.monotonic() - began
     recorder.save()
     longest = 0.0
     for index, (spec, workers) in enumerate(configurations(sweep)):
@@ -232,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"cores": cores, "cpu_count": os.cpu_count(), "sweeps": {}}
     recorder = Recorder(args.json, result)
     for sweep in plan.sweeps:
+        if time.time() + context.get("last_profile_seconds", 0.0) * 1.2 + 20 > context["deadline"]:
+            result["sweeps"][sweep.name] = {"status": "not started: the part's deadline", "rows": []}
+            recorder.save()
+            continue
         entry = result["sweeps"][sweep.name] = {
             "workload": sweep.workload, "batch_size": sweep.batch_size, "options": sweep.options,
             "settings": sweep.settings, "steps_per_worker": sweep.steps, "warmup_steps": sweep.warmup_steps,

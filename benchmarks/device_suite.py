@@ -1,0 +1,270 @@
+"""The GPU machine's suite (issue 24): its correctness tests, its figures and CPU scaling on its cores,
+in one command that ends before its own limit and writes what it has.
+
+Parts, each a subprocess under ``timeout`` with its own budget (a part that fails or overruns is
+recorded as such with the tail of its output, and the others go on):
+
+- ``machine``: the GPU's name, driver, torch and CUDA versions, the CPU and its cores;
+- ``scaling`` (:mod:`device_scaling`), started first and run beside the GPU parts on its own cores
+  (all but the first two when there are at least 16);
+- on the first two cores, one after another: ``gpu-tests`` (``pytest -m gpu``), then
+  :mod:`device_figures`' ``precision``, ``gpu-vs-cpu``, ``prunetrain`` and ``adaptive-batch``.
+
+Everything goes under ``--out``, at most eight files: ``figures.json`` and ``report.md`` (rewritten
+after every part), ``gpu-tests.txt`` (pytest's ``-rA`` output), ``suite.log`` (every part's output)
+and up to four PNGs drawn at the end. Runs and scratch files stay in a folder outside it.
+
+``--dry-run`` runs every part on this CPU at tiny sizes with synthetic data (CI runs it; about 2–3
+minutes on 2 cores), so the suite cannot rot between visits to the GPU machine.
+
+Run: ``bash scripts/device-suite.sh [--dry-run]`` (``OUT`` names the folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import device_report
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+TAIL = 3000  # characters of a failed part's output kept in the JSON
+LOG_LIMIT = 200_000  # characters of one part's output copied into suite.log
+GPU_CORES, MIN_CORES_TO_SPLIT = 2, 16
+FIGURES = ("precision", "gpu-vs-cpu", "prunetrain", "adaptive-batch")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Seconds per part, and for the whole suite (it stops starting parts that would end after it)."""
+
+    suite: float
+    machine: float
+    scaling: float
+    parts: dict[str, float]
+
+
+DEVICE = Budget(
+    suite=450, machine=60, scaling=430,
+    parts={"gpu-tests": 150, "precision": 60, "gpu-vs-cpu": 40, "prunetrain": 100, "adaptive-batch": 60},
+)  # fmt: skip
+DRY = Budget(
+    suite=170, machine=30, scaling=150,
+    parts={"gpu-tests": 60, "precision": 40, "gpu-vs-cpu": 30, "prunetrain": 45, "adaptive-batch": 50},
+)  # fmt: skip
+
+MACHINE_SCRIPT = """
+import json, os, platform, subprocess, sys
+import torch
+from scaletrain.measure.machine import machine_info
+info = {**machine_info(), "python": sys.version.split()[0], "cuda_available": torch.cuda.is_available(),
+        "cuda_version": torch.version.cuda, "affinity_cores": len(os.sched_getaffinity(0))}
+if torch.cuda.is_available():
+    properties = torch.cuda.get_device_properties(0)
+    info.update(gpu=torch.cuda.get_device_name(0), gpu_memory_bytes=properties.total_memory,
+                gpu_multiprocessors=properties.multi_processor_count,
+                gpu_capability=".".join(map(str, torch.cuda.get_device_capability(0))))
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        info["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["driver"] = f"not read: {exc}"
+print(json.dumps(info))
+"""
+
+
+class Suite:
+    """The figures JSON, the report and the log, written as parts finish."""
+
+    def __init__(self, out: Path, work: Path, dry_run: bool, budget: Budget) -> None:
+        self.out, self.work, self.budget = out, work, budget
+        self.began = time.time()
+        self.figures: dict[str, Any] = {
+            "suite": {"dry_run": dry_run, "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget": vars(budget)},
+            "parts": {},
+        }
+        self.log = (out / "suite.log").open("a", encoding="utf-8")
+
+    def say(self, line: str) -> None:
+        stamped = f"[{time.time() - self.began:6.1f} s] {line}"
+        print(stamped, flush=True)
+        self.log.write(stamped + "\n")
+        self.log.flush()
+
+    def left(self) -> float:
+        return self.budget.suite - (time.time() - self.began)
+
+    def record(self, name: str, entry: dict[str, Any]) -> None:
+        self.figures["parts"][name] = entry
+        self.save()
+
+    def save(self, pictures: list[str] | None = None) -> None:
+        self.figures["suite"]["seconds"] = time.time() - self.began
+        partial = self.out / "figures.json.partial"
+        partial.write_text(json.dumps(self.figures, indent=1, default=str), encoding="utf-8")
+        partial.replace(self.out / "figures.json")
+        (self.out / "report.md").write_text(device_report.markdown(self.figures, pictures or []), encoding="utf-8")
+
+
+class Part:
+    """One part running in its own session under ``timeout``, its output in a file."""
+
+    def __init__(self, suite: Suite, name: str, command: list[str], seconds: float, cores: set[int] | None) -> None:
+        self.suite, self.name, self.seconds = suite, name, seconds
+        self.output = suite.work / f"{name}.log"
+        self.began = time.time()
+        suite.say(f"{name}: started, {seconds:.0f} s at most" + (f", cores {sorted(cores)}" if cores else ""))
+        with self.output.open("w", encoding="utf-8") as sink:
+            self.process = subprocess.Popen(
+                ["timeout", "-k", "5", f"{seconds:.0f}", *command],
+                cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None,
+            )  # fmt: skip
+
+    def finish(self, result_path: Path | None = None) -> dict[str, Any]:
+        code = self.process.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # what the part left in its session (worker processes)
+        text = self.output.read_text(encoding="utf-8", errors="replace")
+        self.suite.log.write(f"----- {self.name} output -----\n{text[-LOG_LIMIT:]}\n----- end of {self.name} -----\n")
+        status = "ok" if code == 0 else ("overran its budget" if code in (124, 137) else f"failed (exit {code})")
+        entry: dict[str, Any] = {"status": status, "seconds": time.time() - self.began, "budget_seconds": self.seconds}
+        if code != 0:
+            entry["error_tail"] = text[-TAIL:]
+        if result_path is not None and result_path.exists():
+            try:
+                entry["result"] = json.loads(result_path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                entry["result_error"] = f"unreadable result: {exc}"
+        self.suite.say(f"{self.name}: {status} after {entry['seconds']:.0f} s")
+        return entry
+
+
+def junit_summary(path: Path) -> dict[str, list[str]]:
+    """The tests by outcome, from pytest's JUnit XML."""
+    outcome: dict[str, list[str]] = {"passed": [], "failed": [], "skipped": []}
+    if not path.exists():
+        return outcome
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}".rsplit(".", 1)[-1]
+        kinds = {child.tag for child in case}
+        kind = "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        outcome[kind].append(name)
+    return outcome
+
+
+def prepare_data(args: argparse.Namespace, work: Path) -> Path:
+    """The data folder the parts read (``fashion-mnist/``, ``ptb/``): the given one, or tiny synthetic
+    files in the real formats for a dry run."""
+    if not args.dry_run:
+        return args.data_dir.resolve()
+    import numpy as np
+
+    from scaletrain.data.synthetic import write_synthetic_fashion_mnist
+
+    folder = work / "data"
+    write_synthetic_fashion_mnist(folder / "fashion-mnist", train=512, test=64)
+    (folder / "ptb").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(40)] + ["<unk>", "N"]
+    for split, lines in (("valid", 200), ("test", 40)):  # Mikolov's format: words and a newline per sentence
+        sentences = (" " + " ".join(rng.choice(words, size=int(rng.integers(3, 12)))) + " \n" for _ in range(lines))
+        (folder / "ptb" / f"ptb.{split}.txt").write_text("".join(sentences), encoding="utf-8")
+    return folder
+
+
+def core_split() -> tuple[set[int] | None, set[int] | None]:
+    """(the GPU parts' cores, the scaling part's cores): apart when there are enough, shared otherwise."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < MIN_CORES_TO_SPLIT:
+        return None, None
+    return set(cores[:GPU_CORES]), set(cores[GPU_CORES:])
+
+
+def run(args: argparse.Namespace) -> int:
+    budget = DRY if args.dry_run else DEVICE
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="device-suite-", dir=args.work))
+    suite = Suite(args.out, work, args.dry_run, budget)
+    python = sys.executable
+    suite.say(f"{'dry run' if args.dry_run else 'GPU machine'}: out {args.out}, scratch {work}")
+    data = prepare_data(args, work)
+    dry = ["--dry-run"] if args.dry_run else []
+    gpu_cores, scaling_cores = core_split()
+
+    machine = Part(suite, "machine", [python, "-c", MACHINE_SCRIPT], budget.machine, None)
+    entry = machine.finish()
+    text = machine.output.read_text(encoding="utf-8").strip().splitlines()
+    if entry["status"] == "ok" and text:
+        entry["result"] = json.loads(text[-1])
+    entry["result"] = {**entry.get("result", {}), "gpu_cores": sorted(gpu_cores or []),
+                       "scaling_cores": sorted(scaling_cores or [])}  # fmt: skip
+    suite.record("machine", entry)
+
+    scaling_json = work / "scaling.json"
+    scaling_seconds = min(budget.scaling, suite.left() - 5)
+    scaling_command = [python, str(BENCHMARKS / "device_scaling.py"), "--json", str(scaling_json)]
+    scaling_command += ["--work", str(work / "scaling"), "--data-dir", str(data)]
+    scaling_command += ["--seconds", str(scaling_seconds - 10)]
+    scaling = Part(suite, "scaling", [*scaling_command, *dry], scaling_seconds, scaling_cores)
+
+    junit = work / "junit.xml"
+    tests = [python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-rA", "-p", "no:cacheprovider"]
+    tests += ["--junitxml", str(junit)]
+    queue: list[tuple[str, list[str], Path | None]] = [("gpu-tests", tests, None)]
+    for name in FIGURES:
+        result = work / f"{name}.json"
+        command = [python, str(BENCHMARKS / "device_figures.py"), name, "--json", str(result)]
+        queue.append((name, [*command, "--data-dir", str(data), "--work", str(work / name), *dry], result))
+    for name, command, result in queue:
+        seconds = min(budget.parts[name], suite.left() - 5)
+        if seconds < 10:
+            suite.record(name, {"status": "not started: the suite's time was spent", "seconds": 0})
+            continue
+        part = Part(suite, name, command, seconds, gpu_cores)
+        entry = part.finish(result)
+        if name == "gpu-tests":
+            shutil.copyfile(part.output, args.out / "gpu-tests.txt")
+            entry["result"] = junit_summary(junit)
+        suite.record(name, entry)
+    suite.record("scaling", scaling.finish(scaling_json))
+
+    pictures: list[str] = []
+    try:
+        pictures = device_report.pictures(suite.figures, args.out)
+    except Exception as exc:  # the report without pictures is still the report
+        suite.say(f"pictures failed: {type(exc).__name__}: {exc}")
+    suite.figures["suite"]["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    suite.save(pictures)
+    suite.say(f"done in {time.time() - suite.began:.0f} s; {', '.join(sorted(p.name for p in args.out.iterdir()))}")
+    suite.log.close()
+    if not args.keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where the (at most eight) files go")
+    parser.add_argument("--data-dir", type=Path, default=REPO / ".device-data", help="fashion-mnist/ and ptb/")
+    parser.add_argument("--work", type=Path, help="where the scratch folder is made (default: the system's)")
+    parser.add_argument("--keep-work", action="store_true", help="keep the runs and scratch files")
+    parser.add_argument("--dry-run", action="store_true", help="every part on this CPU at tiny sizes")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
