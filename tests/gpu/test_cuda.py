@@ -126,27 +126,6 @@ def test_all_reduce_at_world_size_one_on_cuda_equals_one_local_process(data: Pat
     assert_same_curve(losses(tmp_path / "allreduce"), losses(tmp_path / "local"), tolerance=1e-4)
 
 
-@pytest.mark.multiprocess
-def test_two_all_reduce_ranks_on_one_gpu_train_together_or_are_refused_in_one_line(data: Path, tmp_path: Path) -> None:
-    """``--device cuda`` gives both local ranks cuda:0 and the group NCCL for CUDA tensors; NCCL does not
-    take two ranks on one device. What the code does about it must be one of two things, within the
-    run's timeout: train (equal replicas, the CPU's curve) or fail with one line that names the GPU,
-    NCCL or CUDA — not hang, not a traceback."""
-    settings = dict(data_dir=data, steps=6, batch_size=16, workers=2, strategy="allreduce-split", timeout=30.0)
-    began = time.monotonic()
-    try:
-        summary = scaletrain.train("lenet", out=tmp_path / "gpu", device="cuda", **settings, **COMMON)
-    except ScaletrainError as exc:
-        message = str(exc)
-        assert "\n" not in message.strip() and "Traceback" not in message, message
-        assert any(word in message for word in ("GPU", "NCCL", "nccl", "CUDA", "cuda")), message
-        assert time.monotonic() - began < 120
-        return
-    assert len({w["weights_digest"] for w in summary["per_worker"]}) == 1
-    scaletrain.train("lenet", out=tmp_path / "cpu", device="cpu", memory_format="contiguous", **settings, **COMMON)
-    assert_same_curve(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
-
-
 def test_a_gpu_checkpoint_resumes_on_a_machine_without_a_gpu(data: Path, tmp_path: Path) -> None:
     """Trained 4 steps on the GPU, resumed to 8 in a process that sees no GPU (CUDA_VISIBLE_DEVICES
     empty): the checkpoint's CUDA tensors must load onto the CPU."""
@@ -204,3 +183,25 @@ def test_a_run_adapts_its_batch_to_device_memory(data: Path, tmp_path: Path) -> 
     search = searches[0]
     assert 0 < search["peak_bytes"] <= search["budget_bytes"] == 40 * 10**6
     assert any(not fits for _, fits, _ in search["probes"]) or search["batch_size"] >= 640, search["probes"]
+
+
+# Last: should NCCL hang on two ranks of one GPU past the run's timeout, only this test is lost.
+@pytest.mark.multiprocess
+def test_two_all_reduce_ranks_on_one_gpu_train_together_or_are_refused_in_one_line(data: Path, tmp_path: Path) -> None:
+    """``--device cuda`` gives both local ranks cuda:0 and the group NCCL for CUDA tensors; NCCL does not
+    take two ranks on one device. What the code does about it must be one of two things, within the
+    run's timeout: train (equal replicas, the CPU's curve) or fail with one line that names the GPU,
+    NCCL or CUDA — not hang, not a traceback."""
+    settings = dict(data_dir=data, steps=6, batch_size=16, workers=2, strategy="allreduce-split", timeout=30.0)
+    began = time.monotonic()
+    try:
+        summary = scaletrain.train("lenet", out=tmp_path / "gpu", device="cuda", **settings, **COMMON)
+    except ScaletrainError as exc:
+        message = str(exc)
+        assert "\n" not in message.strip() and "Traceback" not in message, message
+        assert any(word in message for word in ("GPU", "NCCL", "nccl", "CUDA", "cuda")), message
+        assert time.monotonic() - began < 120
+        return
+    assert len({w["weights_digest"] for w in summary["per_worker"]}) == 1
+    scaletrain.train("lenet", out=tmp_path / "cpu", device="cpu", memory_format="contiguous", **settings, **COMMON)
+    assert_same_curve(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
