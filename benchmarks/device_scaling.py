@@ -137,8 +137,8 @@ def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Rec
             )
         )  # fmt: skip
         entry["profile"] = profile.to_json()
-    except ScaletrainError as exc:
-        entry["profile_error"] = str(exc)
+    except Exception as exc:  # without a profile the runs are still measured, only not predicted
+        entry["profile_error"] = str(exc) if isinstance(exc, ScaletrainError) else traceback.format_exc()[-3000:]
         profile = None
     entry["profile_seconds"] = context["last_profile_seconds"] = time.monotonic() - began
     recorder.save()

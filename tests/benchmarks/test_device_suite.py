@@ -61,9 +61,9 @@ def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_p
     assert parts["adaptive-batch"]["result"]["runs"]["--batch-budget"]["searches"]
     sweeps = parts["scaling"]["result"]["sweeps"]
     assert set(sweeps) == {"lenet-b32", "ptb-lstm-b4"}
-    for sweep in sweeps.values():
+    for name, sweep in sweeps.items():
         ok = {(row["strategy"], row["workers"]) for row in sweep["rows"] if row["status"] == "ok"}
-        assert ("local", 1) in ok and any(workers == 2 for _, workers in ok)
+        assert ("local", 1) in ok and any(workers == 2 for _, workers in ok), (name, json.dumps(sweep)[-3000:])
         assert sweep["predictions"] and sweep["errors"]["refined"]["all"] >= 0
         assert all(row["speedup_common"] > 0 for row in sweep["rows"] if row["status"] == "ok")
 
