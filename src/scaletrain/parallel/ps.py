@@ -15,6 +15,8 @@ lock. Messages (tags keep the two directions of a pair apart):
   (with ``skip_nonfinite``, under dynamic loss scaling);
 - owner → worker, ``GRANT``: with ``--ps-admission exclusive``, permission to send (Šlampa 2017
   §7.2: one transfer at a time into the server, one out).
+- owner → rank 0, ``FINAL_SHARD``: once training has ended, a sharded owner's final master tensors
+  (for rank 0's evaluation and ``model.pt``).
 
 Every request is a header and a body (a one-value stand-in for done and reconfigure), and each side
 posts the receives of both before it waits for either: gloo holds back a message's bytes until its
@@ -47,9 +49,11 @@ from scaletrain.train.device import synchronize
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, finite
 from scaletrain.train.meter import now
 
-__all__ = ["PSExchange", "PeerLost", "ShardServer", "pair_groups", "post_message", "send_message"]
+__all__ = ["FINAL_SHARD", "PSExchange", "PeerLost", "ShardServer", "pair_groups", "post_message", "send_message"]
 
 REQUEST, REPLY, GRANT = 1, 2, 3
+#: owner → rank 0 once training has ended (sharded server): the owner's final master tensors.
+FINAL_SHARD = 4
 HOST_STAGING = "SCALETRAIN_HOST_STAGING"
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
 REQUEST_FIELDS, REPLY_FIELDS = 5, 4
@@ -398,8 +402,8 @@ class PSExchange(GradientExchange):
             self._gradients[owner] = torch.zeros_like(self._weights[owner])
             self._headers[owner] = torch.zeros(REPLY_FIELDS, dtype=torch.int64)
             self._wires[owner] = self.codec.receive_buffer(self._weights[owner])
-        if self.rank in self._owned:
-            self.local_server = self.serve(self._owned[self.rank], optimizer)
+        # A worker may own nothing (more workers than tensors), also after owning a shard of an earlier network.
+        self.local_server = self.serve(self._owned[self.rank], optimizer) if self.rank in self._owned else None
         for owner in self.owners:
             owned = self._owned[owner]
             if not self._staged:

@@ -19,7 +19,7 @@ from torch import nn
 from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.codec import wire_codec
-from scaletrain.parallel.ps import PSExchange, ServerStats, ShardServer, pair_groups, views_of
+from scaletrain.parallel.ps import FINAL_SHARD, PSExchange, ServerStats, ShardServer, pair_groups, views_of
 from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
 from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
 from scaletrain.parallel.staleness import Compensation
@@ -208,13 +208,15 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         agreement=setup.agreement(rank),
     )
     trainer = train_worker(prepared, role, setup.store)
+    if shards is None:
+        return None  # central: the server process holds the final weights
     local_server = exchange.local_server
-    if local_server is None:
-        return None
-    server_stats = local_server.join()
-    _share_shards(exchange, rank, single=layout.world_size == 1)  # the final weights, for rank 0's summary
+    # With more workers than tensors some own nothing (local_server None): they have nothing to hand over.
+    server_stats = local_server.join() if local_server is not None else None
+    _send_final_shards(exchange, rank, setup.peers_of[rank])
     if rank != 0:
         return None
+    # Rank 0 always owns a shard: the first tensor goes to the first worker (assign_greedy's ties).
     stats = collect_stats(setup.store, workers, set(), config.timeout)
     return write_summary(
         prepared,
@@ -289,11 +291,39 @@ class _Shards:
         _share_shards(exchange, self.rank, single=single, momentum_into=momentum)
 
 
+def _send_final_shards(exchange: PSExchange, rank: int, peers: dict[int, dist.ProcessGroup]) -> None:
+    """Each owner sends its final master tensors to rank 0, over their pair, into rank 0's model (for the
+    evaluation and ``model.pt``).
+
+    Only rank 0 receives, so a worker leaves as soon as its own shard is sent, and a worker that owns
+    nothing (more workers than tensors) as soon as it has trained: no collective waits for the last of
+    the workers, which under ``async`` may finish long after the others.
+    """
+    server = exchange.local_server
+    if rank != 0:
+        if server is not None:
+            dist.send(flatten([p.detach() for p in server.master]), dst=0, group=peers[0], tag=FINAL_SHARD)
+        return
+    arriving = {}
+    for owner in exchange.owners:
+        if owner == rank:
+            arriving[owner] = (flatten([p.detach() for p in server.master]), None)
+        else:
+            weights = torch.empty(sum(p.numel() for p in exchange.owned(owner)))
+            arriving[owner] = (weights, dist.irecv(weights, src=owner, group=peers[owner], tag=FINAL_SHARD))
+    for owner, (weights, work) in arriving.items():
+        if work is not None:
+            work.wait()
+        with torch.no_grad():
+            unflatten_into(weights, exchange.owned(owner))
+
+
 def _share_shards(
     exchange: PSExchange, rank: int, *, single: bool, momentum_into: torch.optim.Optimizer | None = None
 ) -> None:
     """Each owner broadcasts its master tensors into every worker's model (their views in ``exchange``),
-    and, with ``momentum_into``, its momentum buffers into that optimizer's state."""
+    and, with ``momentum_into``, its momentum buffers into that optimizer's state (every worker, owner of
+    a shard or not, takes part: a reconfiguration's step boundary is agreed by all of them)."""
     server = exchange.local_server
     for owner in exchange.owners:
         shard = exchange.owned(owner)
