@@ -294,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         + (f"{rate:.1f} batches/s, " if rate else "")
         + f"outputs in {summary['out']}"
     )
+    if summary.get("quality_warning"):
+        print(f"warning: {summary['quality_warning']}", file=sys.stderr)
     for lost in summary.get("lost_workers") or []:  # an asynchronous run went on without them
         print(
             f"lost worker rank {lost['rank']} ({lost['reason']}): {lost['batches_not_done']} of its batches not done",

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.agreement import load_buffers
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.loop import Agreement, Prepared, checkpoint_due
@@ -23,10 +24,14 @@ __all__ = ["SHARDS_DIR", "ServerObserver", "ShardCheckpointer", "restore_shard",
 SHARDS_DIR = "shards"
 
 
-def save_checkpoint_at(prepared: Prepared, version: int) -> None:
-    """``checkpoint.pt`` from ``prepared``'s model and optimizer after ``version`` updates."""
+def save_checkpoint_at(prepared: Prepared, version: int, buffers: dict[str, torch.Tensor] | None = None) -> None:
+    """``checkpoint.pt`` from ``prepared``'s model and optimizer after ``version`` updates; ``buffers``
+    (the workers' mean) in place of the model's own."""
     position = prepared.schedule.position(version)
     payload = checkpoint_payload(prepared, prepared.model, prepared.optimizer, position, None)
+    for name, value in (buffers or {}).items():
+        if name in payload["model"] and payload["model"][name].shape == value.shape:
+            payload["model"][name] = value
     atomic_save(payload, prepared.config.out / CHECKPOINT_NAME)
 
 
@@ -37,8 +42,11 @@ class ShardCheckpointer:
     ``checkpoint.pt`` with the position. Asynchronous owners' files are each their own latest state.
     """
 
-    def __init__(self, prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer) -> None:
+    def __init__(
+        self, prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, agreement: Agreement | None = None
+    ) -> None:
         self.prepared, self.rank, self.master, self.optimizer = prepared, rank, master, optimizer
+        self.agreement = agreement or Agreement()  # the workers' buffers, for checkpoint.pt
         (prepared.config.out / SHARDS_DIR).mkdir(exist_ok=True)
 
     def __call__(self, version: int) -> None:
@@ -52,8 +60,9 @@ class ShardCheckpointer:
             "optimizer": self.optimizer.state_dict(),
         }
         atomic_save(shard, self.prepared.config.out / SHARDS_DIR / f"rank-{self.rank}.pt")
-        if self.rank == 0:
-            save_checkpoint_at(self.prepared, version)
+        if self.rank == 0:  # synchronous: this worker's buffers are the workers' mean already
+            asynchronous = self.prepared.config.sync == "async"
+            save_checkpoint_at(self.prepared, version, self.agreement.worker_buffers(None) if asynchronous else None)
 
 
 def restore_shard(prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool) -> int:
@@ -108,25 +117,20 @@ class ServerObserver:
             self.save(version)
 
     def save(self, version: int) -> None:
-        """A checkpoint after update ``version``, with what the workers shared last."""
-        self.take_shared()
+        """A checkpoint after update ``version``, with the workers' buffers and technique state."""
+        self.take_shared(version)
         save_checkpoint_at(self.prepared, version)
 
-    def take_shared(self) -> None:
-        """The technique state and batch-norm statistics the deciding worker shared last: this
-        process trains nothing, so its own never change. Buffers of another shape (shared before a
-        reconfiguration) are left alone."""
+    def take_shared(self, version: int) -> None:
+        """What only workers compute, into this process's model, which trains nothing: the mean of the
+        workers' module buffers at ``version`` (asynchronous: of what each published last), and the
+        technique state the deciding worker shared last."""
+        synchronous = self.prepared.config.sync != "async"
+        load_buffers(self.prepared.model, self.agreement.worker_buffers(version if synchronous else None))
         shared = self.agreement.shared()
-        if shared is None:
-            return
-        technique, model = self.prepared.technique, self.prepared.model
-        if technique is not None and shared.get("technique") is not None:
+        technique = self.prepared.technique
+        if shared is not None and technique is not None and shared.get("technique") is not None:
             technique.load_state_dict(shared["technique"])
-        mine = dict(model.named_buffers())
-        with torch.no_grad():
-            for name, value in (shared.get("buffers") or {}).items():
-                if name in mine and mine[name].shape == value.shape:
-                    mine[name].copy_(value)
 
     def message(self, text: str) -> None:
         self.progress.message(text)

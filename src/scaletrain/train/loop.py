@@ -80,12 +80,25 @@ class Agreement:
         return value
 
     def share(self, state: dict[str, Any]) -> None:
-        """Hand what only workers compute — the technique's state, batch-norm running statistics — from
-        the deciding worker to processes that train nothing (a central parameter server, which writes
-        the checkpoints and the final model): here, nobody else needs it."""
+        """Hand what only workers compute — the technique's state — from the deciding worker to processes
+        that train nothing (a central parameter server, which writes the checkpoints and the final model):
+        here, nobody else needs it."""
 
     def shared(self) -> dict[str, Any] | None:
-        """What the deciding worker shared last (``technique``, ``buffers``), if anything."""
+        """What the deciding worker shared last (``technique``), if anything."""
+        return None
+
+    def buffers_due(self, step: int, model: nn.Module) -> None:
+        """A worker's module buffers (batch-norm running statistics, a user's running average or mask) at
+        ``step``, after whose update a checkpoint is due: synchronous workers all take the mean over the
+        workers; asynchronous ones publish theirs for whoever writes the model. Here: one worker, its own."""
+
+    def buffers_final(self, model: nn.Module) -> None:
+        """A worker's buffers when it has no step left (asynchronous workers publish them): here, nothing."""
+
+    def worker_buffers(self, step: int | None) -> dict[str, torch.Tensor] | None:
+        """For a process that writes the model without training it: the mean over the workers of their
+        buffers at ``step`` (synchronous), or of what each published last (``None``). Here: nobody's."""
         return None
 
 
@@ -336,6 +349,9 @@ class Trainer:
         )
         self.progress = Progress(self.schedule.total_steps, mode=config.progress if writes else "off")
         self.last_loss: float | None = None
+        self.first_loss: float | None = None  # this process's first and last training loss: did it fall?
+        self._step_loss: torch.Tensor | None = None
+        self._buffer_seconds = 0.0  # averaging the workers' buffers within this step
         self.last_quality: tuple[int, dict[str, float]] | None = None
         self._loss_sum = torch.zeros(())
         self._loss_count = 0
@@ -370,6 +386,7 @@ class Trainer:
             if stop < steps:
                 break  # --steps ended the run inside this epoch
             self._end_epoch()
+        self.role.agreement.buffers_final(self.model)
 
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan
@@ -404,6 +421,10 @@ class Trainer:
             objective.backward()
             if self.technique is not None:
                 self.technique.after_backward(self.model)
+            if checkpoint_due(self.prepared, position.step + 1):  # the model may leave a process after it
+                shared = now()
+                self.role.agreement.buffers_due(position.step + 1, self.model)
+                self._buffer_seconds = now() - shared
             times = self.role.exchange.step(self.model, self.optimizer, config.clip_norm)
             if self.technique is not None:
                 if self.role.exchange.updates_here and not times.skipped:
@@ -415,9 +436,13 @@ class Trainer:
             self.meter.add(seconds)
             self._epoch_steps.add(seconds, times.communication)
             if self.meter.measured_steps:  # after the warm-up, like the throughput
-                self.communication += times.communication
+                self.communication += times.communication + self._buffer_seconds
                 self.wait += times.wait
                 self.host_copy += times.host_copy
+            self._buffer_seconds = 0.0
+            if self.first_loss is None:
+                self.first_loss = float(loss)
+            self._step_loss = loss
             self._loss_sum += loss
             self._loss_count += 1
             position.batch = number + 1
@@ -507,7 +532,7 @@ class Trainer:
         if self.technique is not None:
             self._decide(epoch)
         technique = self.technique.state_dict() if self.technique is not None else None
-        self.role.agreement.share({"technique": technique, "buffers": dict(self.model.named_buffers())})
+        self.role.agreement.share({"technique": technique})
         if self.role.checkpoints:  # after the decision: a resumed run rebuilds the network it made
             self.save_checkpoint()
 
@@ -628,6 +653,8 @@ class Trainer:
             wait_seconds=self.wait,
             batch_fraction=self.role.plan.batch_fraction,
             final_loss=self.last_loss,
+            first_step_loss=self.first_loss,
+            last_step_loss=float(self._step_loss) if self._step_loss is not None else None,
             minor_faults_per_step=self.meter.minor_faults_per_step(),
             skipped_steps=self.skipped_steps,
             host_copy_seconds=self.host_copy,

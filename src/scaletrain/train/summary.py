@@ -49,6 +49,8 @@ class WorkerStats:
     host_copy_seconds: float = 0.0  # copying between a GPU and host memory for the parameter server
     loss_scale: float | None = None  # the dynamic loss scale at the end
     weights_digest: str | None = None  # of the final weights this worker holds: equal replicas, equal digests
+    first_step_loss: float | None = None  # the training loss of this worker's first and last step here
+    last_step_loss: float | None = None
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -156,6 +158,7 @@ def write_summary(
         "parameters": count_parameters(model),
         "architecture": prepared.architecture or None,  # how the network differs from the workload's own
         **quality,
+        "quality_warning": quality_warning(workload, prepared.data, quality, stats),
         "final_train_loss": losses[0] if losses else None,
         "wall_seconds": time.time() - prepared.started,
         **throughput(stats, config.batch_size),
@@ -173,6 +176,40 @@ def write_summary(
     if prepared.architecture and (out / METRICS_NAME).exists():  # the network changed shape while training
         plot_reconfigurations(out / METRICS_NAME, out / PRUNING_PICTURE)
     return summary
+
+
+def quality_warning(workload: Any, data: Any, quality: dict[str, float], stats: list[WorkerStats]) -> str | None:
+    """One line when the evaluated model is no better than guessing although training lowered the loss
+    to at most 0.8 of where it began: what a model that is not the trained one (its batch-norm
+    statistics lost, say) looks like. ``None`` otherwise, or when the workload knows no chance level.
+
+    >>> class Coin:
+    ...     metric = "test_accuracy"
+    ...     def chance_quality(self, data): return 0.5
+    >>> fell = [WorkerStats(0, 9, 9, 1.0, first_step_loss=0.7, last_step_loss=0.2)]
+    >>> quality_warning(Coin(), None, {"test_accuracy": 0.51}, fell)[:40]
+    'test_accuracy 0.5100 is at chance level '
+    >>> quality_warning(Coin(), None, {"test_accuracy": 0.9}, fell) is None
+    True
+    """
+    chance = workload.chance_quality(data) if hasattr(workload, "chance_quality") else None
+    first = [s.first_step_loss for s in stats if s.first_step_loss is not None]
+    last = [s.last_step_loss for s in stats if s.last_step_loss is not None]
+    value = quality.get(workload.metric)
+    if chance is None or value is None or not first or not last:
+        return None
+    begun, ended = statistics.fmean(first), statistics.fmean(last)
+    if not ended <= 0.8 * begun:
+        return None
+    lower_is_better = "perplexity" in workload.metric or "loss" in workload.metric
+    at_chance = value >= 0.9 * chance if lower_is_better else value <= chance + max(0.02, 0.1 * chance)
+    if not at_chance:
+        return None
+    return (
+        f"{workload.metric} {value:.4f} is at chance level ({chance:.4f}) although the training loss fell from "
+        f"{begun:.3f} to {ended:.3f}: the evaluated model does not show what training did; please report it "
+        "with this run folder"
+    )
 
 
 def _iso(timestamp: float) -> str:

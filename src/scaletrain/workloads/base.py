@@ -131,6 +131,11 @@ class Workload(ABC):
     def evaluate(self, model: nn.Module, data: Any) -> dict[str, float]:
         """Quality metrics on held-out data; must include :attr:`metric`."""
 
+    def chance_quality(self, data: Any) -> float | None:
+        """The :attr:`metric` of a model that learned nothing (guessing), or ``None`` if unknown: a run whose
+        quality stays there while its loss falls is flagged (:func:`scaletrain.train.summary.quality_warning`)."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Name, dataset, metric and parameter count, for ``scaletrain workloads``."""
         return {

@@ -117,7 +117,8 @@ class ClassificationWorkload(Workload):
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = epoch_permutation(self.train_size(data), seed=seed, epoch=epoch)
         share = part.slice(batch_size)
-        for number in numbers or range(self.batches_per_epoch(data, batch_size)):
+        # An empty ``numbers`` is no batch at all (an async worker whose share of a short epoch is none).
+        for number in range(self.batches_per_epoch(data, batch_size)) if numbers is None else numbers:
             indices = order[number * batch_size : (number + 1) * batch_size][share]
             inputs, labels = self.train_samples(data, indices)
             yield self.augment(inputs, indices, seed=seed, epoch=epoch), labels
@@ -137,6 +138,13 @@ class ClassificationWorkload(Workload):
         inputs, labels = batch
         loss = F.cross_entropy(model(inputs), labels)
         return loss, loss.detach(), None
+
+    def chance_quality(self, data: Any) -> float:
+        """The accuracy of always answering the test set's most common class."""
+        labels = getattr(data, "test_labels", None)
+        if labels is None:
+            labels = torch.cat([labels for _, labels in self.test_batches(data)])
+        return float(torch.bincount(labels.long()).max()) / max(len(labels), 1)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: Any) -> dict[str, float]:

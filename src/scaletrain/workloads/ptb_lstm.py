@@ -119,7 +119,8 @@ class PTBLSTMWorkload(Workload):
         # state stays meaningful across windows. A worker's part is a slice of the rows.
         streams = _rows(data.train, batch_size)[part.slice(batch_size)]
         steps = self.options.num_steps
-        for number in numbers or range(self.batches_per_epoch(data, batch_size)):
+        # An empty ``numbers`` is no batch at all (an async worker whose share of a short epoch is none).
+        for number in range(self.batches_per_epoch(data, batch_size)) if numbers is None else numbers:
             begin = number * steps
             yield streams[:, begin : begin + steps], streams[:, begin + 1 : begin + 1 + steps]
 
@@ -137,6 +138,10 @@ class PTBLSTMWorkload(Workload):
         # Truncated back-propagation: the next window starts from the values, not the graph.
         next_state = (state[0].detach(), state[1].detach())
         return per_word * inputs.shape[1], per_word.detach(), next_state
+
+    def chance_quality(self, data: PennTreebank) -> float:
+        """The perplexity of guessing every word of the vocabulary alike."""
+        return float(self.options.vocab_size)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, data: PennTreebank) -> dict[str, float]:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.efficient import Context, Reconfiguration, Technique
-from scaletrain.parallel.agreement import StoreAgreement
+from scaletrain.parallel.agreement import StoreAgreement, load_buffers
 from scaletrain.parallel.codec import wire_codec
 from scaletrain.parallel.ps import FINAL_SHARD, PSExchange, ServerStats, ShardServer, pair_groups, views_of
 from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
@@ -108,6 +108,7 @@ class _Setup:
             timeout=self.prepared.config.timeout,
             rank=rank,
             workers=tuple(self.layout.worker_ranks()),
+            synchronous=self.synchronous,
         )
 
 
@@ -152,7 +153,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
             peers = {peer: group for peer, group in peers.items() if peer not in stats.lost}
     finally:
         observer.close()
-    observer.take_shared()  # the workers' final batch-norm statistics, for the evaluation and model.pt
+    observer.take_shared(server.version)  # the workers' final buffers, for the evaluation and model.pt
     lost = set(stats.lost)
     worker_stats = collect_stats(setup.store, layout.worker_ranks(), lost, prepared.config.timeout)
     quality = prepared.workload.evaluate(prepared.model, prepared.data)
@@ -217,6 +218,8 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
     if rank != 0:
         return None
     # Rank 0 always owns a shard: the first tensor goes to the first worker (assign_greedy's ties).
+    if not setup.synchronous:  # every worker published its last buffers before it said goodbye
+        load_buffers(prepared.model, role.agreement.worker_buffers(None))
     stats = collect_stats(setup.store, workers, set(), config.timeout)
     return write_summary(
         prepared,
@@ -253,7 +256,7 @@ class _Shards:
                 shard_optimizer.state[copy] = {
                     k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in state.items()
                 }
-        checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer)
+        checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer, setup.agreement(self.rank))
         if self.version is None:
             version = (
                 restore_shard(prepared, self.rank, master, shard_optimizer, setup.synchronous)
