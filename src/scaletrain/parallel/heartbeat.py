@@ -6,10 +6,16 @@ thread of its own, over its own connection. A frozen process (``SIGSTOP``, a mac
 stops counting; a survivor that hits a timeout reads the counters twice and names the ranks whose
 counters stood still. If the store itself does not answer, the process hosting it (rank 0, unless
 torchrun's agent hosts it) is the one that stopped.
+
+A busy store is not a stopped one: with many processes on few cores (16 workers on 2) the store's
+thread may take seconds to accept a connection or answer a count. The heartbeat connects within
+the run's timeout, as the process group did, and a beat that times out is tried again at the next
+beat instead of ending the heartbeat (which would have a healthy process named as stopped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import time
@@ -29,20 +35,20 @@ STORE_TIMEOUT_SECONDS = 5.0
 class Heartbeat:
     """This process's heartbeat; :meth:`silent_ranks` names the ranks whose heartbeat stopped."""
 
-    def __init__(self, rendezvous: Rendezvous) -> None:
+    def __init__(self, rendezvous: Rendezvous, connect_timeout: float = STORE_TIMEOUT_SECONDS) -> None:
         self.rendezvous = rendezvous
         self._stop = threading.Event()
-        self._store = _client(rendezvous)
+        self._store = _client(rendezvous, connect_timeout)
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
         key = f"heartbeat/{self.rendezvous.rank}"
         while not self._stop.is_set():
-            try:
+            # A beat that fails (a busy store, or one that is gone as the run ends or its host stopped)
+            # is tried again at the next: the survivors say which process stopped.
+            with contextlib.suppress(RuntimeError):
                 self._store.add(key, 1)
-            except RuntimeError:
-                return  # the store is gone: the run is ending, or its host stopped; the survivors say which
             self._stop.wait(INTERVAL_SECONDS)
 
     def silent_ranks(self) -> list[int]:
@@ -67,13 +73,15 @@ class Heartbeat:
         self._stop.set()
 
 
-def _client(rendezvous: Rendezvous) -> dist.Store:
-    """A connection of its own to the run's store (the main one may be blocked in a wait)."""
+def _client(rendezvous: Rendezvous, connect_timeout: float) -> dist.Store:
+    """A connection of its own to the run's store (the main one may be blocked in a wait), made within
+    ``connect_timeout`` seconds; each count then waits at most :data:`STORE_TIMEOUT_SECONDS`."""
     store = dist.TCPStore(
         rendezvous.master_addr,
         rendezvous.master_port,
         is_master=False,
-        timeout=datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS),
+        timeout=datetime.timedelta(seconds=max(connect_timeout, STORE_TIMEOUT_SECONDS)),
         wait_for_workers=False,
     )
+    store.set_timeout(datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS))
     return own_keys(store, rendezvous)

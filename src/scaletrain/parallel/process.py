@@ -65,7 +65,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
     # NCCL for a GPU's tensors only where the strategy runs collectives over them (all-reduce)
     backend = backend_for(device) if layout.plugin.device_collectives else "gloo"
     store = dist.HashStore() if alone else connect(rendezvous, timeout=config.timeout, backend=backend)
-    heartbeat = None if alone else Heartbeat(rendezvous)
+    heartbeat = None if alone else Heartbeat(rendezvous, connect_timeout=config.timeout)
     prepared = None
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
