@@ -7,6 +7,9 @@ stops counting; a survivor that hits a timeout reads the counters twice and name
 counters stood still. If the store itself does not answer, the process hosting it (rank 0, unless
 torchrun's agent hosts it) is the one that stopped.
 
+A process that has done its part marks itself finished as it leaves, so a survivor that still
+expected it (a defect) is told that it left, not that it stopped or died.
+
 A busy store is not a stopped one: with many processes on few cores (16 workers on 2) the store's
 thread may take seconds to accept a connection or answer a count. The heartbeat connects within
 the run's timeout, as the process group did, and a beat that times out is tried again at the next
@@ -52,25 +55,42 @@ class Heartbeat:
             self._stop.wait(INTERVAL_SECONDS)
 
     def silent_ranks(self) -> list[int]:
-        """The other ranks whose heartbeat did not move for :data:`WATCH_SECONDS` (blocks that long).
+        """The other ranks whose heartbeat did not move for :data:`WATCH_SECONDS` (blocks that long),
+        leaving out those that finished.
 
         When the store does not answer, the rank that hosts it, if that is not this one.
         """
-        others = [rank for rank in range(self.rendezvous.world_size) if rank != self.rendezvous.rank]
+        others = self._others()
         try:
             before = {rank: self._count(rank) for rank in others}
             time.sleep(WATCH_SECONDS)
             after = {rank: self._count(rank) for rank in others}
+            finished = set(self.finished_ranks())
         except RuntimeError:
             host = None if self.rendezvous.agent_store else 0
             return [host] if host is not None and host != self.rendezvous.rank else []
-        return [rank for rank in others if before[rank] == after[rank]]
+        return [rank for rank in others if before[rank] == after[rank] and rank not in finished]
+
+    def finished_ranks(self) -> list[int]:
+        """The other ranks that did their part and left (see :meth:`stop`)."""
+        return [rank for rank in self._others() if self._store.check([_finished_key(rank)])]
+
+    def _others(self) -> list[int]:
+        return [rank for rank in range(self.rendezvous.world_size) if rank != self.rendezvous.rank]
 
     def _count(self, rank: int) -> int:
         return self._store.add(f"heartbeat/{rank}", 0)
 
-    def stop(self) -> None:
+    def stop(self, *, finished: bool = False) -> None:
+        """Stop beating; ``finished``: this process did its part, so it is named as having left, not stopped."""
         self._stop.set()
+        if finished:
+            with contextlib.suppress(RuntimeError):  # the store's host may have left already
+                self._store.set(_finished_key(self.rendezvous.rank), "1")
+
+
+def _finished_key(rank: int) -> str:
+    return f"heartbeat-finished/{rank}"
 
 
 def _client(rendezvous: Rendezvous, connect_timeout: float) -> dist.Store:

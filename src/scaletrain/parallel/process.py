@@ -66,7 +66,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
     backend = backend_for(device) if layout.plugin.device_collectives else "gloo"
     store = dist.HashStore() if alone else connect(rendezvous, timeout=config.timeout, backend=backend)
     heartbeat = None if alone else Heartbeat(rendezvous, connect_timeout=config.timeout)
-    prepared = None
+    prepared, finished = None, False
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
         prepared = prepare(
@@ -74,7 +74,9 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
         )
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))
-        return layout.plugin.run(prepared, layout, rank, store)
+        summary = layout.plugin.run(prepared, layout, rank, store)
+        finished = True
+        return summary
     except KeyboardInterrupt:
         if alone:  # with more processes the launcher says what is kept
             raise Interrupted(f"interrupted; {resume_advice(prepared.config.out if prepared else None)}") from None
@@ -86,12 +88,18 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             raise
         path = write_traceback(config.out, rank)
         silent = heartbeat.silent_ranks()
-        peer = " and ".join(f"{layout.role(r)} rank {r}" for r in silent) or "another process"
+        names = " and ".join(f"{layout.role(r)} rank {r}" for r in silent or heartbeat.finished_ranks())
         where = f"; traceback in {path}" if path else ""
-        raise ProcessFailed(f"{layout.role(rank)} rank {rank}: {describe(exc, config.timeout, peer)}{where}") from exc
+        if names and not silent:  # they did their part and left, healthy: this process still expected them
+            raise ProcessFailed(
+                f"{layout.role(rank)} rank {rank}: {names} finished and left while this process still exchanged "
+                f"with them; a defect in scaletrain, not a failure of the processes or machines{where}"
+            ) from exc
+        message = describe(exc, config.timeout, names or "another process")
+        raise ProcessFailed(f"{layout.role(rank)} rank {rank}: {message}{where}") from exc
     finally:
         if heartbeat is not None:
-            heartbeat.stop()
+            heartbeat.stop(finished=finished)
         if dist.is_initialized():
             dist.destroy_process_group()
         if prepared is not None:
