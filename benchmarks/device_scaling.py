@@ -152,7 +152,8 @@ def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Rec
             workload=sweep.workload, out=context["work"] / sweep.name, workers=(workers,), strategies=(spec,),
             batch_sizes=(sweep.batch_size,), steps=steps_of(sweep, spec, workers), warmup_steps=sweep.warmup_steps,
             data_dir=context["data_dir"], options=dict(sweep.options),
-            settings={**sweep.settings, "timeout": plan.run_timeout, "download": False},
+            # the CPU's cores are measured: without --device cpu a GPU machine's runs would go to its GPU
+            settings={**sweep.settings, "timeout": plan.run_timeout, "download": False, "device": "cpu"},
             warmup_run=plan.warmup_run and index == 0 and context["first"],
         )  # fmt: skip
         context["first"] = False

@@ -205,6 +205,9 @@ def core_split() -> tuple[set[int] | None, set[int] | None]:
 
 def run(args: argparse.Namespace) -> int:
     budget = DRY if args.dry_run else DEVICE
+    if args.seconds is not None:  # a shorter visit: every part's budget within the suite's
+        budget = Budget(suite=args.seconds, machine=budget.machine, scaling=min(budget.scaling, args.seconds - 20),
+                        parts=budget.parts)  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="device-suite-", dir=args.work))
     suite = Suite(args.out, work, args.dry_run, budget)
@@ -228,7 +231,10 @@ def run(args: argparse.Namespace) -> int:
     scaling_command = [python, str(BENCHMARKS / "device_scaling.py"), "--json", str(scaling_json)]
     scaling_command += ["--work", str(work / "scaling"), "--data-dir", str(data)]
     scaling_command += ["--seconds", str(scaling_seconds - 10)]
-    scaling = Part(suite, "scaling", [*scaling_command, *dry], scaling_seconds, scaling_cores)
+    wanted = set(args.parts.split(",")) if args.parts else None
+    scaling = None
+    if wanted is None or "scaling" in wanted:
+        scaling = Part(suite, "scaling", [*scaling_command, *dry], scaling_seconds, scaling_cores)
 
     junit = work / "junit.xml"
     tests = [python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-v", "-rA", "-p", "no:cacheprovider"]
@@ -239,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
         command = [python, str(BENCHMARKS / "device_figures.py"), name, "--json", str(result)]
         queue.append((name, [*command, "--data-dir", str(data), "--work", str(work / name), *dry], result))
     for name, command, result in queue:
+        if wanted is not None and name not in wanted:
+            continue
         seconds = min(budget.parts[name], suite.left() - 5)
         if seconds < 10:
             suite.record(name, {"status": "not started: the suite's time was spent", "seconds": 0})
@@ -249,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
             shutil.copyfile(part.output, args.out / "gpu-tests.txt")
             entry["result"] = junit_summary(junit, part.output)
         suite.record(name, entry)
-    suite.record("scaling", scaling.finish(scaling_json))
+    if scaling is not None:
+        suite.record("scaling", scaling.finish(scaling_json))
 
     pictures: list[str] = []
     try:
@@ -272,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="where the scratch folder is made (default: the system's)")
     parser.add_argument("--keep-work", action="store_true", help="keep the runs and scratch files")
     parser.add_argument("--dry-run", action="store_true", help="every part on this CPU at tiny sizes")
+    parser.add_argument(
+        "--parts", help="only these parts, comma-separated (scaling, gpu-tests, " + ", ".join(FIGURES) + ")"
+    )
+    parser.add_argument("--seconds", type=float, help="the whole suite's budget (default: 450 on a GPU, 170 dry)")
     return run(parser.parse_args(argv))
 
 

@@ -353,7 +353,7 @@ class Trainer:
         self._step_loss: torch.Tensor | None = None
         self._buffer_seconds = 0.0  # averaging the workers' buffers within this step
         self.last_quality: tuple[int, dict[str, float]] | None = None
-        self._loss_sum = torch.zeros(())
+        self._loss_sum = torch.zeros((), device=prepared.device)  # the losses' device: no copy per step
         self._loss_count = 0
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
@@ -524,7 +524,7 @@ class Trainer:
     def _end_epoch(self) -> None:
         epoch = self.position.epoch
         train_loss = (self._loss_sum / max(self._loss_count, 1)).item()
-        self._loss_sum, self._loss_count = torch.zeros(()), 0
+        self._loss_sum, self._loss_count = torch.zeros((), device=self.prepared.device), 0
         self.position.epoch += 1
         self.position.batch = 0
         self.state = None
