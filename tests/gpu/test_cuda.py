@@ -112,7 +112,8 @@ def test_two_parameter_server_workers_on_one_gpu_stage_through_host_memory(
     assert gpu["steps"] == 8 and gpu["server_updates"] == 8
     assert all(w["host_copy_seconds"] > 0 for w in gpu["per_worker"])
     assert len({w["weights_digest"] for w in gpu["per_worker"]}) == 1
-    assert_same_curve(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
+    if strategy == "ps-sharded-split":  # a central server's metrics hold updates, not the workers' losses
+        assert_same_curve(losses(tmp_path / "gpu"), losses(tmp_path / "cpu"))
     first, second = model_weights(tmp_path / "gpu"), model_weights(tmp_path / "cpu")
     for name in first:
         torch.testing.assert_close(first[name].cpu(), second[name], rtol=1e-2, atol=1e-3, msg=name)
@@ -176,12 +177,14 @@ def test_the_batch_search_fills_a_planted_device_memory_budget() -> None:
 def test_a_run_adapts_its_batch_to_device_memory(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     options = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "8"}
+    # 400 MB: on the H200 a step of this network at batch 1 already peaked at 68 MB (a 40 MB budget was
+    # refused in one line there: "not even a batch of 1 fits")
     scaletrain.train("resnet", options=options, data_dir=data, out=out, epochs=2, batch_size=16, device="cuda",
-                     batch_budget="40MB", lr=0.02, **COMMON)  # fmt: skip
+                     batch_budget="400MB", lr=0.02, **COMMON)  # fmt: skip
     searches = json.loads((out / "summary.json").read_text())["batch_searches"]
     assert searches, "a search after the first epoch"
     search = searches[0]
-    assert 0 < search["peak_bytes"] <= search["budget_bytes"] == 40 * 10**6
+    assert 0 < search["peak_bytes"] <= search["budget_bytes"] == 400 * 10**6
     assert any(not fits for _, fits, _ in search["probes"]) or search["batch_size"] >= 640, search["probes"]
 
 

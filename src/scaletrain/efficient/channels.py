@@ -195,7 +195,7 @@ def _dead(
 
 def _largest(weight: torch.Tensor, member: Member, channel: int) -> float:
     axis = 0 if member.dim == "out" else 1
-    return weight.index_select(axis, torch.tensor(member.indices[channel])).abs().max().item()
+    return weight.index_select(axis, torch.tensor(member.indices[channel], device=weight.device)).abs().max().item()
 
 
 def _strength(members: list[Member], weights: dict[str, torch.Tensor], channel: int) -> float:

@@ -159,7 +159,7 @@ class Selection:
         for dim, factor in self.factors.items():
             shape = [1] * selected.dim()
             shape[dim] = -1
-            selected = selected * factor.to(selected.dtype).view(shape)
+            selected = selected * factor.to(selected.device, selected.dtype).view(shape)
         return selected.contiguous()
 
 
@@ -213,7 +213,8 @@ def _perturb_copies(module: nn.Module, kept: list[int], noise: float, generator:
     with torch.no_grad():
         rows = module.weight[copies]
         spread = noise * float(module.weight.std())
-        module.weight[copies] = rows + spread * torch.randn(rows.shape, generator=generator)
+        # the generator is the CPU's (the same noise on every device): drawn there, then moved
+        module.weight[copies] = rows + spread * torch.randn(rows.shape, generator=generator).to(rows.device)
 
 
 def _module(model: nn.Module, path: str) -> nn.Module:
@@ -289,5 +290,5 @@ def _resized(
 
 def _select(tensor: torch.Tensor, dims: dict[int, list[int]]) -> torch.Tensor:
     for dim, indices in dims.items():
-        tensor = tensor.index_select(dim, torch.as_tensor(indices, dtype=torch.long))
+        tensor = tensor.index_select(dim, torch.as_tensor(indices, dtype=torch.long, device=tensor.device))
     return tensor.contiguous()

@@ -69,8 +69,16 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
     prepared, finished = None, False
     try:
         factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
+        # a server computes on the CPU, but its loss scale follows the workers' precision (fp16: a GPU's)
+        workers_device = resolve_device(config.device, local_rank=rendezvous.local_rank) if on_cpu else device
         prepared = prepare(
-            config, workload, process=settings, global_batch_factor=factor, coordinator=rank == 0, device=device
+            config,
+            workload,
+            process=settings,
+            global_batch_factor=factor,
+            coordinator=rank == 0,
+            device=device,
+            workers_device=workers_device,
         )
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))

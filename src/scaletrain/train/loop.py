@@ -187,13 +187,16 @@ def prepare(
     global_batch_factor: int = 1,
     coordinator: bool = True,
     device: torch.device | None = None,
+    workers_device: torch.device | None = None,
 ) -> Prepared:
     """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming.
 
     ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`);
-    ``device``: where the model lives (default: the CPU).
+    ``device``: where the model lives (default: the CPU); ``workers_device``: where the run's workers
+    compute, when this process is a server that does not (its precision settings are theirs).
     """
     device = device or torch.device("cpu")
+    workers_device = workers_device or device
     started = time.time()
     workload = workload or create_workload(config.workload, config.options)
     config = resolve(config, workload.defaults)
@@ -216,7 +219,7 @@ def prepare(
     initial_parameters = count_parameters(model)
     chosen = create_technique(config.technique, config.technique_options) if config.technique else None
     adapt = adapt_batch_technique(config)
-    technique = stacked(chosen, adapt, precision_technique(config, device.type))  # last: its loss scale covers all
+    technique = stacked(chosen, adapt, precision_technique(config, workers_device.type))  # last: its scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
