@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO
+from tests.helpers import REPO, run_cli
 from tests.parallel import buffers_job
 
 pytestmark = pytest.mark.multiprocess
@@ -174,3 +174,20 @@ def test_every_join_strategy_saves_the_same_model(runs, spec) -> None:
     other, _ = saved(runs, "allreduce-join", "buffers-bn", "uninterrupted")
     for name, value in model.items():
         torch.testing.assert_close(value, other[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["ps-central-join", "ps-central-async"])
+def test_one_worker_of_a_central_server_hands_over_its_buffers(
+    strategy: str, tiny_fmnist: Path, tmp_path: Path
+) -> None:
+    """A lone worker averages with nobody, but the server that writes model.pt still needs its buffers
+    (the bench's one-worker runs of the central server waited for them in vain)."""
+    out = tmp_path / "run"
+    result = run_cli(
+        "train", "resnet20", "-o", "dataset=fashion-mnist", "--data-dir", str(tiny_fmnist), "--steps", "3",
+        "--batch-size", "16", "--workers", "1", "--strategy", strategy, "--threads", "1", "--timeout", "20",
+        "--out", str(out), "--progress", "off", "--no-tensorboard",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    model = torch.load(out / "model.pt", weights_only=True)
+    assert not torch.allclose(model["features.1.running_var"], torch.ones(model["features.1.running_var"].shape))

@@ -96,16 +96,16 @@ class StoreAgreement(Agreement):
         return torch.load(io.BytesIO(self.store.get(STATE_KEY)), map_location="cpu", weights_only=True)
 
     def buffers_due(self, step: int, model: nn.Module) -> None:
-        if len(self.workers) < 2:
-            return
+        # published also by a lone worker: a central server that writes the model reads them
         if not self.synchronous:
             self._publish(_buffers_key(LATEST, self.rank), model)
             return
         self._publish(_buffers_key(step, self.rank), model)
-        load_buffers(model, self.worker_buffers(step))
+        if len(self.workers) > 1:
+            load_buffers(model, self.worker_buffers(step))
 
     def buffers_final(self, model: nn.Module) -> None:
-        if not self.synchronous and len(self.workers) > 1:
+        if not self.synchronous:
             self._publish(_buffers_key(LATEST, self.rank), model)
 
     def worker_buffers(self, step: int | None) -> dict[str, torch.Tensor] | None:
