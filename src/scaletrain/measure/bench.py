@@ -105,6 +105,8 @@ def _outcome(row: dict[str, Any]) -> str:
     # the report decides on all runs; a run off from the few measured so far may end up unflagged
     if row.get("flag"):
         text += f" — off so far: {row['flag']} (the report re-checks it against all runs)"
+    if row.get("quality_warning"):
+        text += f" — warning: {row['quality_warning']}"
     return text
 
 

@@ -330,6 +330,12 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
             f"{row['batches_per_second']:.1f} batches/s, {row['flag']}"
             for row in flagged
         ]
+    warned = [row for row in rows if row.get("quality_warning")]
+    if warned:  # at chance although the loss fell: the evaluated model does not show what training did
+        lines += ["", "## Runs whose quality is at chance level", ""]
+        lines += [
+            f"- {row['strategy']} b{row['batch_size']} ×{row['workers']}: {row['quality_warning']}" for row in warned
+        ]
     if failed:
         lines += ["", "## Failed runs", ""]
         lines += [f"- {row['strategy']} b{row['batch_size']} ×{row['workers']}: {row.get('error')}" for row in failed]

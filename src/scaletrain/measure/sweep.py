@@ -308,4 +308,5 @@ def _row(config: SweepConfig, run: Run, summary: dict[str, Any], machine: dict[s
         "epoch_seconds": epoch_samples / rate if rate else None,
         "metric": metric,
         "quality": summary[metric],
+        "quality_warning": summary.get("quality_warning"),
     }
