@@ -36,17 +36,13 @@ import torch
 from tests.helpers import REPO, run_cli
 from tests.parallel import buffers_job
 
+from scaletrain.parallel.strategies import all_specs
+
 pytestmark = pytest.mark.multiprocess
 
-SYNCHRONOUS = [
-    "allreduce-join",
-    "allreduce-split",
-    "ps-central-join",
-    "ps-central-split",
-    "ps-sharded-join",
-    "ps-sharded-split",
-]
-ASYNCHRONOUS = ["ps-central-async", "ps-sharded-async"]
+# every distributed strategy the registry knows, so that a new one is tested here without a new line
+SYNCHRONOUS = [spec for spec in all_specs(predicted_only=True) if not spec.endswith("-async")]
+ASYNCHRONOUS = [spec for spec in all_specs(predicted_only=True) if spec.endswith("-async")]
 LEGS = ["uninterrupted", "steps", "resumed-steps", "resumed-epochs"]
 NETWORKS = ["buffers-plain", "buffers-bn"]
 

@@ -23,6 +23,7 @@ from tests.parallel import many_workers
 from tests.parallel.many_workers import SAMPLES, TENSORS, started, tiny_workload
 
 import scaletrain
+from scaletrain.parallel.strategies import all_specs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -72,14 +73,8 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, bool
     return runs
 
 
-SYNCHRONOUS = [
-    "allreduce-join",
-    "allreduce-split",
-    "ps-central-join",
-    "ps-central-split",
-    "ps-sharded-join",
-    "ps-sharded-split",
-]
+# every distributed strategy the registry knows, so that a new one is tested here without a new line
+SYNCHRONOUS = [spec for spec in all_specs(predicted_only=True) if not spec.endswith("-async")]
 
 
 @pytest.mark.parametrize("workers", [8, 16])
