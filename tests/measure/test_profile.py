@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from scaletrain.errors import DataError
+from scaletrain.errors import ConfigError, DataError
 from scaletrain.measure.profile import Profile, ProfileConfig, ProfileError, run_profile
 
 pytestmark = [pytest.mark.multiprocess]
@@ -19,15 +19,15 @@ LENET_FLOATS = 431_080
 def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, tmp_path):
     out = tmp_path / "profile.json"
     config = ProfileConfig(
-        "lenet", batch_size=32, split_workers=(2,), concurrency=2, repeats=3, warmup=1, round_trips=3, launches=2,
-        data_dir=tiny_fmnist, download=False,
+        "lenet", batch_size=32, split_workers=(2,), concurrency=3, contention_counts=(3,), repeats=3, warmup=1,
+        round_trips=3, launches=2, data_dir=tiny_fmnist, download=False,
     )  # fmt: skip
     profile = run_profile(config, out=out)
     assert profile.weight_bytes == LENET_FLOATS * 4 == sum(profile.tensor_bytes)
     assert len(profile.tensor_bytes) == 8  # 4 layers × (weight, bias)
     assert profile.t_grad > 0 and profile.t_grad_parts[2] > 0 and profile.t_update > 0
     assert profile.t_grad_parts[2] < profile.t_grad  # half the batch is less work
-    assert set(profile.contention) == {1, 2} and profile.contention[2] > 0
+    assert set(profile.contention) == {1, 3} and profile.contention[3] > 0  # only the count asked for
     assert 0 < profile.latency < profile.t_comm
     transfer = profile.t_comm - profile.latency if profile.t_comm > 2 * profile.latency else profile.t_comm
     assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)
@@ -68,3 +68,16 @@ def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):
     assert expected * 0.9 < profile.t_comm < expected * 1.4
     assert profile.network == "20mbit"
     assert profile.bytes_per_second * 8 == pytest.approx(20e6, rel=0.2)
+
+
+def test_contention_between_measured_counts_is_interpolated_and_beyond_them_grows_per_core() -> None:
+    profile = Profile(workload="lenet", batch_size=8, t_grad=0.1, t_comm=0.01, contention={1: 1.0, 4: 1.3, 8: 1.7})
+    assert profile.contention_at(4, cores=8) == 1.3
+    assert profile.contention_at(6, cores=8) == pytest.approx(1.5)  # halfway from 4 to 8
+    assert profile.contention_at(2, cores=8) == pytest.approx(1.1)  # a third of the way from 1 to 4
+    assert profile.contention_at(16, cores=8) == pytest.approx(1.7 * 2)  # two processes per core
+
+
+def test_contention_counts_below_two_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="--contention-at counts must be ≥ 2"):
+        ProfileConfig("lenet", contention_counts=(1, 4))

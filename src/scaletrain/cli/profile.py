@@ -27,6 +27,8 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="also t_grad at batch/N for these N, e.g. 2,4")  # fmt: skip
     group.add_argument("--concurrency", type=int, metavar="N",
                        help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
+    group.add_argument("--contention-at", type=number_list, metavar="N,N",
+                       help="measure contention only at these process counts (default: each from 2)")  # fmt: skip
     group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
     group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
     group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")
@@ -54,6 +56,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "network": args.network,
         "split_workers": args.split_workers or (),
         "concurrency": args.concurrency,
+        "contention_counts": tuple(args.contention_at or ()),
         "threads": args.threads,
         "repeats": args.repeats,
         "round_trips": args.round_trips,

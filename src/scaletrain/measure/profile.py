@@ -4,7 +4,8 @@
   after a GPU synchronisation when the model is on a GPU); also at 1/n of the batch for the
   workers of a ``split`` run (``split_workers``), and the optimizer step (**t_update**).
 - **contention**: t_grad while k processes compute at once on this machine, divided by t_grad
-  alone, for k = 2..``concurrency`` (what workers sharing cores cost each other).
+  alone, for k = 2..``concurrency`` (what workers sharing cores cost each other), or only at the
+  ``contention_counts`` asked for (``--contention-at``), with the counts between them interpolated.
 - **t_comm**: one transfer of all weights between two real processes over the transport the
   parameter server uses (gloo point-to-point, header + flat buffer, both directions): half the
   median push + pull round trip. With ``wire`` the buffer is of the codec's type (``bf16``: half the
@@ -69,6 +70,9 @@ class ProfileConfig:
     options: dict[str, str] = field(default_factory=dict)
     split_workers: tuple[int, ...] = ()  # also t_grad at batch/n for these n
     concurrency: int | None = None  # contention up to this many processes; None: this machine's cores
+    #: measure contention only at these process counts (≤ ``concurrency``), not at every count from 2:
+    #: a launch per count costs seconds, and counts between them are interpolated
+    contention_counts: tuple[int, ...] = ()
     network: str | None = None
     threads: int = 1
     repeats: int = 10
@@ -103,6 +107,8 @@ class ProfileConfig:
             raise ConfigError(f"split worker counts must be ≥ 1, got {self.split_workers}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
+        if any(n < 2 for n in self.contention_counts):
+            raise ConfigError(f"--contention-at counts must be ≥ 2 processes, got {self.contention_counts}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if not 0 < self.timeout < math.inf:
@@ -173,6 +179,11 @@ class Profile:
             return 1.0
         if processes in self.contention:
             return self.contention[processes]
+        above = min((k for k in self.contention if k > processes), default=None)
+        if above is not None:  # between two measured counts (``contention_counts``): on the line between them
+            below = max(k for k in self.contention if k < processes)
+            share = (processes - below) / (above - below)
+            return self.contention[below] + share * (self.contention[above] - self.contention[below])
         known = max((k for k in self.contention if k <= processes), default=1)
         base = self.contention.get(known, 1.0)
         return base * max(1.0, processes / max(known, cores))
@@ -275,7 +286,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     t_grad = t_grad_parts.pop(1)
     cores = os.cpu_count() or 1
     contention = {1: 1.0}
-    for processes in range(2, (config.concurrency or cores) + 1):
+    most = config.concurrency or cores
+    counts = sorted({n for n in config.contention_counts if n <= most}) or range(2, most + 1)
+    for processes in counts:
         ranks = [
             rank
             for _ in range(config.launches)
