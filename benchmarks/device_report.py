@@ -12,7 +12,7 @@ from typing import Any
 
 PRECISION_GOAL = 1.8
 #: fp32 ms per step at batch 64, 1 thread, measured on the 2-core CPU machine where scaletrain is developed
-#: (README, "Precision, devices and the wire"): channels-first, channels-last
+#: (docs/precision-and-devices.md): channels-first, channels-last
 DEVELOPMENT_CPU_MS = {"lenet": (26.6, 20.7), "resnet20": (172.6, 142.6)}
 LAYOUT_NAMES = {"contiguous": "channels-first", "channels_last": "channels-last"}
 
@@ -118,7 +118,7 @@ def _gpu_vs_cpu(figures: dict[str, Any]) -> list[str]:
         "",
         f"The GPU column ran on {next(iter(result['gpu'].values()))['device']}. "
         "CPU: one thread of this machine's CPU, measured right after the GPU. Last column: the development "
-        "machine's figure (2-core CPU, 1 thread, README).",
+        "machine's figure (2-core CPU, 1 thread, docs/precision-and-devices.md).",
         "",
         "| workload | layout | GPU ms | CPU ms (1 thread) | CPU ÷ GPU | development CPU ms |",
         "|---|---|---|---|---|---|",

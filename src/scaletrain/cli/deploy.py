@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Render a `scaletrain bench` sweep as Kubernetes objects: one run per configuration "
         "(strategy, workers, batch size, repeat), each in its own folder /runs/NAME/runs/CONFIGURATION on "
         "one volume claim; the grid flags are those of `scaletrain bench`. Assemble the results afterwards "
-        "with `scaletrain bench` on a copy of /runs/NAME (see the README).",
+        "with `scaletrain bench` on a copy of /runs/NAME (see docs/deployment.md).",
     )
     _add_cluster_flags(sweep, default_name="WORKLOAD-bench")
     for flag in ("--network", "--max-workers"):  # local-only; still parsed, so that giving one says why not

@@ -7,7 +7,7 @@ plans them for a local bench) becomes a run of its own in the chosen flavour, na
 ``<name>-runs``, and each trains in ``/runs/<name>/runs/<configuration>`` — the layout of a local
 bench's output folder, so that ``scaletrain bench`` run with the same grid on a copy of
 ``/runs/<name>`` finds every run's ``summary.json`` and assembles results, pictures and report from
-them without training (see the README). The runs get the bench's own training settings (its
+them without training (see docs/deployment.md). The runs get the bench's own training settings (its
 default of 100 steps, 5 untimed warm-up steps, one thread per process, no TensorBoard logs); the
 bench's unmeasured warm-up run is left out, since every run starts in fresh pods.
 

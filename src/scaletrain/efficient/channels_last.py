@@ -6,7 +6,7 @@ the forward and in both backward passes. Keeping the activations channels-last r
 reorders (PyTorch's channels-last tutorial; NVIDIA's mixed-precision guide recommends NHWC with
 float16 on tensor cores). Measured on this project's CPU (AMD EPYC, AVX-512 BF16, 1 thread,
 ``benchmarks/precision.py``): 7–36 % shorter steps for LeNet, ResNet-20 and SqueezeNet in float32 and
-bfloat16; the README's *Precision, devices and the wire* has the table.
+bfloat16; docs/precision-and-devices.md has the table.
 
 **How.** Only the activations change layout: inside the training forward pass, every ``nn.Conv2d``
 gets its input as channels-last (a no-op when it already is) and hands its output on as

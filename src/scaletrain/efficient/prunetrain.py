@@ -15,7 +15,7 @@ the scale and shift of the batch norm after each regularised layer are penalised
 channel, Liu et al.'s network slimming), and a channel whose every writer is followed by a batch norm
 with both below the threshold is dead — it outputs zero whatever the layer computes. Without it, a
 batch norm after each convolution makes the loss blind to a channel's scale, and its gradient grows
-as the channel shrinks. Measured on ResNet-20 and Fashion-MNIST (README): the subgradient leaves
+as the channel shrinks. Measured on ResNet-20 and Fashion-MNIST (docs/techniques.md): the subgradient leaves
 channels oscillating around zero (no channel below 1e-3 after 900 steps at r ≤ 0.5).
 Every ``every`` epochs (the *reconfiguration interval*, default 10) the channels whose weights are
 all below ``threshold`` (default 1e-4) go, with the channel union of
