@@ -34,8 +34,7 @@ import torch
 from torch.nn import functional as F
 
 import scaletrain
-from scaletrain.data.idx import load_fashion_mnist
-from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist
 from scaletrain.errors import DataError
 from scaletrain.train.checkpoint import atomic_save
 from scaletrain.workloads.classification import ClassificationData, epoch_permutation

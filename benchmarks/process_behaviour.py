@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist
 from scaletrain.errors import DataError
 from scaletrain.train.runtime import (
     ENV_GLIBC_TUNABLES,

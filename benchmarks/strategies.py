@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from scaletrain.api import train  # = scaletrain.train, which the train/ subpackage can shadow
-from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist
 from scaletrain.data.synthetic import write_synthetic_fashion_mnist
 from scaletrain.errors import DataError, ScaletrainError
 from scaletrain.parallel.ps import PSExchange, ShardServer, pair_groups

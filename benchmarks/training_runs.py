@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist
 from scaletrain.errors import DataError
 
 SRC = Path(__file__).resolve().parents[1] / "src"

@@ -27,9 +27,10 @@ from scaletrain.data.cifar import (
     TEST_FILE,
     TRAIN_FILES,
     cifar10_location,
+    find_cifar10,
     load_cifar10,
 )
-from scaletrain.data.locate import ENV_CIFAR10_URL, ENV_DATA, ENV_OFFLINE, find_cifar10
+from scaletrain.data.locate import ENV_CIFAR10_URL, ENV_DATA, ENV_OFFLINE
 from scaletrain.errors import DataError
 
 #: Not the official names, so a test can tell that batches.meta.txt was read.

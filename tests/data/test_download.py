@@ -18,8 +18,8 @@ import pytest
 
 import scaletrain.data.download as download_module
 from scaletrain.data.download import download, file_sha256
-from scaletrain.data.idx import load_fashion_mnist, write_idx
-from scaletrain.data.locate import ENV_FASHION_MNIST_URL, ENV_OFFLINE, find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist, write_idx
+from scaletrain.data.locate import ENV_FASHION_MNIST_URL, ENV_OFFLINE
 from scaletrain.errors import DataError
 
 PAYLOAD = bytes(range(256)) * 5000  # 1.28 MB: more than one 1 MiB read, so streaming is exercised

@@ -6,16 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from scaletrain.data.locate import (
-    ENV_DATA,
-    ENV_OFFLINE,
-    cache_dir,
-    find_fashion_mnist,
-    find_image_folder,
-    find_ptb,
-    image_cache_dir,
-    is_offline,
-)
+from scaletrain.data.idx import find_fashion_mnist
+from scaletrain.data.image_folder import find_image_folder, image_cache_dir
+from scaletrain.data.locate import ENV_DATA, ENV_OFFLINE, cache_dir, is_offline
+from scaletrain.data.ptb import find_ptb
 from scaletrain.errors import DataError
 
 FASHION_NAMES = (

@@ -9,8 +9,7 @@ image in [channel, row, column] order. No pickle is read anywhere.
 
 :func:`load_cifar10` reads the members straight out of the ``.tar.gz`` in one pass (nothing is unpacked
 to disk), or reads the unpacked folder. Any number of records is accepted, so small generated files
-work as well as the real 50,000 / 10,000. :func:`scaletrain.data.locate.find_cifar10` finds the archive
-or downloads it.
+work as well as the real 50,000 / 10,000. :func:`find_cifar10` finds the archive or downloads it.
 
 Example::
 
@@ -29,13 +28,16 @@ from __future__ import annotations
 
 import tarfile
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
 
+from scaletrain.data.download import download as _download
 from scaletrain.data.files import read_dataset_bytes
+from scaletrain.data.locate import ENV_CIFAR10_URL, ENV_OFFLINE, Download, Findable, cache_dir, search
 from scaletrain.errors import DataError
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     "ARCHIVE_URL",
     "BATCHES_FOLDER",
     "CIFAR10",
+    "CIFAR10_SUBDIR",
     "CLASSES",
     "IMAGE_SHAPE",
     "MEMBERS",
@@ -54,6 +57,7 @@ __all__ = [
     "TEST_FILE",
     "TRAIN_FILES",
     "cifar10_location",
+    "find_cifar10",
     "load_cifar10",
     "missing_cifar10_files",
 ]
@@ -80,6 +84,8 @@ IMAGE_SHAPE = (3, 32, 32)
 RECORD_BYTES = 1 + 3 * 32 * 32
 #: The names in the official ``batches.meta.txt``; used for an unpacked folder that lacks that file.
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+#: Subfolder of ``--data-dir``, ``$SCALETRAIN_DATA`` and the cache that may hold CIFAR-10.
+CIFAR10_SUBDIR = "cifar-10"
 
 _BATCH_FILES = (*TRAIN_FILES, TEST_FILE)
 _CHUNK_BYTES = 1 << 20
@@ -276,3 +282,75 @@ def _classes(meta: tuple[str, bytes] | None) -> tuple[str, ...]:
             f"is damaged; {_REFETCH}"
         )
     return names
+
+
+def _fixes(cache: Path) -> str:
+    return (
+        f"Fixes: (1) put {ARCHIVE_NAME} (or its unpacked {BATCHES_FOLDER} folder) in a folder and pass it with "
+        f"--data-dir; (2) go online (and leave {ENV_OFFLINE} unset) so that scaletrain downloads it into {cache}; "
+        "(3) train the same network on Fashion-MNIST with -o dataset=fashion-mnist"
+    )
+
+
+def _incomplete(folders: Sequence[Path]) -> str:
+    """``; FOLDER lacks NAMES`` for each of ``folders`` (and its batches folder) that holds only some batch files."""
+    notes = []
+    for folder in folders:
+        for candidate in (folder, folder / BATCHES_FOLDER):
+            missing = missing_cifar10_files(candidate)
+            if candidate.is_dir() and 0 < len(missing) < len(_BATCH_FILES):
+                notes.append(f"; {candidate} lacks {', '.join(missing)}")
+    return "".join(notes)
+
+
+def find_cifar10(
+    data_dir: Path | None,
+    *,
+    download: bool = True,
+    environ: Mapping[str, str] | None = None,
+    system_dirs: Sequence[Path] | None = None,
+    sha256: str | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Return the CIFAR-10 archive or unpacked folder for :func:`load_cifar10`, downloading the archive if
+    need be.
+
+    The same order as :func:`~scaletrain.data.idx.find_fashion_mnist` (:func:`scaletrain.data.locate.search`'s):
+    ``data_dir`` (or its ``cifar-10`` subfolder) must hold it when given; otherwise the first of
+    ``$SCALETRAIN_DATA`` (and its subfolder), ``system_dirs`` (default: none) and ``cache_dir()/cifar-10``
+    that holds ``cifar-10-binary.tar.gz`` or the unpacked ``cifar-10-batches-bin`` folder wins (see
+    :func:`cifar10_location`). Failing all, the archive is fetched from ``$SCALETRAIN_CIFAR10_URL`` (a full
+    URL of the archive) or the official URL into the cache and must match ``sha256`` (default
+    :data:`ARCHIVE_SHA256`), unless ``download`` is false or ``SCALETRAIN_OFFLINE=1``. Raises
+    :class:`DataError` naming every place searched and the fixes.
+
+    Example::
+
+        >>> import tempfile
+        >>> try:
+        ...     find_cifar10(None, download=False, environ={"XDG_CACHE_HOME": tempfile.mkdtemp()})
+        ... except DataError as error:
+        ...     print("-o dataset=fashion-mnist" in str(error))
+        True
+    """
+    cache = cache_dir(environ) / CIFAR10_SUBDIR
+
+    def fetch(url: str) -> Path:
+        return _download(url, cache / ARCHIVE_NAME, ARCHIVE_SHA256 if sha256 is None else sha256, timeout=timeout)
+
+    def not_in_data_dir(data_dir: Path, looked: list[Path]) -> str:
+        folder = Path(data_dir).expanduser()
+        return (
+            f"--data-dir {folder}: no CIFAR-10 there (looked for {ARCHIVE_NAME}, a {BATCHES_FOLDER} folder or "
+            f"the six batch files in {folder} and {folder / CIFAR10_SUBDIR}{_incomplete(looked)}). "
+            f"{_fixes(cache)}; or leave out --data-dir to search the usual places"
+        )
+
+    cifar10 = Findable(
+        name="CIFAR-10",
+        subdirs=("", CIFAR10_SUBDIR),
+        found_in=(cifar10_location,),
+        not_in_data_dir=not_in_data_dir,
+        download=Download(ARCHIVE_URL, ENV_CIFAR10_URL, fetch, _fixes(cache)),
+    )
+    return search(cifar10, data_dir, [*(system_dirs or ()), cache], download=download, environ=environ)

@@ -3,7 +3,7 @@
 An IDX file is big-endian: two zero bytes, a type byte (``0x08`` = unsigned byte), a byte giving the
 number of dimensions, one unsigned 32-bit size per dimension, then the data in C order. Files may be
 gzip-compressed; gzip is recognised by its magic bytes, so a file's name does not have to end in
-``.gz``.
+``.gz``. :func:`find_fashion_mnist` finds the four Fashion-MNIST files or downloads them.
 
 Example::
 
@@ -23,22 +23,28 @@ import math
 import os
 import tempfile
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from scaletrain.data.download import download as _download
 from scaletrain.data.files import read_dataset_bytes
+from scaletrain.data.locate import ENV_FASHION_MNIST_URL, ENV_OFFLINE, Download, Findable, cache_dir, search
 from scaletrain.errors import DataError
 
 __all__ = [
     "FASHION_MNIST_FILES",
     "FASHION_MNIST_MEAN",
     "FASHION_MNIST_STD",
+    "FASHION_MNIST_SUBDIR",
     "FASHION_MNIST_URL",
+    "SYSTEM_FASHION_MNIST_DIRS",
     "FashionMNIST",
     "fashion_mnist_file",
+    "find_fashion_mnist",
     "load_fashion_mnist",
     "missing_fashion_mnist_files",
     "read_idx",
@@ -55,6 +61,10 @@ FASHION_MNIST_FILES: dict[str, str] = {
 
 #: The official download location named in the zalandoresearch/fashion-mnist README.
 FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+#: Where Debian's ``dataset-fashion-mnist`` package installs the four gzipped files.
+SYSTEM_FASHION_MNIST_DIRS: tuple[Path, ...] = (Path("/usr/share/datasets/fashion-mnist"),)
+#: Subfolder of ``--data-dir``, ``$SCALETRAIN_DATA`` and the cache that may hold Fashion-MNIST.
+FASHION_MNIST_SUBDIR = "fashion-mnist"
 
 #: Training-set pixel statistics after scaling to [0, 1]; the test set is normalised with the same
 #: numbers so that no test information leaks into preprocessing.
@@ -300,3 +310,73 @@ def load_fashion_mnist(directory: Path) -> FashionMNIST:
     train_images, train_labels = _load_split(directory, _TRAIN_IMAGES, _TRAIN_LABELS)
     test_images, test_labels = _load_split(directory, _TEST_IMAGES, _TEST_LABELS)
     return FashionMNIST(train_images, train_labels, test_images, test_labels)
+
+
+def _fixes(cache: Path) -> str:
+    names = ", ".join(FASHION_MNIST_FILES)
+    return (
+        "Fixes: (1) as root run `apt-get install dataset-fashion-mnist` (installs "
+        f"{SYSTEM_FASHION_MNIST_DIRS[0]}); (2) put the four files ({names}; raw files without .gz "
+        "also work) in a folder and pass it with --data-dir; (3) go online "
+        f"(and leave {ENV_OFFLINE} unset) so that scaletrain downloads them into {cache}"
+    )
+
+
+def _complete(folder: Path) -> Path | None:
+    return None if missing_fashion_mnist_files(folder) else folder
+
+
+def find_fashion_mnist(
+    data_dir: Path | None,
+    *,
+    download: bool = True,
+    environ: Mapping[str, str] | None = None,
+    system_dirs: Sequence[Path] | None = None,
+    checksums: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Path:
+    """Return a folder holding the four Fashion-MNIST files, downloading them if need be.
+
+    ``data_dir`` (or its ``fashion-mnist`` subfolder) must hold the files when given; otherwise the
+    first match among ``$SCALETRAIN_DATA`` (and its subfolder), ``system_dirs`` (default
+    :data:`SYSTEM_FASHION_MNIST_DIRS`) and ``cache_dir()/fashion-mnist`` wins. Failing all, the files
+    listed in ``checksums`` (default :data:`FASHION_MNIST_FILES`) are fetched from
+    ``$SCALETRAIN_FASHION_MNIST_URL`` or the official URL into the cache and verified, unless
+    ``download`` is false or ``SCALETRAIN_OFFLINE=1``. Raises :class:`DataError` naming every place
+    searched and the fixes (the order is :func:`scaletrain.data.locate.search`'s).
+
+    Example::
+
+        >>> import tempfile
+        >>> try:
+        ...     find_fashion_mnist(None, download=False, environ={"XDG_CACHE_HOME": tempfile.mkdtemp()},
+        ...                        system_dirs=[])
+        ... except DataError as error:
+        ...     print("apt-get install dataset-fashion-mnist" in str(error))
+        True
+    """
+    cache = cache_dir(environ) / FASHION_MNIST_SUBDIR
+
+    def fetch(base_url: str) -> Path | str:
+        for name, sha256 in (FASHION_MNIST_FILES if checksums is None else checksums).items():
+            _download(f"{base_url.rstrip('/')}/{name}", cache / name, sha256, timeout=timeout)
+        still_missing = missing_fashion_mnist_files(cache)
+        return f"the download from {base_url} did not provide {', '.join(still_missing)}" if still_missing else cache
+
+    def not_in_data_dir(data_dir: Path, looked: list[Path]) -> str:
+        folder = Path(data_dir).expanduser()
+        return (
+            f"--data-dir {folder}: Fashion-MNIST files missing ({', '.join(missing_fashion_mnist_files(folder))}), "
+            f"looked in {folder} and {folder / FASHION_MNIST_SUBDIR}. {_fixes(cache)}; or leave out --data-dir to "
+            "search the usual places"
+        )
+
+    fashion_mnist = Findable(
+        name="Fashion-MNIST",
+        subdirs=("", FASHION_MNIST_SUBDIR),
+        found_in=(_complete,),
+        not_in_data_dir=not_in_data_dir,
+        download=Download(FASHION_MNIST_URL, ENV_FASHION_MNIST_URL, fetch, _fixes(cache)),
+    )
+    system = SYSTEM_FASHION_MNIST_DIRS if system_dirs is None else system_dirs
+    return search(fashion_mnist, data_dir, [*system, cache], download=download, environ=environ)

@@ -13,6 +13,7 @@ The decoded tensors are cached in ``cache`` (one ``.pt`` file per folder, size, 
 list — names, sizes and modification times), written atomically (a temporary file renamed into
 place), so a second run, and every worker after the first, skips the decoding. Files that are not
 images by their suffix (Caltech256 has a few) and nested folders are ignored.
+:func:`find_image_folder` finds the folder to read (Caltech256's or your own; never downloaded).
 
 Example::
 
@@ -38,6 +39,7 @@ import os
 import pickle
 import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +47,18 @@ import numpy as np
 import torch
 from PIL import Image
 
+from scaletrain.data.locate import ENV_DATA, Findable, cache_dir, search
 from scaletrain.errors import DataError
 
 __all__ = [
+    "CALTECH256_PAGE",
+    "CALTECH256_SUBDIRS",
     "IMAGE_SUFFIXES",
     "ImageFolderData",
     "LabelledImages",
     "decode_image",
+    "find_image_folder",
+    "image_cache_dir",
     "is_held_out",
     "list_image_folder",
     "load_image_folder",
@@ -61,6 +68,12 @@ __all__ = [
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
 _CACHE_FORMAT = 1
 _LAYOUT = "one sub-folder of images per class, like Caltech256's 256_ObjectCategories/001.ak47/001_0001.jpg"
+
+#: Where Caltech256's official archive (``256_ObjectCategories.tar``) is published.
+CALTECH256_PAGE = "https://data.caltech.edu/records/nyy15-4j048"
+#: Subfolders of a data folder tried, in this order, for an image folder.
+CALTECH256_SUBDIRS = ("256_ObjectCategories", "caltech256/256_ObjectCategories", "caltech256")
+_IMAGE_CACHE_SUBDIR = "image-folder"
 
 
 @dataclass(frozen=True)
@@ -252,3 +265,59 @@ def _write_cache(path: Path, key: str, train: LabelledImages, test: LabelledImag
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
         warnings.warn(f"could not write the image cache {path} ({exc}); the next run decodes again", stacklevel=3)
+
+
+def image_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where decoded image folders are cached: ``cache_dir()/image-folder``.
+
+    Example::
+
+        >>> image_cache_dir({"XDG_CACHE_HOME": "/tmp/cache"})
+        PosixPath('/tmp/cache/scaletrain/image-folder')
+    """
+    return cache_dir(environ) / _IMAGE_CACHE_SUBDIR
+
+
+def _existing(folder: Path) -> Path | None:
+    return folder if folder.is_dir() else None
+
+
+def find_image_folder(data_dir: Path | None, *, environ: Mapping[str, str] | None = None) -> Path:
+    """Return the folder of class folders to train on: Caltech256's ``256_ObjectCategories`` or your own.
+
+    With ``data_dir`` the first existing of its subfolders :data:`CALTECH256_SUBDIRS` wins, else
+    ``data_dir`` itself (any folder with one sub-folder of images per class). Without it, the same
+    subfolders of ``$SCALETRAIN_DATA``, then ``cache_dir()/caltech256/256_ObjectCategories`` and
+    ``cache_dir()/caltech256`` (the order is :func:`scaletrain.data.locate.search`'s). Nothing is
+    downloaded (the archive is 1.2 GB); the :class:`DataError` says where to get it and how to time the
+    networks without it.
+
+    Example::
+
+        >>> import tempfile
+        >>> data = Path(tempfile.mkdtemp())
+        >>> (data / "256_ObjectCategories").mkdir()
+        >>> find_image_folder(data) == data / "256_ObjectCategories"
+        True
+    """
+    cache = cache_dir(environ) / "caltech256"
+
+    def nothing_found(flag: str, searched: list[Path]) -> str:
+        return (
+            f"{flag}: no image folder found; searched {', '.join(str(folder) for folder in searched)}. "
+            f"Caltech256: download 256_ObjectCategories.tar from the official Caltech DATA page {CALTECH256_PAGE}, "
+            "unpack it with `tar -xf 256_ObjectCategories.tar -C DIR` (this makes "
+            "DIR/256_ObjectCategories/001.ak47/001_0001.jpg …) and pass --data-dir DIR (or set "
+            f"{ENV_DATA}=DIR, or unpack it into {cache}); any folder with one sub-folder of images per class "
+            "works the same way. To time a network without any data, use -o data=synthetic"
+        )
+
+    image_folder = Findable(
+        name="image folder",
+        subdirs=(*CALTECH256_SUBDIRS, ""),
+        shared_subdirs=CALTECH256_SUBDIRS,
+        found_in=(_existing,),
+        not_in_data_dir=lambda data_dir, looked: nothing_found(f"--data-dir {data_dir}", looked),
+        not_found=lambda searched: nothing_found("image folder", searched),
+    )
+    return search(image_folder, data_dir, [cache / "256_ObjectCategories", cache], environ=environ)

@@ -2,7 +2,8 @@
 
 The text has one sentence per line, words separated by spaces, rare words already replaced by
 ``<unk>`` and numbers by ``N``; the vocabulary has exactly 10,000 words including ``<unk>`` and the
-``<eos>`` marker that the reader appends at the end of every line.
+``<eos>`` marker that the reader appends at the end of every line. :func:`find_ptb` finds the texts
+(they are never downloaded).
 
 Example::
 
@@ -17,23 +18,26 @@ Example::
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from scaletrain.data.files import read_dataset_bytes
+from scaletrain.data.locate import ENV_DATA, Findable, cache_dir, search
 from scaletrain.errors import ConfigError, DataError
 
 __all__ = [
     "EOS",
+    "PTB_SUBDIR",
     "PTB_VOCABULARY_SIZE",
     "TRAIN_SPLITS",
     "UNK",
     "PennTreebank",
     "Vocabulary",
     "build_vocabulary",
+    "find_ptb",
     "load_ptb",
     "read_words",
 ]
@@ -43,11 +47,13 @@ UNK = "<unk>"
 PTB_VOCABULARY_SIZE = 10_000
 #: Texts that ``load_ptb`` can train on.
 TRAIN_SPLITS = ("train", "valid")
+#: Subfolder of ``--data-dir`` and ``$SCALETRAIN_DATA`` that may hold the texts.
+PTB_SUBDIR = "ptb"
 
-_ARCHIVE_HINT = (
-    "the files come from the data/ folder of Mikolov's simple-examples archive "
-    "(http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz)"
-)
+_ARCHIVE = "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz"
+_ARCHIVE_HINT = f"the files come from the data/ folder of Mikolov's simple-examples archive ({_ARCHIVE})"
+_REQUIRED = ("ptb.valid.txt", "ptb.test.txt")
+_TRAIN = "ptb.train.txt"
 
 
 def read_words(path: Path) -> list[str]:
@@ -213,3 +219,53 @@ def load_ptb(directory: Path, *, train_split: str = "train", vocab_size: int = P
         test=vocabulary.encode(test_words),
         vocabulary=vocabulary,
     )
+
+
+def _with_training_text(folder: Path) -> Path | None:
+    return folder if all((folder / name).is_file() for name in (*_REQUIRED, _TRAIN)) else None
+
+
+def _with_valid_and_test(folder: Path) -> Path | None:
+    return folder if all((folder / name).is_file() for name in _REQUIRED) else None
+
+
+def _not_found(flag: str, searched: list[Path]) -> str:
+    return (
+        f"{flag}: ptb.valid.txt and ptb.test.txt not found; searched "
+        f"{', '.join(str(folder) for folder in searched)}. The files ptb.train.txt, ptb.valid.txt and "
+        f"ptb.test.txt come from the data/ folder of Mikolov's simple-examples archive ({_ARCHIVE}); "
+        f"put them in a folder and pass it with --data-dir (or set {ENV_DATA})"
+    )
+
+
+def find_ptb(
+    data_dir: Path | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    system_dirs: Sequence[Path] | None = None,
+) -> Path:
+    """Return a folder holding Mikolov's ``ptb.valid.txt`` and ``ptb.test.txt`` (ideally ``ptb.train.txt``).
+
+    Searched: ``data_dir`` and its ``ptb`` subfolder when given (then nowhere else), otherwise
+    ``$SCALETRAIN_DATA`` (and ``ptb`` subfolder), then ``system_dirs`` (default: ``cache_dir()/ptb``).
+    A folder that also has ``ptb.train.txt`` is preferred over an earlier one without it. Nothing is
+    downloaded. Raises :class:`DataError` naming the places searched and where the files come from.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> for name in ("ptb.valid.txt", "ptb.test.txt"):
+        ...     _ = (folder / name).write_text("a b\\n")
+        >>> find_ptb(folder) == folder
+        True
+    """
+    ptb = Findable(
+        name="Penn Treebank",
+        subdirs=("", PTB_SUBDIR),
+        found_in=(_with_training_text, _with_valid_and_test),
+        not_in_data_dir=lambda data_dir, looked: _not_found(f"--data-dir {data_dir}", looked),
+        not_found=lambda searched: _not_found("Penn Treebank", searched),
+    )
+    default_dirs = [cache_dir(environ) / PTB_SUBDIR] if system_dirs is None else system_dirs
+    return search(ptb, data_dir, default_dirs, environ=environ)

@@ -38,8 +38,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import WorkloadDefaults
-from scaletrain.data.image_folder import load_image_folder
-from scaletrain.data.locate import find_image_folder, image_cache_dir
+from scaletrain.data.image_folder import find_image_folder, image_cache_dir, load_image_folder
 from scaletrain.data.synthetic import SyntheticImages
 from scaletrain.workloads.classification import ClassificationWorkload
 

@@ -14,8 +14,7 @@ import torch
 from torch import nn
 
 from scaletrain.config import WorkloadDefaults
-from scaletrain.data.idx import load_fashion_mnist
-from scaletrain.data.locate import find_fashion_mnist
+from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist
 from scaletrain.workloads.classification import ClassificationData, ClassificationWorkload
 
 __all__ = ["LeNet5", "LeNetWorkload"]

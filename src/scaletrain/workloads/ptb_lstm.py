@@ -25,8 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from scaletrain.config import WorkloadDefaults
-from scaletrain.data.locate import find_ptb
-from scaletrain.data.ptb import PennTreebank, load_ptb
+from scaletrain.data.ptb import PennTreebank, find_ptb, load_ptb
 from scaletrain.data.sampler import Part
 from scaletrain.workloads.base import Workload
 

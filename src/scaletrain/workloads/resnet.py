@@ -44,8 +44,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from scaletrain.config import WorkloadDefaults
-from scaletrain.data import cifar, locate
-from scaletrain.data.idx import load_fashion_mnist
+from scaletrain.data import cifar
+from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist
 from scaletrain.errors import ConfigError
 from scaletrain.workloads.classification import ClassificationData, ClassificationWorkload
 
@@ -198,11 +198,11 @@ class ResNetWorkload(ClassificationWorkload):
     def load_data(self, data_dir: Path | None, *, download: bool = True) -> ClassificationData:
         first = slice(None, self.options.train_samples or None)
         if self.options.dataset == "fashion-mnist":
-            fmnist = load_fashion_mnist(locate.find_fashion_mnist(data_dir, download=download))
+            fmnist = load_fashion_mnist(find_fashion_mnist(data_dir, download=download))
             return ClassificationData(
                 fmnist.train_images[first], fmnist.train_labels[first], fmnist.test_images, fmnist.test_labels
             )
-        images = cifar.load_cifar10(locate.find_cifar10(data_dir, download=download))
+        images = cifar.load_cifar10(cifar.find_cifar10(data_dir, download=download))
         return _Images(
             images.train_images[first],
             images.train_labels[first],
