@@ -11,7 +11,7 @@ The figures are batches per second, the speedup against ``local`` and the scalin
 
 Before a workload's runs, ``scaletrain profile`` measures it on the same cores (contention up to
 the largest worker count), so every prediction is fixed before the runs it is judged on; then
-:func:`scaletrain.estimate.validate.compare` sets both models beside every measured row, and this
+:func:`scaletrain.measure.validate.compare` sets both models beside every measured row, and this
 module adds each model's mean absolute percentage error per strategy and whether it ranks the
 strategies at each worker count as the runs did.
 
@@ -39,10 +39,10 @@ from typing import Any
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.estimate.models import MODELS
-from scaletrain.estimate.validate import compare
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.results import add_speedups, flag_outliers
 from scaletrain.measure.sweep import SweepConfig, run_sweep
+from scaletrain.measure.validate import compare
 
 STRATEGIES = ("allreduce-join", "ps-central-join", "ps-sharded-join", "ps-central-async")
 

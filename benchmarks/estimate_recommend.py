@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from scaletrain.estimate.models import predicted_configurations, predicted_speedup, predicted_speedups
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend
-from scaletrain.measure.profile import Profile
 
 REPO = Path(__file__).resolve().parents[1]
 

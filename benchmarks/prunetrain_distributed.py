@@ -35,7 +35,7 @@ from typing import Any
 
 import scaletrain
 from scaletrain.estimate.models import Configuration, predicted_speedup
-from scaletrain.measure.profile import Profile
+from scaletrain.estimate.profile import Profile
 from training_runs import fashion_mnist, run_records, train_run
 
 PROPORTION_TOLERANCE = 0.15

@@ -3,8 +3,10 @@ from pathlib import Path
 import pytest
 
 from scaletrain.api import make_config
-from scaletrain.config import TrainConfig, WorkloadDefaults, load_toml, merge, resolve
+from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.errors import ConfigError
+from scaletrain.train.defaults import resolve
+from scaletrain.workloads.base import WorkloadDefaults
 
 
 def test_precedence_defaults_then_file_then_flags(tmp_path: Path) -> None:

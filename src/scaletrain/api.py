@@ -20,7 +20,6 @@ Train your own model on your own tensors with the same loop, metrics and output 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,21 +28,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.config import TrainConfig, load_toml, merge
-from scaletrain.efficient import with_flagged_options
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedups
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend as _recommend
-from scaletrain.estimate.validate import ValidationConfig, run_validation
 from scaletrain.measure.bench import compare_results, preset_config, run_bench
-from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
+from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
-from scaletrain.parallel.launch import launch_local
-from scaletrain.parallel.process import layout_of, run_process
-from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
+from scaletrain.measure.validate import ValidationConfig, run_validation
+from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.teardown import exit_now as _exit_now
-from scaletrain.preflight import check_before_start
 from scaletrain.train.checkpoint import check_writable
 from scaletrain.train.summary import MODEL_NAME, SUMMARY_NAME
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
@@ -66,20 +61,6 @@ __all__ = [
 ]
 
 
-def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
-    """Build a :class:`TrainConfig`: workload defaults < ``config_file`` (TOML) < ``settings``.
-
-    ``settings`` whose value is ``None`` count as not given. A technique's own settings
-    (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``.
-
-    >>> make_config("lenet", batch_size=64).batch_size
-    64
-    """
-    from_file = load_toml(config_file) if config_file is not None else {}
-    given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
-    return TrainConfig(**merge({"workload": workload}, from_file, given))
-
-
 def train(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> dict[str, Any]:
     """Train a workload (a registered name or a :class:`Workload` object); return ``summary.json``'s content.
 
@@ -90,32 +71,7 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     only rank 0 gets the summary.
     """
     own = workload if isinstance(workload, Workload) else None
-    config = make_config(own.name if own else workload, config_file=config_file, **settings)
-    layout = layout_of(config)  # checks the strategy flags before anything starts
-    if config.nodefile is not None:
-        return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
-    if layout.world_size == 1:  # the same driver as every process of a distributed run, in this process
-        return run_process(check_before_start(config, layout, own), Rendezvous.alone(), own)
-    if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
-        return _run_launched(config, Rendezvous.from_env(), own)
-    if own is not None:
-        raise ConfigError(
-            "the local launcher starts fresh processes, which cannot receive a workload object; register "
-            "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
-        )
-    return launch_local(check_before_start(config, layout), layout)
-
-
-def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
-    """This process is one of several started by someone else (torchrun, a node file on each machine)."""
-    if config.network is not None:
-        raise ConfigError(
-            "--network emulates a network for processes started here; drop it with --nodefile or torchrun"
-        )
-    if config.out is None:
-        raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
-    summary = run_process(config, rendezvous, workload)
-    return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}
+    return run_training(make_config(own.name if own else workload, config_file=config_file, **settings), own)
 
 
 def load_model(out: Path | str) -> nn.Module:
@@ -310,9 +266,9 @@ def recommend(profile: Profile, *, max_workers: int, **settings: Any) -> dict[st
 
 
 def validate(workload: str, *, out: Path, **settings: Any) -> dict[str, Any]:
-    """Profile, predict with both models, run the real sweep and compare (see :mod:`scaletrain.estimate.validate`).
+    """Profile, predict with both models, run the real sweep and compare (see :mod:`scaletrain.measure.validate`).
 
-    ``settings`` are :class:`~scaletrain.estimate.validate.ValidationConfig` fields (``workers``,
+    ``settings`` are :class:`~scaletrain.measure.validate.ValidationConfig` fields (``workers``,
     ``strategies``, ``batch_size``, ``steps``, ``repeats``, ``network`` …).
     """
     given = {key: value for key, value in settings.items() if value is not None}

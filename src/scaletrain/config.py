@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -26,29 +25,16 @@ from scaletrain.errors import ConfigError
 
 __all__ = [
     "TrainConfig",
-    "WorkloadDefaults",
     "from_json_dict",
     "load_toml",
     "merge",
-    "resolve",
     "to_json_dict",
 ]
 
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 FLOAT32_MAX = 3.4028234663852886e38
-#: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.staleness`).
+#: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.ps.staleness`).
 ASYNC_COMPENSATIONS = ("momentum", "lr", "none")
-
-
-@dataclass(frozen=True)
-class WorkloadDefaults:
-    """Hyper-parameters a workload brings when the user does not set them."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.0
-    clip_norm: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,12 +51,13 @@ class TrainConfig:
     (``central``/``sharded``), ``sync`` (``join``/``split``/``async``), ``ps_admission``
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
-    rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.staleness`),
+    rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
     ``timeout`` (seconds any wait for another process may take), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
-    may also be a whole spec as the bench writes it (``ps-central-async``), which sets ``server``
-    and ``sync`` too.
+    is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
+    ``strategy``, ``server`` and ``sync`` by :func:`scaletrain.make_config` (so by the command line and
+    TOML files too).
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`).
@@ -79,8 +66,8 @@ class TrainConfig:
     is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
     (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
     ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
-    (:mod:`scaletrain.parallel.codec`); ``error_feedback`` carries each message's rounding error into
-    the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.train.device`)
+    (:mod:`scaletrain.tensors.codec`); ``error_feedback`` carries each message's rounding error into
+    the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
     is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
     ``channels_last``): the layout of the convolutions' activations in the training forward pass
     (:mod:`scaletrain.efficient.channels_last`).
@@ -181,12 +168,10 @@ class TrainConfig:
         if self.strategy is None:
             object.__setattr__(self, "strategy", "local" if self.workers == 1 else "allreduce")
         elif "-" in self.strategy:
-            from scaletrain.parallel.strategies import parse_spec  # one vocabulary: the bench's specs
-
-            strategy, server, sync = parse_spec(self.strategy)
-            object.__setattr__(self, "strategy", strategy)
-            object.__setattr__(self, "server", server or self.server)
-            object.__setattr__(self, "sync", sync)
+            raise ConfigError(
+                f"strategy {self.strategy!r} is a whole spec; build the config with scaletrain.make_config, "
+                "which splits it, or give strategy, server and sync apart"
+            )
         if self.ps_admission not in ("none", "exclusive"):
             raise ConfigError(f"ps_admission must be none or exclusive, got {self.ps_admission!r}")
         if self.async_compensation not in ASYNC_COMPENSATIONS:
@@ -213,8 +198,8 @@ class TrainConfig:
 
     def _check_precision(self) -> None:
         from scaletrain.efficient.precision import precision_technique
-        from scaletrain.parallel.codec import CODECS
-        from scaletrain.train.device import check_device
+        from scaletrain.tensors.codec import CODECS
+        from scaletrain.tensors.device import check_device
 
         check_device(self.device)
         # checks --precision and --loss-scale (fp16 only where the device can be a GPU)
@@ -268,21 +253,6 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
             else:
                 merged[key] = value
     return merged
-
-
-def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
-    """Fill every ``None`` hyper-parameter from the workload's defaults.
-
-    Without ``out`` a run gets its own folder, ``runs/<workload>-<date>-<time>``.
-    """
-    filled: dict[str, Any] = {
-        name: getattr(defaults, name)
-        for name in ("epochs", "batch_size", "lr", "momentum", "clip_norm")
-        if getattr(config, name) is None
-    }
-    if config.out is None:
-        filled["out"] = Path("runs") / f"{config.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return dataclasses.replace(config, **filled)
 
 
 def to_json_dict(config: TrainConfig) -> dict[str, Any]:

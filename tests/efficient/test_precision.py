@@ -13,7 +13,7 @@ import scaletrain
 from scaletrain.efficient.base import Stack, Technique
 from scaletrain.efficient.precision import LossScale, Precision, parse_loss_scale, poison_if_overflowed
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.codec import WireCodec
+from scaletrain.tensors.codec import WireCodec
 
 COMMON = {"progress": "off", "tensorboard": False, "threads": 1}
 

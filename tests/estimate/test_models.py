@@ -20,10 +20,10 @@ from scaletrain.estimate.models import (
     predicted_speedups,
     thesis_configurations,
 )
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughput
 from scaletrain.estimate.recommend import recommend
 from scaletrain.estimate.refined import Terms, asynchronous_networks
-from scaletrain.measure.profile import Profile
 from scaletrain.parallel import strategies
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies import STRATEGIES, Strategy, all_specs

@@ -11,9 +11,9 @@ import pytest
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend
 from scaletrain.estimate.refined import mean_value_throughput, predict
-from scaletrain.measure.profile import Profile
 
 PROFILE = Profile(
     "made-up",

@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from scaletrain.errors import ConfigError, DataError
-from scaletrain.measure.profile import Profile, ProfileConfig, ProfileError, run_profile
+from scaletrain.estimate.profile import Profile
+from scaletrain.measure.profile import ProfileConfig, ProfileError, run_profile
 
 pytestmark = [pytest.mark.multiprocess]
 

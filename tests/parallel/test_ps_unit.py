@@ -7,9 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from scaletrain.parallel.ps import ShardServer
-from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
-from scaletrain.parallel.staleness import Compensation
+from scaletrain.parallel.ps.server import ShardServer
+from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.tensors.flat import flatten, unflatten_into
 
 
 def server(

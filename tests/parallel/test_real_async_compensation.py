@@ -2,7 +2,7 @@
 
 Fashion-MNIST LeNet, batch 64, lr 0.05, momentum 0.9, 2 epochs: without compensation 2 asynchronous
 workers on the central server reached 0.754 against 0.878 locally. With the default compensation
-(:mod:`scaletrain.parallel.staleness`) the server lowers the explicit momentum from the staleness it
+(:mod:`scaletrain.parallel.ps.staleness`) the server lowers the explicit momentum from the staleness it
 measures; the run must come within 2 points of the local one, trained here at the same settings.
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.staleness import (
+from scaletrain.parallel.ps.staleness import (
     Compensation,
     StalenessEstimate,
     compensated_momentum,

@@ -12,7 +12,7 @@ from torch import nn
 import scaletrain
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.train.loop import learning_rate
+from scaletrain.train.state import learning_rate
 
 SUMMARY_KEYS = {
     "workload",

@@ -22,9 +22,9 @@ from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import CASES, KINDS
-from scaletrain.estimate.validate import DEFAULT_STRATEGIES
-from scaletrain.measure.profile import Profile
+from scaletrain.measure.validate import DEFAULT_STRATEGIES
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
 from scaletrain.workloads import WORKLOADS
 

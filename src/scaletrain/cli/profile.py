@@ -10,8 +10,8 @@ from scaletrain.cli.arguments import number_list
 from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
-from scaletrain.measure.profile import Profile
-from scaletrain.parallel.codec import CODECS
+from scaletrain.estimate.profile import Profile
+from scaletrain.tensors.codec import CODECS
 from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]

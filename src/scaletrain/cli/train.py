@@ -11,15 +11,16 @@ from typing import Any
 
 from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
-from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig, WorkloadDefaults
+from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
 from scaletrain.efficient import TECHNIQUES, technique_flags, with_flagged_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.codec import CODECS
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
+from scaletrain.tensors.codec import CODECS
 from scaletrain.workloads import WORKLOADS
+from scaletrain.workloads.base import WorkloadDefaults
 
 __all__ = [
     "MODEL_FLAGS",
@@ -123,7 +124,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def add_precision_flags(parser: argparse.ArgumentParser) -> None:
     """``--precision``, ``--loss-scale``, ``--wire``, ``--device``, ``--memory-format`` and ``--error-feedback``
     (flags default to None: a config file may set them)."""
-    group = parser.add_argument_group("precision and wire (scaletrain.efficient.precision, scaletrain.parallel.codec)")
+    group = parser.add_argument_group("precision and wire (scaletrain.efficient.precision, scaletrain.tensors.codec)")
     group.add_argument(
         "--precision",
         choices=sorted(DTYPES),

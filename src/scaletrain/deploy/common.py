@@ -20,7 +20,7 @@ import yaml
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.plan import Layout
+from scaletrain.parallel.strategies import Layout
 
 __all__ = [
     "CONFIG_DIR",

@@ -42,6 +42,7 @@ from torch import nn
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.channels import ChannelGroup, channel_count, channel_groups, is_residual_block
 from scaletrain.efficient.cost import resource
+from scaletrain.efficient.surgery import reconfigure
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "deepen",
     "deeper_decision",
     "expansion_decision",
-    "identity_module",
     "uniform_wider_decision",
     "widen",
     "wider_decision",
@@ -184,38 +184,6 @@ def deeper_decision(model: nn.Module, after: str, kernel: int = 3) -> Reconfigur
     return Reconfiguration(insert={target: {**spec, "relu": relu}})
 
 
-def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Module:
-    """The module :func:`deeper_decision`'s ``spec`` describes, computing the identity on what
-    ``previous`` (the module before it) outputs."""
-    kind = spec.get("kind")
-    if kind == "block":
-        if not is_residual_block(previous):
-            raise ConfigError("net2net: a residual block is inserted only right after one")
-        block = copy.deepcopy(previous)
-        last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
-        with torch.no_grad():
-            last_norm.weight.zero_()
-            last_norm.bias.zero_()
-            last_norm.running_mean.zero_()
-            last_norm.running_var.fill_(1.0)
-        return block
-    channels, relu = int(spec["channels"]), bool(spec.get("relu", 0))
-    if kind == "linear":
-        layer: nn.Module = nn.Linear(channels, channels)
-    elif kind == "conv":
-        kernel, dims = int(spec["kernel"]), int(spec.get("dims", 2))
-        convolution = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
-        layer = convolution(channels, channels, kernel, padding=kernel // 2)
-    else:
-        raise ConfigError(f"net2net: unknown inserted module kind {kind!r}")
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.bias.zero_()
-        centre = (slice(None), slice(None), *(layer.weight.shape[2] // 2 for _ in layer.weight.shape[2:]))
-        layer.weight[centre] = torch.eye(channels)
-    return nn.Sequential(layer, nn.ReLU()) if relu else nn.Sequential(layer)
-
-
 def widen(model: nn.Module, layer: str, width: int, example_inputs: Any, **options: Any) -> nn.Module:
     """Apply :func:`wider_decision` to ``model`` in place (no optimizer: for use outside training)."""
     apply_decision(model, wider_decision(model, layer, width, example_inputs, **options))
@@ -230,8 +198,6 @@ def deepen(model: nn.Module, after: str, kernel: int = 3) -> nn.Module:
 
 def apply_decision(model: nn.Module, decision: Reconfiguration) -> None:
     """Apply ``decision`` to ``model`` in place, outside training (a throwaway optimizer)."""
-    from scaletrain.efficient.surgery import reconfigure
-
     reconfigure(model, torch.optim.SGD(model.parameters(), lr=0.0), decision, lambda p: torch.optim.SGD(p, lr=0.0))
 
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from scaletrain.efficient.base import Technique
 from scaletrain.errors import ConfigError
-from scaletrain.train.exchange import finite
+from scaletrain.tensors.flat import finite
 
 __all__ = ["DTYPES", "LossScale", "Precision", "parse_loss_scale", "poison_if_overflowed", "precision_technique"]
 

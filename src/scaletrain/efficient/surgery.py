@@ -28,7 +28,7 @@ from scaletrain.efficient.base import Reconfiguration
 from scaletrain.efficient.channels import channel_count, is_residual_block
 from scaletrain.errors import ConfigError
 
-__all__ = ["Architecture", "Bypass", "apply_architecture", "reconfigure", "resized_architecture"]
+__all__ = ["Architecture", "Bypass", "apply_architecture", "identity_module", "reconfigure", "resized_architecture"]
 
 #: ``{module path: {"out": size, "in": size}}`` (or ``{"removed": 1}`` for a block that went, or
 #: ``{"inserted": 1, "kind": ...}`` for a module Net2DeeperNet added) — how the network differs from
@@ -182,9 +182,39 @@ def _moved_up(key: str, inserted: str) -> str:
     return key
 
 
-def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> None:
-    from scaletrain.efficient.net2net import identity_module  # the modules Net2DeeperNet inserts
+def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Module:
+    """The module :func:`scaletrain.efficient.net2net.deeper_decision`'s ``spec`` describes (one
+    Net2DeeperNet inserts), computing the identity on what ``previous`` (the module before it) outputs."""
+    kind = spec.get("kind")
+    if kind == "block":
+        if not is_residual_block(previous):
+            raise ConfigError("net2net: a residual block is inserted only right after one")
+        block = copy.deepcopy(previous)
+        last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
+        with torch.no_grad():
+            last_norm.weight.zero_()
+            last_norm.bias.zero_()
+            last_norm.running_mean.zero_()
+            last_norm.running_var.fill_(1.0)
+        return block
+    channels, relu = int(spec["channels"]), bool(spec.get("relu", 0))
+    if kind == "linear":
+        layer: nn.Module = nn.Linear(channels, channels)
+    elif kind == "conv":
+        kernel, dims = int(spec["kernel"]), int(spec.get("dims", 2))
+        convolution = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        layer = convolution(channels, channels, kernel, padding=kernel // 2)
+    else:
+        raise ConfigError(f"net2net: unknown inserted module kind {kind!r}")
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+        centre = (slice(None), slice(None), *(layer.weight.shape[2] // 2 for _ in layer.weight.shape[2:]))
+        layer.weight[centre] = torch.eye(channels)
+    return nn.Sequential(layer, nn.ReLU()) if relu else nn.Sequential(layer)
 
+
+def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> None:
     parent_path, _, index = path.rpartition(".")
     parent = _module(model, parent_path) if parent_path else model
     if not isinstance(parent, nn.Sequential) or not index.isdigit() or not 0 < int(index) <= len(parent):

@@ -7,7 +7,7 @@ whole profile. The configurations to predict are the strategy registry's predict
 (:func:`predicted_configurations`); what a new strategy adds to be predicted is listed in
 :mod:`scaletrain.estimate.refined`'s docstring.
 
->>> from scaletrain.measure.profile import Profile
+>>> from scaletrain.estimate.profile import Profile
 >>> profile = Profile("toy", 32, t_grad=1.0, t_comm=0.1)
 >>> round(predicted_speedup("thesis", profile, Configuration.parse("ps-sharded-join"), 2, batches=128), 4)
 1.8182
@@ -23,8 +23,8 @@ import numpy as np
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate import refined, thesis
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughputs, throughput_bound
-from scaletrain.measure.profile import Profile
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, get_strategy, parse_spec
 
 __all__ = [

@@ -7,7 +7,7 @@ besides those six). A ``join`` run trains
 with an N-times larger effective batch, so its speedup in batches per second may cost accuracy
 per batch; the advice says so.
 
->>> from scaletrain.measure.profile import Profile
+>>> from scaletrain.estimate.profile import Profile
 >>> best = recommend(Profile("toy", 32, t_grad=0.8, t_comm=5.0), max_workers=4)
 >>> best["thesis"]["workers"]  # transfers dwarf the gradient: one worker alone
 1
@@ -19,7 +19,7 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, best_per_workers, predicted_configurations, thesis_configurations
-from scaletrain.measure.profile import Profile
+from scaletrain.estimate.profile import Profile
 
 __all__ = ["recommend"]
 

@@ -39,7 +39,7 @@ adds (besides ``predicted = True``, the default, on its class):
 Until then asking for it is a :class:`~scaletrain.errors.ConfigError` saying it is not modelled by
 the estimator; ``predicted = False`` keeps it out of the estimator's list (and ``recommend``).
 
->>> from scaletrain.measure.profile import Profile
+>>> from scaletrain.estimate.profile import Profile
 >>> p = Profile("toy", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(5 * 10**5, 5 * 10**5))
 >>> round(predict(p, strategy="allreduce", sync="join", workers=2).speedup, 3)  # 2·0.1 / (0.1 + 0.01)
 1.818
@@ -55,8 +55,8 @@ from typing import Any
 import numpy as np
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
-from scaletrain.measure.profile import Profile
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
 

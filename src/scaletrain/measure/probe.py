@@ -25,10 +25,10 @@ from scaletrain.efficient.base import stacked
 from scaletrain.efficient.channels_last import memory_format_technique
 from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
-from scaletrain.parallel.codec import WireCodec
-from scaletrain.parallel.ps import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
+from scaletrain.parallel.ps.protocol import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
 from scaletrain.parallel.rendezvous import Rendezvous, connect
-from scaletrain.train.device import resolve_device, synchronize, to_device
+from scaletrain.tensors.codec import WireCodec
+from scaletrain.tensors.device import resolve_device, synchronize, to_device
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload

@@ -17,15 +17,12 @@
 Every measurement runs in fresh processes started like training processes (torchrun variables,
 1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
 
->>> profile = Profile.from_json({"workload": "toy", "batch_size": 8, "t_grad": 0.1, "t_comm": 0.02})
->>> profile.t_grad_at(2), profile.contention_at(2, cores=None)
-(0.05, 1.0)
+The measurements are kept as a :class:`scaletrain.estimate.profile.Profile`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -42,14 +39,15 @@ import torch
 from scaletrain.efficient.channels_last import resolved_memory_format
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.estimate.profile import Profile
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.codec import WireCodec
 from scaletrain.parallel.launch import free_port, spawn_rank, stop_processes
-from scaletrain.train.device import resolve_device
+from scaletrain.tensors.codec import WireCodec
+from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["Profile", "ProfileConfig", "ProfileError", "network", "run_profile"]
+__all__ = ["ProfileConfig", "ProfileError", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
 SMALL_BYTES = 4
@@ -88,7 +86,7 @@ class ProfileConfig:
     #: empty: the workload's own network
     architecture: dict[str, dict[str, int]] = field(default_factory=dict)
     precision: str = "fp32"  # autocast type of the timed forward passes
-    wire: str = "fp32"  # what the weights travel as (scaletrain.parallel.codec)
+    wire: str = "fp32"  # what the weights travel as (scaletrain.tensors.codec)
     device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
     memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
 
@@ -115,127 +113,6 @@ class ProfileConfig:
             raise ConfigError(f"--timeout must be a number of seconds > 0, got {self.timeout}")
         if self.network is not None:
             parse_rate(self.network)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Measured times of one workload at one batch size (seconds, bytes, bytes per second).
-
-    Only ``t_grad`` and ``t_comm`` are needed (the thesis's inputs); the rest refine the estimate
-    and default to "not measured".
-    """
-
-    workload: str
-    batch_size: int
-    t_grad: float
-    t_comm: float
-    t_grad_parts: dict[int, float] = field(default_factory=dict)  # n → t_grad of batch/n
-    t_update: float = 0.0
-    latency: float = 0.0
-    bandwidth: float | None = None  # None: weight_bytes / t_comm
-    weight_bytes: int | None = None
-    tensor_bytes: tuple[int, ...] = ()
-    contention: dict[int, float] = field(default_factory=dict)  # k processes → t_grad factor
-    cores: int | None = None
-    threads: int = 1
-    network: str | None = None
-    parameters: int | None = None
-    options: dict[str, str] = field(default_factory=dict)
-    samples: dict[str, Any] = field(default_factory=dict)
-    machine: dict[str, Any] = field(default_factory=dict)
-    architecture: dict[str, dict[str, int]] = field(default_factory=dict)  # as ProfileConfig's
-    precision: str = "fp32"
-    wire: str = "fp32"
-    memory_format: str = "contiguous"  # as timed (auto resolved)
-
-    def t_grad_at(self, parts: int) -> float:
-        """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
-        return self.t_grad_parts.get(parts, self.t_grad / parts)
-
-    def slowest_of(self, workers: int) -> float:
-        """Expected slowest of ``workers`` gradient times over t_grad (the median), from the measured samples.
-
-        E[max of N draws] of the pooled samples' empirical distribution; for N = 1 the mean. A
-        synchronous step waits for the slowest worker (Chen et al. 2016 measured such stragglers
-        at scale). Without samples: 1.
-
-        >>> Profile("toy", 8, t_grad=1.0, t_comm=0.1, samples={"t_grad": [1.0, 1.0, 2.0]}).slowest_of(2)
-        1.555...
-        """
-        samples = sorted(self.samples.get("t_grad") or ())
-        if not samples:
-            return 1.0
-        count = len(samples)
-        expected = sum(x * ((i / count) ** workers - ((i - 1) / count) ** workers) for i, x in enumerate(samples, 1))
-        return expected / statistics.median(samples)
-
-    def contention_at(self, processes: int, *, cores: int | None) -> float:
-        """How much slower t_grad is with ``processes`` computing on ``cores`` shared cores.
-
-        ``cores`` None: every worker has its own machine (factor 1). Measured factors are used as
-        they are; beyond them the factor grows with processes per core.
-        """
-        if cores is None or processes <= 1:
-            return 1.0
-        if processes in self.contention:
-            return self.contention[processes]
-        above = min((k for k in self.contention if k > processes), default=None)
-        if above is not None:  # between two measured counts (``contention_counts``): on the line between them
-            below = max(k for k in self.contention if k < processes)
-            share = (processes - below) / (above - below)
-            return self.contention[below] + share * (self.contention[above] - self.contention[below])
-        known = max((k for k in self.contention if k <= processes), default=1)
-        base = self.contention.get(known, 1.0)
-        return base * max(1.0, processes / max(known, cores))
-
-    @property
-    def bytes_per_second(self) -> float:
-        if self.bandwidth:
-            return self.bandwidth
-        size = self.weight_bytes or 1
-        # A latency measured at or above t_comm (noise on a loaded machine) says nothing about bandwidth.
-        transfer = self.t_comm - self.latency if self.t_comm > 2 * self.latency else self.t_comm
-        return size / max(transfer, 1e-12)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Profile:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
-        given = dict(data)
-        for key in ("t_grad_parts", "contention"):
-            if key in given:
-                given[key] = {int(k): float(v) for k, v in given[key].items()}
-        if "tensor_bytes" in given:
-            given["tensor_bytes"] = tuple(given["tensor_bytes"])
-        try:
-            return cls(**given)
-        except TypeError as exc:
-            raise ConfigError(f"profile is missing a field: {exc}") from None
-
-    def save(self, path: Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=2), encoding="utf-8")
-        return path
-
-    def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE].json`` (float32 parts left out)"""
-        network = f"-{self.network}" if self.network else ""
-        precision = f"-{self.precision}" if self.precision != "fp32" else ""
-        wire = f"-w{self.wire}" if self.wire != "fp32" else ""
-        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}{precision}{wire}.json"
-
-    @classmethod
-    def load(cls, path: Path) -> Profile:
-        try:
-            return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read profile {path}: {exc}; write one with `scaletrain profile`") from None
 
 
 def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:

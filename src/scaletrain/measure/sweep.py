@@ -24,8 +24,8 @@ from typing import Any
 
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
-from scaletrain.parallel.plan import Layout
-from scaletrain.parallel.strategies import get_strategy, parse_spec
+from scaletrain.parallel.run import make_config, run_training
+from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec
 
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
 
@@ -257,10 +257,8 @@ def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str,
 
 
 def _train_child(workload: str, settings: dict[str, Any], sender: Any) -> None:
-    import scaletrain  # the API; imported here because it imports this package's users
-
     try:
-        sender.send(("ok", scaletrain.train(workload, **settings)))
+        sender.send(("ok", run_training(make_config(workload, **settings))))
     except ScaletrainError as exc:
         sender.send(("error", str(exc)))
     except BaseException as exc:

@@ -37,7 +37,7 @@ from torch import nn
 
 from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.failures import ProcessFailed
-from scaletrain.train.loop import Agreement
+from scaletrain.train.state import Agreement
 
 __all__ = ["StoreAgreement", "load_buffers", "mean_buffers"]
 

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import scaletrain
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.plan import SERVER, Layout
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -41,6 +39,7 @@ from scaletrain.parallel.rendezvous import (
     ENV_RANK,
     ENV_WORLD_SIZE,
 )
+from scaletrain.parallel.strategies import SERVER, Layout
 from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
 
@@ -139,7 +138,7 @@ def spawn_rank(
     With an emulated network the process lives in its own namespace behind a rate-limited link;
     either way it dies with this process.
     """
-    package_root = str(Path(scaletrain.__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])  # the folder holding the scaletrain package
     environment = {
         **os.environ,
         ENV_RANK: str(rank),

@@ -23,11 +23,11 @@ from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.parallel.failures import ProcessFailed, describe, write_traceback
 from scaletrain.parallel.heartbeat import Heartbeat
-from scaletrain.parallel.plan import WORKER, Layout
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.strategies import WORKER, Layout, run_label
+from scaletrain.tensors.device import backend_for, resolve_device
+from scaletrain.train.build import prepare
 from scaletrain.train.checkpoint import resume_advice
-from scaletrain.train.device import backend_for, resolve_device
-from scaletrain.train.loop import prepare
 from scaletrain.train.runtime import configure_process
 
 if TYPE_CHECKING:  # the parallel package never builds workloads itself
@@ -79,6 +79,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             coordinator=rank == 0,
             device=device,
             workers_device=workers_device,
+            label_of=run_label,
         )
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))

@@ -1,12 +1,10 @@
-"""Which process owns which tensor, and packing tensors into one flat buffer for transfer."""
+"""Which process owns which tensor."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-__all__ = ["assign_greedy", "flatten", "unflatten_into"]
+__all__ = ["assign_greedy"]
 
 
 def assign_greedy(sizes: Sequence[int], owners: Sequence[int]) -> list[int]:
@@ -26,21 +24,3 @@ def assign_greedy(sizes: Sequence[int], owners: Sequence[int]) -> list[int]:
         load[owner] += size
         assignment.append(owner)
     return assignment
-
-
-def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous float buffer holding ``tensors`` back to back."""
-    if not tensors:
-        return torch.zeros(0)
-    return torch.cat([tensor.reshape(-1) for tensor in tensors])
-
-
-def unflatten_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy ``buffer`` (as made by :func:`flatten`) back into ``tensors`` in place."""
-    offset = 0
-    for tensor in tensors:
-        count = tensor.numel()
-        tensor.copy_(buffer[offset : offset + count].view_as(tensor))
-        offset += count
-    if offset != buffer.numel():
-        raise ValueError(f"buffer holds {buffer.numel()} values but the tensors take {offset}")

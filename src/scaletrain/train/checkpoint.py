@@ -8,7 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,15 +18,20 @@ from torch import nn
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.train.schedule import Position
 
 if TYPE_CHECKING:
-    from scaletrain.train.loop import Prepared
+    from scaletrain.train.state import Prepared
     from scaletrain.workloads import Workload
+
+#: ``(strategy, server, sync, workers)`` → ``"allreduce-join, 2 workers"``: how a run's strategy is named
+#: in checkpoints, summaries and the bench (given by the parallel layer, which knows the strategies).
+StrategyLabel = Callable[[str, str, str, int], str]
 
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_NAME",
-    "Position",
+    "StrategyLabel",
     "atomic_save",
     "check_compatible",
     "check_writable",
@@ -165,25 +171,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 CHECKPOINT_FORMAT = 1
 
 
-@dataclass
-class Position:
-    """Where a run stands: next comes batch ``batch`` of epoch ``epoch``; ``step`` updates so far."""
-
-    epoch: int = 0
-    batch: int = 0
-    step: int = 0
-
-
-def check_compatible(checkpoint: dict[str, Any], config: TrainConfig, workload: Workload) -> None:
+def check_compatible(
+    checkpoint: dict[str, Any], config: TrainConfig, workload: Workload, label_of: StrategyLabel
+) -> None:
     """Refuse to resume a checkpoint written with other settings."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
-    expected_strategy = _strategy_label(config)
+    expected_strategy = label_of(config.strategy, config.server, config.sync, config.workers)
     for key, expected, saved in (
         ("workload", workload.name, checkpoint.get("workload")),
         ("batch size", config.batch_size, checkpoint.get("batch_size")),
         ("seed", config.seed, checkpoint.get("seed")),
-        ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy)),
+        ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy, label_of)),
         # the technique's saved state is laid out for the techniques in force (precision is one)
         ("precision", _precision_label(config), checkpoint.get("precision", "fp32, no loss scaling")),
     ):
@@ -202,21 +201,13 @@ def _precision_label(config: TrainConfig) -> str:
     return f"{config.precision}, {'dynamic loss scaling' if scaling else 'no loss scaling'}"
 
 
-def _strategy_label(config: TrainConfig) -> str:
-    """``allreduce-join, 2 workers`` — the strategy as the bench and the summary name it."""
-    from scaletrain.parallel.plan import Layout  # checkpoints know layouts only by their names
-
-    label = Layout(config.strategy, config.workers, config.server, config.sync).label
-    return f"{label}, {config.workers} worker{'s' if config.workers != 1 else ''}"
-
-
-def _saved_strategy(checkpoint: dict[str, Any], expected: str) -> str:
+def _saved_strategy(checkpoint: dict[str, Any], expected: str, label_of: StrategyLabel) -> str:
     """The checkpoint's strategy label; files of 0.1.0 wrote ``strategy/server/sync/workers``."""
     saved = checkpoint.get("strategy", expected)
     parts = saved.split("/") if isinstance(saved, str) else []
     if len(parts) == 4 and parts[3].isdigit():
         strategy, server, sync, workers = parts
-        return _strategy_label(TrainConfig("-", strategy=strategy, server=server, sync=sync, workers=int(workers)))
+        return label_of(strategy, server, sync, int(workers))
     return saved
 
 
@@ -238,7 +229,7 @@ def checkpoint_payload(
         "batch_size": config.batch_size,
         "seed": config.seed,
         "precision": _precision_label(config),
-        "strategy": _strategy_label(config),
+        "strategy": prepared.strategy_label,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "rng": torch.get_rng_state(),

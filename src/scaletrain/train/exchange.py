@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step", "finite"]
+from scaletrain.tensors.flat import finite
+
+__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"]
 
 
 @dataclass
@@ -68,11 +70,6 @@ def clip_and_step(
         nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
     return False
-
-
-def finite(tensors: list[torch.Tensor]) -> bool:
-    """No inf or nan in any of ``tensors`` (one sum per tensor: an overflowing sum counts as inf too)."""
-    return not tensors or bool(torch.isfinite(torch.stack([t.sum() for t in tensors])).all())
 
 
 class LocalExchange(GradientExchange):

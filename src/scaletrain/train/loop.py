@@ -1,326 +1,38 @@
-"""The training loop shared by every workload and every strategy: steps, timing, logs, checkpoints.
+"""The training loop shared by every workload and every strategy: one process's steps.
 
 Outputs in ``config.out`` (written by the coordinating process): ``summary.json``,
 ``metrics.jsonl``, ``model.pt`` (a plain state_dict), ``checkpoint.pt`` (for ``--resume``) and
 TensorBoard events under ``tb/``. A worker of a distributed run runs the same loop with its
 :class:`~scaletrain.train.plan.WorkerPlan` and a gradient exchange; see :mod:`scaletrain.parallel`.
+The run is built by :mod:`scaletrain.train.build`; its parts and contracts are in
+:mod:`scaletrain.train.state`, its records in :mod:`scaletrain.train.records`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import torch
 from torch import nn
 
-from scaletrain.config import TrainConfig, resolve
-from scaletrain.efficient import Context, EpochEnd, Reconfiguration, Technique, create_technique, stacked
-from scaletrain.efficient.adaptive_batch import adapt_batch_technique, cuda_peak, forked_peak_rss, trial_step
-from scaletrain.efficient.channels_last import memory_format_technique
-from scaletrain.efficient.cost import network_figures
-from scaletrain.efficient.ghost import ghost_batch_norm
-from scaletrain.efficient.precision import precision_technique
-from scaletrain.efficient.surgery import Architecture, apply_architecture, reconfigure, resized_architecture
-from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.train.checkpoint import (
-    CHECKPOINT_NAME,
-    Position,
-    atomic_save,
-    check_compatible,
-    checkpoint_payload,
-    load_checkpoint,
-    make_folder,
-    refuse_overwrite,
-)
-from scaletrain.train.device import synchronize, to_device
-from scaletrain.train.exchange import GradientExchange, LocalExchange
-from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
+from scaletrain.efficient import Context, EpochEnd, Reconfiguration, stacked
+from scaletrain.errors import ScaletrainError
+from scaletrain.tensors.device import synchronize, to_device
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
+from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
-from scaletrain.train.runtime import ProcessSettings
-from scaletrain.train.schedule import Schedule
+from scaletrain.train.reconfigure import apply_decision, describe_decision
+from scaletrain.train.records import RunRecords
+from scaletrain.train.schedule import Position
+from scaletrain.train.state import Prepared, Role, checkpoint_due, learning_rate_at_step
 from scaletrain.train.summary import WorkerStats, weights_digest
-from scaletrain.workloads import Workload, create_workload
-from scaletrain.workloads.base import count_parameters
 
-__all__ = [
-    "Agreement",
-    "Diverged",
-    "Prepared",
-    "Role",
-    "Trainer",
-    "apply_decision",
-    "change_batch",
-    "checkpoint_due",
-    "describe_decision",
-    "learning_rate",
-    "learning_rate_at_step",
-    "make_optimizer",
-    "prepare",
-]
-
-
-class Agreement:
-    """How the processes of a run agree on a reconfiguration: here, the one process decides alone.
-
-    :class:`scaletrain.parallel.agreement.StoreAgreement` has one process decide and the others read.
-    """
-
-    def agree(self, epoch: int, decide: Callable[[], Reconfiguration | None]) -> Reconfiguration | None:
-        return decide()
-
-    def mean(self, name: str, value: float, weight: float) -> float:
-        """The ``weight``-weighted mean of ``value`` over the workers: here, the value itself."""
-        return value
-
-    def share(self, state: dict[str, Any]) -> None:
-        """Hand what only workers compute — the technique's state — from the deciding worker to processes
-        that train nothing (a central parameter server, which writes the checkpoints and the final model):
-        here, nobody else needs it."""
-
-    def shared(self) -> dict[str, Any] | None:
-        """What the deciding worker shared last (``technique``), if anything."""
-        return None
-
-    def buffers_due(self, step: int, model: nn.Module) -> None:
-        """A worker's module buffers (batch-norm running statistics, a user's running average or mask) at
-        ``step``, after whose update a checkpoint is due: synchronous workers all take the mean over the
-        workers; asynchronous ones publish theirs for whoever writes the model. Here: one worker, its own."""
-
-    def buffers_final(self, model: nn.Module) -> None:
-        """A worker's buffers when it has no step left (asynchronous workers publish them): here, nothing."""
-
-    def worker_buffers(self, step: int | None) -> dict[str, torch.Tensor] | None:
-        """For a process that writes the model without training it: the mean over the workers of their
-        buffers at ``step`` (synchronous), or of what each published last (``None``). Here: nobody's."""
-        return None
-
-
-@dataclass
-class Role:
-    """What this process does in the loop: its data, how its gradients become weights, what it writes.
-
-    The default is a single local process that does everything.
-    """
-
-    rank: int = 0
-    plan: WorkerPlan = field(default_factory=WorkerPlan)
-    exchange: GradientExchange = field(default_factory=LocalExchange)
-    coordinator: bool = True  # writes logs and evaluates
-    checkpoints: bool = True  # writes checkpoint.pt from its own model and optimizer
-    evaluate_each_epoch: bool = True
-    agreement: Agreement = field(default_factory=Agreement)
-
-
-@dataclass
-class Prepared:
-    """Everything loaded and built before the first step, for a worker or a server alike."""
-
-    config: TrainConfig
-    workload: Workload
-    data: Any
-    schedule: Schedule  # steps per epoch, which a batch-size change alters
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    position: Position
-    state: Any
-    resumed_from: int | None
-    started: float
-    process: ProcessSettings  # threads and allocator, as configure_process set them
-    technique: Technique | None = None
-    #: How the network differs from the workload's own (resized modules), and through which epoch's
-    #: end the technique has decided: both kept in checkpoints.
-    architecture: Architecture = field(default_factory=dict)
-    decided_epochs: int = 0
-    global_batch_factor: int = 1
-    initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    #: ``--memory-format``: entered around each forward pass with the technique's context. Kept out of
-    #: the technique stack, whose checkpointed state must not depend on the layout a run resumes with.
-    layout: Technique | None = None
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps of the current epoch (of the first one, for a run that never changed its batch)."""
-        return self.schedule.current.steps_per_epoch
-
-    @property
-    def total_steps(self) -> int:
-        return self.schedule.total_steps
-
-    @property
-    def batch_size(self) -> int:
-        """``--batch-size`` now (a reconfiguration may have changed it)."""
-        return self.schedule.current.batch_size
-
-
-def learning_rate(config: TrainConfig, epoch: int) -> float:
-    """Step decay as in Zaremba et al.: full rate for ``lr_decay_start`` epochs, then × ``lr_decay`` each."""
-    return config.lr * config.lr_decay ** max(epoch + 1 - config.lr_decay_start, 0)
-
-
-def learning_rate_at_step(prepared: Prepared, step: int) -> float:
-    """The rate for update number ``step`` (0-based): the schedule of :func:`learning_rate` in updates,
-    as a parameter server counts them."""
-    schedule = prepared.schedule
-    return learning_rate(prepared.config, schedule.position(step).epoch) * schedule.lr_scale_at(step)
-
-
-def checkpoint_due(prepared: Prepared, step: int) -> bool:
-    """After update ``step``: every ``checkpoint_every`` updates, at each epoch's end, and at the end —
-    one rule for the loop and the parameter servers."""
-    every, last = prepared.config.checkpoint_every, prepared.total_steps
-    return step % every == 0 or prepared.schedule.epoch_ends_at(step) or step == last
-
-
-def prepare(
-    config: TrainConfig,
-    workload: Workload | None = None,
-    *,
-    process: ProcessSettings,
-    global_batch_factor: int = 1,
-    coordinator: bool = True,
-    device: torch.device | None = None,
-    workers_device: torch.device | None = None,
-) -> Prepared:
-    """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming.
-
-    ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`);
-    ``device``: where the model lives (default: the CPU); ``workers_device``: where the run's workers
-    compute, when this process is a server that does not (its precision settings are theirs).
-    """
-    device = device or torch.device("cpu")
-    workers_device = workers_device or device
-    started = time.time()
-    workload = workload or create_workload(config.workload, config.options)
-    config = resolve(config, workload.defaults)
-    out = config.out
-    if coordinator:
-        refuse_overwrite(out, resume=config.resume)
-    make_folder(out)
-
-    data = workload.load_data(config.data_dir, download=config.download)
-    steps_per_epoch = _steps_per_epoch(workload, data, config.batch_size * global_batch_factor)
-    schedule = Schedule.starting(
-        steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
-    )
-
-    torch.manual_seed(config.seed)
-    model = workload.build_model()
-    if config.ghost_batch is not None:
-        ghost_batch_norm(model, config.ghost_batch)
-    model.train()
-    initial_parameters = count_parameters(model)
-    chosen = create_technique(config.technique, config.technique_options) if config.technique else None
-    adapt = adapt_batch_technique(config)
-    technique = stacked(chosen, adapt, precision_technique(config, workers_device.type))  # last: its scale covers all
-    position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
-    checkpoint = None
-    if config.resume:
-        checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
-        check_compatible(checkpoint, config, workload)
-        architecture = checkpoint.get("architecture") or {}
-        apply_architecture(model, architecture)  # the reconfigured network, before its weights go in
-    model.to(device)
-    optimizer = make_optimizer(config, list(model.parameters()))
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        torch.set_rng_state(checkpoint["rng"])
-        position = Position(**checkpoint["position"])
-        state = checkpoint["workload_state"]
-        resumed_from = position.step
-        decided = checkpoint.get("decided_epochs", position.epoch)
-        schedule.restore(checkpoint.get("schedule"))
-        if technique is not None and checkpoint.get("technique") is not None:
-            technique.load_state_dict(checkpoint["technique"])
-    return Prepared(
-        config,
-        workload,
-        data,
-        schedule,
-        model,
-        optimizer,
-        position,
-        state,
-        resumed_from,
-        started,
-        process,
-        technique,
-        architecture,
-        decided,
-        global_batch_factor,
-        initial_parameters,
-        device,
-        memory_format_technique(config.memory_format, device.type),
-    )
-
-
-def apply_decision(prepared: Prepared, decision: Reconfiguration, epoch: int) -> None:
-    """The network (weights and momentum carried over) and the batch of every epoch after ``epoch``, as
-    ``decision`` says: what every process — worker or server — does at the agreed step boundary."""
-    if decision.changes_network:
-        config = prepared.config
-        prepared.optimizer = reconfigure(
-            prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
-        )
-        prepared.architecture = resized_architecture(prepared.architecture, decision)
-    change_batch(prepared, decision, epoch)
-
-
-def describe_decision(prepared: Prepared, decision: Reconfiguration) -> str:
-    parts = []
-    if decision.changes_network:
-        sizes = ", ".join(f"{path} {dict(sizes)}" for path, sizes in prepared.architecture.items())
-        parts.append(f"reconfigured the network ({sizes})")
-    if decision.batch_size is not None or decision.lr_scale != 1.0:
-        segment = prepared.schedule.current
-        parts.append(
-            f"batch size {segment.batch_size}, {segment.steps_per_epoch} steps per epoch, "
-            f"learning rate ×{segment.lr_scale:g}"
-        )
-    return "; ".join(parts)
-
-
-def _steps_per_epoch(workload: Workload, data: Any, global_batch: int) -> int:
-    steps = workload.batches_per_epoch(data, global_batch)
-    if steps < 1:
-        raise ConfigError(
-            f"a global batch of {global_batch} leaves no full batch in one epoch of {workload.name}; "
-            "use a smaller --batch-size (or fewer workers with --sync join)"
-        )
-    return steps
-
-
-def change_batch(prepared: Prepared, decision: Reconfiguration, epoch: int) -> None:
-    """From epoch ``epoch + 1`` on: the decision's batch size (and learning-rate factor), with the steps
-    per epoch that follow from it — on every process, the same way."""
-    if decision.batch_size is None and decision.lr_scale == 1.0:
-        return
-    batch = decision.batch_size or prepared.batch_size
-    steps = _steps_per_epoch(prepared.workload, prepared.data, batch * prepared.global_batch_factor)
-    prepared.schedule.change(
-        epoch=epoch + 1,
-        steps_per_epoch=steps,
-        batch_size=batch,
-        lr_scale=decision.lr_scale,
-        warmup_steps=decision.lr_warmup_steps,
-    )
-
-
-def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """SGD with the run's rate, momentum and weight decay; fused (one pass over each tensor for the weight
-    decay, momentum and update: 3x faster than the per-op step on large tensors here), everywhere alike, so
-    that a server's step and a local one stay equal bit for bit."""
-    return torch.optim.SGD(
-        parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, fused=True
-    )
+__all__ = ["Diverged", "Trainer"]
 
 
 class Diverged(ScaletrainError):
@@ -345,12 +57,7 @@ class Trainer:
         self.communication = self.wait = 0.0
         self.skipped_steps = 0
         self.host_copy = 0.0
-        writes = role.coordinator
-        self.metrics = MetricsLog(config.out, resume_step=prepared.resumed_from) if writes else None
-        self.tensorboard = TensorBoardLog(
-            config.out, enabled=config.tensorboard and writes, purge_step=prepared.resumed_from
-        )
-        self.progress = Progress(self.schedule.total_steps, mode=config.progress if writes else "off")
+        self.records = RunRecords(prepared, writes=role.coordinator)
         self.last_loss: float | None = None
         self.first_loss: float | None = None  # this process's first and last training loss: did it fall?
         self._step_loss: torch.Tensor | None = None
@@ -360,7 +67,6 @@ class Trainer:
         self._loss_count = 0
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
-        self._predicted: dict[str, float] | None = None  # by the last reconfiguration, for the next epoch
         self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
         role.exchange.skip_nonfinite = self.technique is not None and self.technique.skips_nonfinite
 
@@ -453,20 +159,7 @@ class Trainer:
             self._after_step(loss)
 
     def _step_peak(self, model: nn.Module, rows: int) -> int | None:
-        """Peak memory of one step of ``model`` on ``rows`` samples here: a forked copy's peak RSS on the
-        CPU, a network copy's peak allocation on a GPU (see :mod:`scaletrain.efficient.adaptive_batch`)."""
-        plan, device = self.role.plan, self.prepared.device
-        global_batch = rows * plan.part.count  # the --batch-size × factor that gives each process these rows
-        if self.workload.batches_per_epoch(self.data, global_batch) < 1:
-            return None  # the epoch has no batch that large
-        batch = next(iter(self.workload.train_batches(self.data, epoch=0, batch_size=rows, seed=self.config.seed)))
-        batch = to_device(batch, device)
-        context = self._forward_context
-        momentum = self.config.momentum or 0.0
-        if device.type == "cpu":
-            return forked_peak_rss(trial_step(model, self.workload, batch, rows, context, momentum))
-        copy_on_device = copy.deepcopy(model)
-        return cuda_peak(trial_step(copy_on_device, self.workload, batch, rows, context, momentum), device)
+        return step_peak(self.prepared, self.role.plan, model, rows, self._forward_context)
 
     def _forward_context(self) -> contextlib.AbstractContextManager:
         return self._forward.forward_context() if self._forward is not None else contextlib.nullcontext()
@@ -492,32 +185,14 @@ class Trainer:
     def _after_step(self, loss: torch.Tensor) -> None:
         config, step = self.config, self.position.step
         periodic = step % config.log_every == 0 or step == self.schedule.total_steps
-        if periodic and self.metrics is not None:
+        if periodic and self.records.metrics is not None:
             # .item() waits for the device; only pay for it when logging.
             self.last_loss = loss.item()
             rate = self.meter.take_window()
             samples = None if rate is None else rate * self.prepared.batch_size * self.role.plan.batch_fraction
-            self.metrics.write(
-                {
-                    "kind": "step",
-                    "step": step,
-                    "epoch": self.position.epoch,
-                    "loss": self.last_loss,
-                    "lr": self.optimizer.param_groups[0]["lr"],
-                    "batches_per_second": rate,
-                    "samples_per_second": samples,
-                    "time": time.time(),
-                }
-            )
-            self.tensorboard.scalars(
-                {
-                    "train/loss": self.last_loss,
-                    "throughput/batches_per_second": rate,
-                    "throughput/samples_per_second": samples,
-                },
-                step,
-            )
-        self.progress.update(
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.records.step(step, self.position.epoch, self.last_loss, lr, rate, samples)
+        self.records.progress.update(
             step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
         )
         # an epoch's last step is saved by _end_epoch, after the technique's decision
@@ -540,29 +215,18 @@ class Trainer:
             self.save_checkpoint()
 
     def _log_epoch(self, epoch: int, train_loss: float) -> None:
-        if self.metrics is None:
-            return
-        record = {
-            "kind": "epoch",
-            "step": self.position.step,
-            "epoch": epoch,
-            "train_loss": train_loss,
-            "seconds": time.time() - self._epoch_started,  # training only, before this evaluation
-            "parameters": count_parameters(self.model),
-            **self._epoch_steps.figures(),
-        }
-        if self._predicted is not None:  # what the last reconfiguration predicted for this epoch, beside it
-            record.update({f"predicted_{key}": value for key, value in self._predicted.items()})
-            self._predicted = None
-        message = f"epoch {epoch + 1}: train loss {train_loss:.4f}"
-        if self.role.evaluate_each_epoch:
-            quality = self.workload.evaluate(self.model, self.data)
+        evaluate = (lambda: self.workload.evaluate(self.model, self.data)) if self.role.evaluate_each_epoch else None
+        quality = self.records.epoch(
+            epoch=epoch,
+            step=self.position.step,
+            train_loss=train_loss,
+            seconds=time.time() - self._epoch_started,
+            model=self.model,
+            steps=self._epoch_steps,
+            evaluate=evaluate,
+        )
+        if quality is not None:
             self.last_quality = (self.position.step, quality)
-            record.update(quality)
-            self.tensorboard.scalars({f"quality/{key}": value for key, value in quality.items()}, self.position.step)
-            message += "".join(f", {key} {value:.4f}" for key, value in quality.items())
-        self.metrics.write(record)
-        self.progress.message(message)
 
     def _decide(self, epoch: int) -> None:
         """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary."""
@@ -578,7 +242,7 @@ class Trainer:
         """Rebuild the network as ``decision`` says, carry weights and momentum over, and let the exchange
         re-make what it sized for the old network."""
         exchange, prepared = self.role.exchange, self.prepared
-        recording = self.metrics is not None and decision.changes_network
+        recording = self.records.metrics is not None and decision.changes_network
         before = self._network_record() if recording else None
         exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
         apply_decision(prepared, decision, epoch)
@@ -591,45 +255,17 @@ class Trainer:
         self.last_quality = None  # measured on the old network
         if before is not None:
             self._log_reconfiguration(epoch, decision, before)
-        self.progress.message(f"after epoch {epoch + 1}: {describe_decision(prepared, decision)}")
+        self.records.progress.message(f"after epoch {epoch + 1}: {describe_decision(prepared, decision)}")
 
     def _network_record(self) -> dict[str, Any]:
-        """Parameters, FLOPs per sample, channels per layer and quality of the network now."""
-        figures = network_figures(self.model, self._example_inputs())
-        return {**figures, "quality": self.workload.evaluate(self.model, self.data)}
+        return self.records.network(
+            self.model, self._example_inputs(), lambda: self.workload.evaluate(self.model, self.data)
+        )
 
     def _log_reconfiguration(self, epoch: int, decision: Reconfiguration, before: dict[str, Any]) -> None:
         after = self._network_record()
-        self._predicted = self._epoch_steps.scaled(
-            compute=after["flops_per_sample"] / max(before["flops_per_sample"], 1.0),
-            communication=after["parameters"] / max(before["parameters"], 1),
-        )
-        record = {
-            "kind": "reconfiguration",
-            "step": self.position.step,
-            "epoch": epoch,
-            "parameters_before": before["parameters"],
-            "parameters": after["parameters"],
-            "flops_per_sample_before": before["flops_per_sample"],
-            "flops_per_sample": after["flops_per_sample"],
-            "blocks_removed": decision.remove,
-            "modules_inserted": list(decision.insert),
-            "channels": after["channels"],
-            "quality_before": before["quality"],
-            "quality_after": after["quality"],
-            **{f"{key}_before": value for key, value in self._epoch_steps.figures().items()},
-            **{f"predicted_{key}": value for key, value in (self._predicted or {}).items()},
-            "time": time.time(),
-        }
-        assert self.metrics is not None
-        self.metrics.write(record)
-        self.tensorboard.scalars(
-            {
-                "network/parameters": after["parameters"],
-                "network/flops_per_sample": after["flops_per_sample"],
-                **{f"reconfiguration/{key}_after": value for key, value in after["quality"].items()},
-            },
-            self.position.step,
+        self.records.reconfiguration(
+            epoch=epoch, step=self.position.step, decision=decision, before=before, after=after, steps=self._epoch_steps
         )
 
     def final_quality(self) -> dict[str, float]:
@@ -666,7 +302,4 @@ class Trainer:
         )
 
     def close(self) -> None:
-        self.progress.close()
-        if self.metrics is not None:
-            self.metrics.close()
-        self.tensorboard.close()
+        self.records.close()

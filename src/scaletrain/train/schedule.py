@@ -11,9 +11,16 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scaletrain.train.checkpoint import Position
+__all__ = ["Position", "Schedule", "Segment"]
 
-__all__ = ["Schedule", "Segment"]
+
+@dataclass
+class Position:
+    """Where a run stands: next comes batch ``batch`` of epoch ``epoch``; ``step`` updates so far."""
+
+    epoch: int = 0
+    batch: int = 0
+    step: int = 0
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from scaletrain.train.pictures import PRUNING_PICTURE, plot_reconfigurations
 from scaletrain.workloads.base import count_parameters
 
 if TYPE_CHECKING:
-    from scaletrain.train.loop import Prepared
+    from scaletrain.train.state import Prepared
 
 __all__ = ["MODEL_NAME", "SUMMARY_NAME", "WorkerStats", "throughput", "weights_digest", "write_summary"]
 

@@ -18,11 +18,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 
-__all__ = ["Part", "Workload", "count_parameters", "parse_options"]
+__all__ = ["Part", "Workload", "WorkloadDefaults", "count_parameters", "parse_options"]
+
+
+@dataclass(frozen=True)
+class WorkloadDefaults:
+    """Hyper-parameters a workload brings when the user does not set them."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    clip_norm: float | None = None
 
 
 def count_parameters(model: nn.Module) -> int:

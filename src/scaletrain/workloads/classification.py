@@ -23,10 +23,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data.sampler import Part
 from scaletrain.errors import DataError
-from scaletrain.workloads.base import Workload
+from scaletrain.workloads.base import Workload, WorkloadDefaults
 
 __all__ = ["ClassificationData", "ClassificationWorkload", "epoch_permutation"]
 

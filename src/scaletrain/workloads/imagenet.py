@@ -37,9 +37,9 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data.image_folder import find_image_folder, image_cache_dir, load_image_folder
 from scaletrain.data.synthetic import SyntheticImages
+from scaletrain.workloads.base import WorkloadDefaults
 from scaletrain.workloads.classification import ClassificationWorkload
 
 __all__ = [

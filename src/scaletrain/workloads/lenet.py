@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist
+from scaletrain.workloads.base import WorkloadDefaults
 from scaletrain.workloads.classification import ClassificationData, ClassificationWorkload
 
 __all__ = ["LeNet5", "LeNetWorkload"]

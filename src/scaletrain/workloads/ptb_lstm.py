@@ -24,10 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data.ptb import PennTreebank, find_ptb, load_ptb
 from scaletrain.data.sampler import Part
-from scaletrain.workloads.base import Workload
+from scaletrain.workloads.base import Workload, WorkloadDefaults
 
 __all__ = ["LSTMLanguageModel", "PTBLSTMWorkload", "PTBOptions"]
 

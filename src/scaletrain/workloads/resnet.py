@@ -43,10 +43,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from scaletrain.config import WorkloadDefaults
 from scaletrain.data import cifar
 from scaletrain.data.idx import find_fashion_mnist, load_fashion_mnist
 from scaletrain.errors import ConfigError
+from scaletrain.workloads.base import WorkloadDefaults
 from scaletrain.workloads.classification import ClassificationData, ClassificationWorkload
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ResNet", "ResNetOptions", "ResNetWorkload", "ResidualBlock"]

@@ -8,32 +8,45 @@ the labels in summaries and results, and the estimator's list of configurations.
 
 from __future__ import annotations
 
+from typing import Any
+
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduce
-from scaletrain.parallel.strategies.base import Strategy
+from scaletrain.parallel.strategies.base import (
+    ALIASES,
+    SERVER,
+    STRATEGIES,
+    WORKER,
+    Layout,
+    Strategy,
+    get_strategy,
+    run_label,
+)
 from scaletrain.parallel.strategies.local import Local
 from scaletrain.parallel.strategies.ps import ParameterServer
 
-__all__ = ["ALIASES", "STRATEGIES", "Strategy", "all_specs", "get_strategy", "parse_spec"]
+__all__ = [
+    "ALIASES",
+    "SERVER",
+    "STRATEGIES",
+    "WORKER",
+    "Layout",
+    "Strategy",
+    "all_specs",
+    "expand_spec",
+    "get_strategy",
+    "parse_spec",
+    "run_label",
+]
 
-STRATEGIES: dict[str, Strategy] = {
-    strategy.name: strategy
+STRATEGIES.update(
+    (strategy.name, strategy)
     for strategy in (
         Local(),
         AllReduce(),
         ParameterServer(),
     )
-}
-
-#: The thesis's words for the same things (Šlampa 2017): ``distributed`` server, ``none`` sync.
-ALIASES = {"distributed": "sharded", "none": "async"}
-
-
-def get_strategy(name: str) -> Strategy:
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}") from None
+)
 
 
 def all_specs(*, predicted_only: bool = False) -> list[str]:
@@ -63,3 +76,17 @@ def parse_spec(spec: str) -> tuple[str, str, str]:
         if known and strategy.label(server, sync) == "-".join(parts):
             return strategy.name, server, sync
     raise ConfigError(f"unknown strategy spec {spec!r}; choose one of {', '.join(all_specs())}")
+
+
+def expand_spec(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings whose ``strategy`` is a whole spec as the bench writes it, with the spec split into
+    ``strategy``, ``server`` and ``sync`` (one vocabulary for both); other settings come back as given.
+
+    >>> expand_spec({"strategy": "ps-central-async", "workers": 3})
+    {'strategy': 'ps', 'workers': 3, 'server': 'central', 'sync': 'async'}
+    """
+    spec = settings.get("strategy")
+    if not isinstance(spec, str) or "-" not in spec:
+        return settings
+    strategy, server, sync = parse_spec(spec)
+    return {**settings, "strategy": strategy, **({"server": server} if server else {}), "sync": sync}

@@ -7,23 +7,20 @@ With one worker there is nothing to average and no collective is called.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
-from scaletrain.parallel.sharding import flatten, unflatten_into
-from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
+from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
-from scaletrain.train.loop import Prepared, Role
 from scaletrain.train.meter import now
+from scaletrain.train.state import Prepared, Role
 from scaletrain.train.summary import write_summary
-
-if TYPE_CHECKING:
-    from scaletrain.parallel.plan import Layout
 
 __all__ = ["AllReduce", "AllReduceExchange"]
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from scaletrain.parallel.strategies.base import Strategy, layout_fields, train_worker
-from scaletrain.train.loop import Prepared, Role
+from scaletrain.parallel.strategies.base import Layout, Strategy, layout_fields, train_worker
+from scaletrain.train.state import Prepared, Role
 from scaletrain.train.summary import write_summary
-
-if TYPE_CHECKING:
-    from scaletrain.parallel.plan import Layout
 
 __all__ = ["Local"]
 

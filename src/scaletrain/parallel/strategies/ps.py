@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,24 +18,18 @@ from torch import nn
 
 from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement, load_buffers
-from scaletrain.parallel.codec import wire_codec
-from scaletrain.parallel.ps import FINAL_SHARD, PSExchange, ServerStats, ShardServer, pair_groups, views_of
-from scaletrain.parallel.server_records import ServerObserver, ShardCheckpointer, restore_shard
-from scaletrain.parallel.sharding import assign_greedy, flatten, unflatten_into
-from scaletrain.parallel.staleness import Compensation
-from scaletrain.parallel.strategies.base import Strategy, collect_stats, layout_fields, train_worker
-from scaletrain.train.loop import (
-    Prepared,
-    Role,
-    apply_decision,
-    describe_decision,
-    learning_rate_at_step,
-    make_optimizer,
-)
+from scaletrain.parallel.ps.exchange import PSExchange
+from scaletrain.parallel.ps.protocol import FINAL_SHARD, pair_groups
+from scaletrain.parallel.ps.records import ServerObserver, ShardCheckpointer, restore_shard
+from scaletrain.parallel.ps.server import ServerStats, ShardServer
+from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.tensors.codec import wire_codec
+from scaletrain.tensors.flat import flatten, unflatten_into, views_of
+from scaletrain.train.reconfigure import apply_decision, describe_decision
+from scaletrain.train.state import Prepared, Role, learning_rate_at_step, make_optimizer
 from scaletrain.train.summary import write_summary
-
-if TYPE_CHECKING:
-    from scaletrain.parallel.plan import Layout
 
 __all__ = ["ParameterServer"]
 

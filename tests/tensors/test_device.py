@@ -11,8 +11,8 @@ from tests.helpers import make_fashion_mnist, model_weights, run_cli
 
 import scaletrain
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.ps import HOST_STAGING
-from scaletrain.train.device import backend_for, resolve_device, to_device
+from scaletrain.parallel.ps.exchange import HOST_STAGING
+from scaletrain.tensors.device import backend_for, resolve_device, to_device
 
 
 def test_auto_takes_the_local_ranks_gpu_when_there_is_one_and_the_cpu_otherwise() -> None:

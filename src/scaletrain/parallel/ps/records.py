@@ -16,8 +16,8 @@ from scaletrain.errors import ConfigError
 from scaletrain.parallel.agreement import load_buffers
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
-from scaletrain.train.loop import Agreement, Prepared, checkpoint_due
 from scaletrain.train.meter import now
+from scaletrain.train.state import Agreement, Prepared, checkpoint_due
 
 __all__ = ["SHARDS_DIR", "ServerObserver", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.parallel.sharding import unflatten_into
+from scaletrain.tensors.flat import unflatten_into
 
 __all__ = ["CODECS", "BFloat16Codec", "Float16Codec", "LayoutMismatch", "TensorLayout", "WireCodec", "wire_codec"]
 

@@ -9,8 +9,8 @@ import pytest
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
-from scaletrain.estimate.validate import ValidationConfig, compare, mean_errors, run_validation
-from scaletrain.measure.profile import Profile
+from scaletrain.estimate.profile import Profile
+from scaletrain.measure.validate import ValidationConfig, compare, mean_errors, run_validation
 
 PROFILE = Profile("lenet", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,))
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from scaletrain.config import TrainConfig, resolve
+from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.plan import Layout
+from scaletrain.parallel.strategies import Layout, run_label
 from scaletrain.train.checkpoint import (
     CHECKPOINT_NAME,
     check_compatible,
@@ -20,6 +20,7 @@ from scaletrain.train.checkpoint import (
     load_checkpoint,
     refuse_overwrite,
 )
+from scaletrain.train.defaults import resolve
 from scaletrain.workloads import Workload, create_workload
 
 __all__ = ["check_before_start"]
@@ -53,6 +54,6 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     out = resolved.out
     refuse_overwrite(out, resume=config.resume)
     if config.resume:
-        check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload)
+        check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload, run_label)
     check_writable(out)
     return dataclasses.replace(config, out=out)

@@ -24,8 +24,9 @@ from typing import Any
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
+from scaletrain.estimate.profile import Profile
 from scaletrain.measure.bench import run_bench
-from scaletrain.measure.profile import Profile, ProfileConfig, run_profile
+from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 
 __all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "run_validation"]

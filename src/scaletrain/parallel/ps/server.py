@@ -1,0 +1,296 @@
+"""An owner's side of a parameter server: the master copy of its tensors, updated under a lock by the
+threads that serve its peers."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.parallel.failures import describe
+from scaletrain.parallel.ps.protocol import (
+    DONE,
+    GRADIENT,
+    GRANT,
+    RECONFIGURE,
+    REPLY,
+    REQUEST,
+    REQUEST_FIELDS,
+    PeerLost,
+    receive_header,
+    send_message,
+)
+from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.tensors.flat import finite, flatten, views_of
+from scaletrain.train.meter import now
+
+__all__ = ["ServerStats", "ShardServer"]
+
+
+@dataclass
+class ServerStats:
+    """What an owner observed: updates, staleness of applied gradients, lost peers."""
+
+    updates: int = 0
+    skipped: int = 0  # overflowed gradients not applied (dynamic loss scaling)
+    staleness: Counter = field(default_factory=Counter)
+    lost: dict[int, str] = field(default_factory=dict)
+    batches_done: dict[int, int] = field(default_factory=dict)
+
+    def staleness_summary(self) -> dict[str, object]:
+        count = sum(self.staleness.values())
+        if not count:
+            return {"mean": None, "max": None, "histogram": {}}
+        mean = sum(value * times for value, times in self.staleness.items()) / count
+        return {
+            "mean": mean,
+            "max": max(self.staleness),
+            "histogram": {str(value): self.staleness[value] for value in sorted(self.staleness)},
+        }
+
+
+class ShardServer:
+    """Holds the master copy of some tensors and their optimizer; serves peers from threads.
+
+    ``master`` must not be trained on by anyone else: a sharded worker passes clones of its
+    tensors, the central server its own model's parameters.
+
+    ``contributors`` gradients make one synchronous update (peers plus, for a sharded server, the
+    owner's own worker through :meth:`contribute`). Asynchronous: every gradient is applied on
+    arrival, and its staleness (updates applied since the sender's weights were current) recorded;
+    ``compensation`` then sets each update's rate factor and momentum (:mod:`scaletrain.parallel.ps.staleness`).
+    ``skip_nonfinite``: an update whose gradient holds inf or nan is not made (the version still
+    advances, as the workers' step count does) and the reply says so.
+    """
+
+    def __init__(
+        self,
+        *,
+        master: list[nn.Parameter],
+        optimizer: torch.optim.Optimizer,
+        version: int = 0,
+        peers: dict[int, dist.ProcessGroup],
+        contributors: int,
+        synchronous: bool,
+        exclusive: bool = False,
+        clip_norm: float | None = None,
+        learning_rate: Callable[[int], float] | None = None,
+        compensation: Compensation | None = None,
+        on_update: Callable[[int], None] | None = None,
+        after_step: Callable[[list[nn.Parameter], float], None] | None = None,
+        timeout: float = 60.0,
+        stats: ServerStats | None = None,
+        codec: WireCodec | None = None,
+        skip_nonfinite: bool = False,
+    ) -> None:
+        self.master, self.optimizer = master, optimizer
+        self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
+        self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
+        self.on_update, self.after_step, self.timeout = on_update, after_step, timeout
+        self.version = version
+        self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
+        self.layout = TensorLayout.of(master)
+        self.codec = codec or WireCodec()
+        self.skip_nonfinite = skip_nonfinite
+        self._skipped = False  # whether the last update was skipped
+        #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
+        self.reconfiguring: dict[int, int] = {}
+        self._condition = threading.Condition()
+        # The master tensors become views of one flat buffer, so a reply sends it as it is; gradients
+        # arrive in flat buffers whose views are handed to the optimizer as .grad. Nothing is packed
+        # or unpacked per update (the one copy left: an async reply's snapshot).
+        self._flat = flatten([p.detach() for p in self.master])
+        with torch.no_grad():
+            for parameter, view in zip(self.master, views_of(self._flat, self.master), strict=True):
+                parameter.data = view
+        # Only a synchronous update of several gradients adds them up; otherwise no sum buffer is kept.
+        summing = synchronous and contributors > 1
+        self._sum = torch.zeros_like(self._flat) if summing else self._flat.new_empty(0)
+        self._sum_views = views_of(self._sum, self.master) if summing else []
+        self._arrived = 0
+        self._round = 0
+        self._snapshot = self._flat if synchronous else self._flat.clone()
+        self._failure: tuple[int, str] | None = None
+        self._mismatch: str | None = None
+        self._receiving = threading.Semaphore(1) if exclusive else None
+        self._sending = threading.Semaphore(1) if exclusive else None
+        self._threads = [
+            threading.Thread(target=self._serve, args=(peer,), name=f"serve-{peer}", daemon=True) for peer in peers
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def weights(self) -> torch.Tensor:
+        with self._condition:
+            return self._snapshot.clone()
+
+    def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor, bool]:
+        """The owner's own worker adds its gradient; returns the new version, the weights and whether
+        the update was skipped."""
+        return self._apply(gradient, views_of(gradient, self.master), version)
+
+    def join(self, deadline_seconds: float | None = None) -> ServerStats:
+        """Wait for every peer to finish or to reach a reconfiguration; in synchronous mode a lost peer
+        is an error, and in every mode a peer whose network differs from this server's."""
+        deadline = None if deadline_seconds is None else now() + deadline_seconds
+        with self._condition:  # woken by every thread's end or failure; a mismatch stops the run at once
+            while self._mismatch is None and any(thread.is_alive() for thread in self._threads):
+                if deadline is not None and now() > deadline:
+                    break
+                self._condition.wait(0.2)
+        if self._mismatch is not None:
+            raise LayoutMismatch(self._mismatch)
+        if self.synchronous and self._failure is not None:
+            peer, reason = self._failure
+            raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
+        return self.stats
+
+    # -- one thread per peer ------------------------------------------------------------------
+    def _serve(self, peer: int) -> None:
+        group = self.peers[peer]
+        header = torch.zeros(REQUEST_FIELDS, dtype=torch.int64)
+        gradient = torch.zeros_like(self._flat)
+        wire = self.codec.receive_buffer(gradient)
+        gradient_views = views_of(gradient, self.master)
+        try:
+            self._reply(peer, group, self.version, self.weights())
+            while True:
+                with _held(self._receiving):
+                    if self._receiving is not None:
+                        dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
+                    body = receive_header(header, wire, peer, group, REQUEST)
+                    kind, version, batches_done, layout_id, numel = (int(v) for v in header)
+                    theirs = TensorLayout(layout_id, numel)
+                    if theirs != self.layout:  # only a network that differed at the first reply: a stand-in body
+                        self._refuse(peer, group, theirs)
+                        return
+                    body.wait()
+                    if kind == GRADIENT:
+                        self.codec.unpack(wire, gradient)
+                with self._condition:
+                    self.stats.batches_done[peer] = batches_done
+                if kind == DONE:
+                    return
+                if kind == RECONFIGURE:
+                    with self._condition:
+                        self.reconfiguring[peer] = version
+                    return
+                new_version, weights, skipped = self._apply(gradient, gradient_views, version)
+                self._reply(peer, group, new_version, weights, skipped)
+        except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
+            reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
+            with self._condition:
+                self.stats.lost[peer] = reason
+                if self.synchronous and self._failure is None:
+                    self._failure = (peer, reason)
+                self._condition.notify_all()
+
+    def _refuse(self, peer: int, group: dist.ProcessGroup, theirs: TensorLayout) -> None:
+        """A worker whose network differs: tell it this server's layout (it stops with both named), and stop."""
+        message = (
+            f"worker rank {peer} sent tensors of layout {theirs} but its server holds layout {self.layout}; "
+            "every process must build the same network (same workload, options and reconfigurations)"
+        )
+        with self._condition:
+            self._mismatch = self._mismatch or message
+            self._failure = self._failure or (peer, message)
+            self._condition.notify_all()
+        with _held(self._sending):
+            dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
+
+    def _reply_header(self, version: int, skipped: bool = False) -> torch.Tensor:
+        return torch.tensor([version, self.layout.layout_id, self.layout.numel, int(skipped)], dtype=torch.int64)
+
+    def _reply(
+        self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: bool = False
+    ) -> None:
+        with _held(self._sending):
+            send_message(self._reply_header(version, skipped), self.codec.encode(weights), peer, group, REPLY)
+
+    # -- updates --------------------------------------------------------------------------------
+    def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor, bool]:
+        with self._condition:
+            if not self.synchronous:
+                staleness = self.version - version
+                self.stats.staleness[staleness] += 1
+                scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
+                self._update(views, scale, momentum)
+                return self.version, self._snapshot, self._skipped
+            my_round = self._round
+            if self.contributors == 1:  # nothing to add up: the optimizer reads the received buffer
+                self._update(views, 1.0)
+                self._round += 1
+                return self.version, self._snapshot, self._skipped
+            if self._arrived == 0:
+                self._sum.copy_(gradient)
+            else:
+                self._sum += gradient
+            self._arrived += 1
+            if self._arrived == self.contributors:
+                self._sum /= self.contributors
+                self._update(self._sum_views, 1.0)
+                self._arrived = 0
+                self._round += 1
+                self._condition.notify_all()
+            elif not self._condition.wait_for(
+                lambda: self._round != my_round or self._failure is not None, timeout=self.timeout
+            ):
+                raise PeerLost(f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone")
+            if self._failure is not None and self._round == my_round:
+                peer, reason = self._failure
+                raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
+            return self.version, self._snapshot, self._skipped
+
+    def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
+        """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
+        times ``scale``, and ``momentum`` instead of the optimizer's when given; skipped when the
+        gradient overflowed and ``skip_nonfinite`` is on."""
+        self._skipped = self.skip_nonfinite and not finite(gradients)
+        if self._skipped:
+            self.version += 1
+            self.stats.skipped += 1
+            if self.on_update is not None:
+                self.on_update(self.version)
+            return
+        for parameter, gradient in zip(self.master, gradients, strict=True):
+            parameter.grad = gradient
+        if self.clip_norm:
+            nn.utils.clip_grad_norm_(self.master, self.clip_norm)
+        rate = self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
+        for group in self.optimizer.param_groups:
+            group["lr"] = rate * scale
+            if momentum is not None:
+                group["momentum"] = momentum
+        self.optimizer.step()
+        if self.after_step is not None:  # a technique's change of the new weights (PruneTrain's shrinking)
+            self.after_step(self.master, rate * scale)
+        self.version += 1
+        self.stats.updates += 1
+        # Synchronous replies go out before the next update can start (it needs every worker's next
+        # gradient), so they may send the live buffer; asynchronous ones need a copy of this version.
+        self._snapshot = self._flat if self.synchronous else self._flat.clone()
+        if self.on_update is not None:
+            self.on_update(self.version)
+
+
+class _held:
+    """``with _held(semaphore)`` — a no-op when admission control is off."""
+
+    def __init__(self, semaphore: threading.Semaphore | None) -> None:
+        self.semaphore = semaphore
+
+    def __enter__(self) -> None:
+        if self.semaphore is not None:
+            self.semaphore.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.semaphore is not None:
+            self.semaphore.release()

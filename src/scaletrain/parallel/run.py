@@ -1,0 +1,67 @@
+"""One training run from a user's settings: the config built from the workload's defaults, a TOML file
+and the settings, then run in this process, started here as local processes, or joined as one process
+of a job started elsewhere (a node file, torchrun)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import TrainConfig, load_toml, merge
+from scaletrain.efficient import with_flagged_options
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.launch import launch_local
+from scaletrain.parallel.preflight import check_before_start
+from scaletrain.parallel.process import layout_of, run_process
+from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
+from scaletrain.parallel.strategies import expand_spec
+from scaletrain.workloads import Workload
+
+__all__ = ["make_config", "run_training"]
+
+
+def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
+    """Build a :class:`TrainConfig`: workload defaults < ``config_file`` (TOML) < ``settings``.
+
+    ``settings`` whose value is ``None`` count as not given. A technique's own settings
+    (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``.
+
+    >>> make_config("lenet", batch_size=64).batch_size
+    64
+    """
+    from_file = load_toml(config_file) if config_file is not None else {}
+    given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
+    return TrainConfig(**expand_spec(merge({"workload": workload}, from_file, given)))
+
+
+def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, Any]:
+    """Run ``config`` (with ``own``, a workload object, instead of a registered one); the summary.
+
+    With more than one process only rank 0 gets the summary; the others get their rank and folder.
+    """
+    layout = layout_of(config)  # checks the strategy flags before anything starts
+    if config.nodefile is not None:
+        return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
+    if layout.world_size == 1:  # the same driver as every process of a distributed run, in this process
+        return run_process(check_before_start(config, layout, own), Rendezvous.alone(), own)
+    if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
+        return _run_launched(config, Rendezvous.from_env(), own)
+    if own is not None:
+        raise ConfigError(
+            "the local launcher starts fresh processes, which cannot receive a workload object; register "
+            "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
+        )
+    return launch_local(check_before_start(config, layout), layout)
+
+
+def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:
+    """This process is one of several started by someone else (torchrun, a node file on each machine)."""
+    if config.network is not None:
+        raise ConfigError(
+            "--network emulates a network for processes started here; drop it with --nodefile or torchrun"
+        )
+    if config.out is None:
+        raise ConfigError("give --out when another launcher starts the processes, so they share one folder name")
+    summary = run_process(config, rendezvous, workload)
+    return summary if summary is not None else {"rank": rendezvous.rank, "out": str(config.out)}

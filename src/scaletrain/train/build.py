@@ -1,0 +1,117 @@
+"""Building a run: data, model, optimizer and techniques, and the checkpoint restored when resuming."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from scaletrain.config import TrainConfig
+from scaletrain.efficient import create_technique, stacked
+from scaletrain.efficient.adaptive_batch import adapt_batch_technique
+from scaletrain.efficient.channels_last import memory_format_technique
+from scaletrain.efficient.ghost import ghost_batch_norm
+from scaletrain.efficient.precision import precision_technique
+from scaletrain.efficient.surgery import apply_architecture
+from scaletrain.train.checkpoint import (
+    CHECKPOINT_NAME,
+    StrategyLabel,
+    check_compatible,
+    load_checkpoint,
+    make_folder,
+    refuse_overwrite,
+)
+from scaletrain.train.defaults import resolve
+from scaletrain.train.runtime import ProcessSettings
+from scaletrain.train.schedule import Position, Schedule
+from scaletrain.train.state import Prepared, count_steps_per_epoch, make_optimizer
+from scaletrain.workloads import Workload, create_workload
+from scaletrain.workloads.base import count_parameters
+
+__all__ = ["prepare"]
+
+
+def prepare(
+    config: TrainConfig,
+    workload: Workload | None = None,
+    *,
+    process: ProcessSettings,
+    global_batch_factor: int = 1,
+    coordinator: bool = True,
+    device: torch.device | None = None,
+    workers_device: torch.device | None = None,
+    label_of: StrategyLabel,
+) -> Prepared:
+    """Load data, build model and optimizer, and restore ``checkpoint.pt`` when resuming.
+
+    ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`);
+    ``device``: where the model lives (default: the CPU); ``workers_device``: where the run's workers
+    compute, when this process is a server that does not (its precision settings are theirs);
+    ``label_of``: how the strategy names a run (for checkpoints).
+    """
+    device = device or torch.device("cpu")
+    workers_device = workers_device or device
+    started = time.time()
+    workload = workload or create_workload(config.workload, config.options)
+    config = resolve(config, workload.defaults)
+    out = config.out
+    if coordinator:
+        refuse_overwrite(out, resume=config.resume)
+    make_folder(out)
+
+    data = workload.load_data(config.data_dir, download=config.download)
+    steps_per_epoch = count_steps_per_epoch(workload, data, config.batch_size * global_batch_factor)
+    schedule = Schedule.starting(
+        steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
+    )
+
+    torch.manual_seed(config.seed)
+    model = workload.build_model()
+    if config.ghost_batch is not None:
+        ghost_batch_norm(model, config.ghost_batch)
+    model.train()
+    initial_parameters = count_parameters(model)
+    chosen = create_technique(config.technique, config.technique_options) if config.technique else None
+    adapt = adapt_batch_technique(config)
+    technique = stacked(chosen, adapt, precision_technique(config, workers_device.type))  # last: its scale covers all
+    position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
+    checkpoint = None
+    if config.resume:
+        checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
+        check_compatible(checkpoint, config, workload, label_of)
+        architecture = checkpoint.get("architecture") or {}
+        apply_architecture(model, architecture)  # the reconfigured network, before its weights go in
+    model.to(device)
+    optimizer = make_optimizer(config, list(model.parameters()))
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        torch.set_rng_state(checkpoint["rng"])
+        position = Position(**checkpoint["position"])
+        state = checkpoint["workload_state"]
+        resumed_from = position.step
+        decided = checkpoint.get("decided_epochs", position.epoch)
+        schedule.restore(checkpoint.get("schedule"))
+        if technique is not None and checkpoint.get("technique") is not None:
+            technique.load_state_dict(checkpoint["technique"])
+    return Prepared(
+        config,
+        workload,
+        data,
+        schedule,
+        model,
+        optimizer,
+        position,
+        state,
+        resumed_from,
+        started,
+        process,
+        technique,
+        architecture,
+        decided,
+        global_batch_factor,
+        initial_parameters,
+        device,
+        memory_format_technique(config.memory_format, device.type),
+        label_of(config.strategy, config.server, config.sync, config.workers),
+    )

@@ -1,0 +1,28 @@
+"""A run's settings completed: the workload's defaults fill what the user left unset."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from scaletrain.config import TrainConfig
+from scaletrain.workloads.base import WorkloadDefaults
+
+__all__ = ["resolve"]
+
+
+def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
+    """Fill every ``None`` hyper-parameter from the workload's defaults.
+
+    Without ``out`` a run gets its own folder, ``runs/<workload>-<date>-<time>``.
+    """
+    filled: dict[str, Any] = {
+        name: getattr(defaults, name)
+        for name in ("epochs", "batch_size", "lr", "momentum", "clip_norm")
+        if getattr(config, name) is None
+    }
+    if config.out is None:
+        filled["out"] = Path("runs") / f"{config.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return dataclasses.replace(config, **filled)

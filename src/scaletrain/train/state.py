@@ -1,0 +1,169 @@
+"""What one process's run is made of: the contracts between the loop and a strategy (:class:`Agreement`,
+:class:`Role`), the run built before the first step (:class:`Prepared`), and the rules every process
+applies alike (learning rate, when a checkpoint is due, the optimizer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from scaletrain.config import TrainConfig
+from scaletrain.efficient import Reconfiguration, Technique
+from scaletrain.efficient.surgery import Architecture
+from scaletrain.errors import ConfigError
+from scaletrain.train.exchange import GradientExchange, LocalExchange
+from scaletrain.train.plan import WorkerPlan
+from scaletrain.train.runtime import ProcessSettings
+from scaletrain.train.schedule import Position, Schedule
+from scaletrain.workloads import Workload
+
+__all__ = [
+    "Agreement",
+    "Prepared",
+    "Role",
+    "checkpoint_due",
+    "count_steps_per_epoch",
+    "learning_rate",
+    "learning_rate_at_step",
+    "make_optimizer",
+]
+
+
+class Agreement:
+    """How the processes of a run agree on a reconfiguration: here, the one process decides alone.
+
+    :class:`scaletrain.parallel.agreement.StoreAgreement` has one process decide and the others read.
+    """
+
+    def agree(self, epoch: int, decide: Callable[[], Reconfiguration | None]) -> Reconfiguration | None:
+        return decide()
+
+    def mean(self, name: str, value: float, weight: float) -> float:
+        """The ``weight``-weighted mean of ``value`` over the workers: here, the value itself."""
+        return value
+
+    def share(self, state: dict[str, Any]) -> None:
+        """Hand what only workers compute — the technique's state — from the deciding worker to processes
+        that train nothing (a central parameter server, which writes the checkpoints and the final model):
+        here, nobody else needs it."""
+
+    def shared(self) -> dict[str, Any] | None:
+        """What the deciding worker shared last (``technique``), if anything."""
+        return None
+
+    def buffers_due(self, step: int, model: nn.Module) -> None:
+        """A worker's module buffers (batch-norm running statistics, a user's running average or mask) at
+        ``step``, after whose update a checkpoint is due: synchronous workers all take the mean over the
+        workers; asynchronous ones publish theirs for whoever writes the model. Here: one worker, its own."""
+
+    def buffers_final(self, model: nn.Module) -> None:
+        """A worker's buffers when it has no step left (asynchronous workers publish them): here, nothing."""
+
+    def worker_buffers(self, step: int | None) -> dict[str, torch.Tensor] | None:
+        """For a process that writes the model without training it: the mean over the workers of their
+        buffers at ``step`` (synchronous), or of what each published last (``None``). Here: nobody's."""
+        return None
+
+
+@dataclass
+class Role:
+    """What this process does in the loop: its data, how its gradients become weights, what it writes.
+
+    The default is a single local process that does everything.
+    """
+
+    rank: int = 0
+    plan: WorkerPlan = field(default_factory=WorkerPlan)
+    exchange: GradientExchange = field(default_factory=LocalExchange)
+    coordinator: bool = True  # writes logs and evaluates
+    checkpoints: bool = True  # writes checkpoint.pt from its own model and optimizer
+    evaluate_each_epoch: bool = True
+    agreement: Agreement = field(default_factory=Agreement)
+
+
+@dataclass
+class Prepared:
+    """Everything loaded and built before the first step, for a worker or a server alike."""
+
+    config: TrainConfig
+    workload: Workload
+    data: Any
+    schedule: Schedule  # steps per epoch, which a batch-size change alters
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    position: Position
+    state: Any
+    resumed_from: int | None
+    started: float
+    process: ProcessSettings  # threads and allocator, as configure_process set them
+    technique: Technique | None = None
+    #: How the network differs from the workload's own (resized modules), and through which epoch's
+    #: end the technique has decided: both kept in checkpoints.
+    architecture: Architecture = field(default_factory=dict)
+    decided_epochs: int = 0
+    global_batch_factor: int = 1
+    initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    #: ``--memory-format``: entered around each forward pass with the technique's context. Kept out of
+    #: the technique stack, whose checkpointed state must not depend on the layout a run resumes with.
+    layout: Technique | None = None
+    #: ``allreduce-join, 2 workers``: the strategy as checkpoints and the bench name it.
+    strategy_label: str = ""
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps of the current epoch (of the first one, for a run that never changed its batch)."""
+        return self.schedule.current.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        return self.schedule.total_steps
+
+    @property
+    def batch_size(self) -> int:
+        """``--batch-size`` now (a reconfiguration may have changed it)."""
+        return self.schedule.current.batch_size
+
+
+def learning_rate(config: TrainConfig, epoch: int) -> float:
+    """Step decay as in Zaremba et al.: full rate for ``lr_decay_start`` epochs, then × ``lr_decay`` each."""
+    return config.lr * config.lr_decay ** max(epoch + 1 - config.lr_decay_start, 0)
+
+
+def learning_rate_at_step(prepared: Prepared, step: int) -> float:
+    """The rate for update number ``step`` (0-based): the schedule of :func:`learning_rate` in updates,
+    as a parameter server counts them."""
+    schedule = prepared.schedule
+    return learning_rate(prepared.config, schedule.position(step).epoch) * schedule.lr_scale_at(step)
+
+
+def checkpoint_due(prepared: Prepared, step: int) -> bool:
+    """After update ``step``: every ``checkpoint_every`` updates, at each epoch's end, and at the end —
+    one rule for the loop and the parameter servers."""
+    every, last = prepared.config.checkpoint_every, prepared.total_steps
+    return step % every == 0 or prepared.schedule.epoch_ends_at(step) or step == last
+
+
+def count_steps_per_epoch(workload: Workload, data: Any, global_batch: int) -> int:
+    """Whole global batches of ``global_batch`` in one epoch; none is an error that names the fix."""
+    steps = workload.batches_per_epoch(data, global_batch)
+    if steps < 1:
+        raise ConfigError(
+            f"a global batch of {global_batch} leaves no full batch in one epoch of {workload.name}; "
+            "use a smaller --batch-size (or fewer workers with --sync join)"
+        )
+    return steps
+
+
+def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """SGD with the run's rate, momentum and weight decay; fused (one pass over each tensor for the weight
+    decay, momentum and update: 3x faster than the per-op step on large tensors here), everywhere alike, so
+    that a server's step and a local one stay equal bit for bit."""
+    return torch.optim.SGD(
+        parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, fused=True
+    )
