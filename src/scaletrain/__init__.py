@@ -25,7 +25,6 @@ from scaletrain.api import (
 )
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
-from scaletrain.plugins import load_plugins
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 from scaletrain.workloads.classification import ClassificationWorkload
 
@@ -54,6 +53,3 @@ __all__ = [
     "validate",
 ]
 __version__ = "0.1.0"
-
-# Last, so that a plugin finds every registry in place; every process of a run imports this package.
-load_plugins()

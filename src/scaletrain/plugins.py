@@ -1,8 +1,10 @@
 """Your own strategies, techniques, wire codecs and workloads, without editing scaletrain: modules named
 in ``SCALETRAIN_PLUGINS`` (comma-separated, importable from ``PYTHONPATH``) are imported by every
-process of a run, each adding its things to the registries with one line
+entry point of a run — the ``scaletrain`` command, each worker process, each profiling probe, each
+sweep run — each module adding its things to the registries with one line
 (``STRATEGIES["mine"] = Mine()``, ``TECHNIQUES["mine"] = Mine``, ``CODECS["mine"] = Mine``,
-``WORKLOADS["mine"] = Mine``). See ``docs/extending.md``.
+``WORKLOADS["mine"] = Mine``). From Python, import your module yourself and set the variable for the
+processes a run starts. See ``docs/extending.md``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 from scaletrain.cli import bench, compare, deploy, estimate, profile, train, workloads
 from scaletrain.cli.formatter import DefaultsHelpFormatter
 from scaletrain.errors import Interrupted, ScaletrainError
+from scaletrain.plugins import load_plugins
 
 __all__ = ["main"]
 
@@ -71,6 +72,11 @@ def package_version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    try:
+        load_plugins()  # before the parser: its choices come from the registries
+    except ScaletrainError as exc:
+        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

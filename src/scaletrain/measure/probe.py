@@ -27,6 +27,7 @@ from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
 from scaletrain.parallel.ps.protocol import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.plugins import load_plugins
 from scaletrain.tensors.codec import WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device
 from scaletrain.train.meter import now
@@ -121,6 +122,7 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
+    load_plugins()  # a workload of one's own is timed as in training
     rendezvous = Rendezvous.from_env()
     connect(rendezvous, timeout=job["timeout"])
     if job["kind"] == "grad":

@@ -26,6 +26,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec
+from scaletrain.plugins import load_plugins
 
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
 
@@ -258,6 +259,7 @@ def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str,
 
 def _train_child(workload: str, settings: dict[str, Any], sender: Any) -> None:
     try:
+        load_plugins()  # a fresh interpreter: the registries as the parent had them from SCALETRAIN_PLUGINS
         sender.send(("ok", run_training(make_config(workload, **settings))))
     except ScaletrainError as exc:
         sender.send(("error", str(exc)))

@@ -18,6 +18,7 @@ from scaletrain.parallel.launch import ENV_LAUNCHER
 from scaletrain.parallel.process import run_process
 from scaletrain.parallel.rendezvous import Rendezvous
 from scaletrain.parallel.teardown import exit_now
+from scaletrain.plugins import load_plugins
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
     rendezvous = Rendezvous.from_env()
     try:
+        load_plugins()  # the launcher's environment names them: the same registries in every process
         run_process(config, rendezvous)
     except ScaletrainError as exc:
         # Under the local launcher this line goes to the log only: the launcher puts it on the terminal once.
