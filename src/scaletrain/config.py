@@ -19,8 +19,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -60,7 +58,10 @@ class TrainConfig:
     TOML files too).
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
-    changes the model, batch or precision while training (see :mod:`scaletrain.efficient`).
+    changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
+    techniques below are turned on by fields of their own; each field is declared once more, with its
+    flag, help and checks, by its technique's class in :data:`scaletrain.efficient.STANDING`, which
+    validates it here, builds it and reports it in ``summary.json``.
 
     Precision (:mod:`scaletrain.efficient.precision`): ``precision`` (``fp32``, ``bf16``, ``fp16``)
     is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
@@ -149,20 +150,6 @@ class TrainConfig:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
-        if self.batch_budget is not None or self.batch_scaling != "linear" or self.batch_warmup:
-            from scaletrain.efficient.adaptive_batch import adapt_batch_technique
-
-            if self.batch_budget is None:
-                raise ConfigError("--batch-scaling and --batch-warmup go with --batch-budget; add --batch-budget SIZE")
-            adapt_batch_technique(self)  # checks the budget, scaling and warm-up
-        if self.memory_format != "auto":
-            from scaletrain.efficient.channels_last import resolved_memory_format
-
-            resolved_memory_format(self.memory_format)  # checks the name
-        if self.ghost_batch is not None and (not isinstance(self.ghost_batch, int) or self.ghost_batch < 2):
-            raise ConfigError(
-                f"ghost_batch must be a whole number ≥ 2 (a variance needs two samples), got {self.ghost_batch!r}"
-            )
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
         if self.strategy is None:
@@ -190,21 +177,17 @@ class TrainConfig:
             raise ConfigError("options must be a table of workload options, e.g. [options] num_steps = 35")
         if not isinstance(self.technique_options, dict):
             raise ConfigError('technique_options must be a table, e.g. [technique_options] layer = "classifier.1"')
-        if self.technique is not None:
-            from scaletrain.efficient import create_technique  # checks the name and options early
+        self._check_devices_and_techniques()
 
-            create_technique(self.technique, self.technique_options)
-        self._check_precision()
-
-    def _check_precision(self) -> None:
-        from scaletrain.efficient.precision import precision_technique
+    def _check_devices_and_techniques(self) -> None:
+        from scaletrain.efficient import check_techniques
         from scaletrain.tensors.codec import CODECS
         from scaletrain.tensors.device import check_device
 
         check_device(self.device)
-        # checks --precision and --loss-scale (fp16 only where the device can be a GPU)
-        on_cpu = self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available())
-        precision_technique(self, "cpu" if on_cpu else "cuda")
+        # the --technique choice and its options, then every standing technique's settings (its class says
+        # which fields it reads and what it refuses): nothing is built here
+        check_techniques(vars(self))
         if self.wire not in CODECS:
             raise ConfigError(f"wire must be one of {', '.join(CODECS)}, got {self.wire!r}")
         if self.error_feedback and self.wire == "fp32":

@@ -14,8 +14,8 @@ from typing import Any
 from scaletrain.api import bench
 from scaletrain.cli.arguments import name_list, number_list
 from scaletrain.cli.train import (
+    add_device_flags,
     add_model_flags,
-    add_precision_flags,
     add_technique_flags,
     technique_settings,
     workload_options,
@@ -73,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default: bench-results/WORKLOAD-DATE-TIME)")
     add_technique_flags(parser)
-    add_precision_flags(parser)
+    add_device_flags(parser)
     add_model_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -99,17 +99,10 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("lr", args.lr),
                 ("momentum", args.momentum),
                 ("async_compensation", args.async_compensation),
-                ("precision", args.precision),
-                ("loss_scale", args.loss_scale),
                 ("wire", args.wire),
                 ("error_feedback", args.error_feedback),
                 ("device", args.device),
-                ("memory_format", args.memory_format),
-                ("ghost_batch", args.ghost_batch),
-                ("batch_budget", args.batch_budget),
-                ("batch_scaling", args.batch_scaling),
-                ("batch_warmup", args.batch_warmup),
-                *technique_settings(args).items(),
+                *technique_settings(args).items(),  # --precision, --memory-format, --ghost-batch … too
             )
             if value is not None
         }

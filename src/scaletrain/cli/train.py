@@ -12,9 +12,7 @@ from typing import Any
 from scaletrain.api import exit_now, train
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
-from scaletrain.efficient import TECHNIQUES, technique_flags, with_flagged_options
-from scaletrain.efficient.channels_last import MEMORY_FORMATS
-from scaletrain.efficient.precision import DTYPES
+from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
@@ -24,11 +22,13 @@ from scaletrain.workloads.base import WorkloadDefaults
 
 __all__ = [
     "MODEL_FLAGS",
+    "add_device_flags",
     "add_model_flags",
     "add_parser",
-    "add_precision_flags",
+    "add_technique_flags",
     "parse_options",
     "run",
+    "technique_settings",
     "workload_options",
 ]
 
@@ -115,27 +115,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="workload option, e.g. -o num_steps=35 -o train_split=valid for ptb-lstm",
     )
     add_technique_flags(parser)
-    add_precision_flags(parser)
+    add_device_flags(parser)
     add_model_flags(parser)
     _name_config_defaults(parser)
     parser.set_defaults(handler=run)
 
 
-def add_precision_flags(parser: argparse.ArgumentParser) -> None:
-    """``--precision``, ``--loss-scale``, ``--wire``, ``--device``, ``--memory-format`` and ``--error-feedback``
-    (flags default to None: a config file may set them)."""
-    group = parser.add_argument_group("precision and wire (scaletrain.efficient.precision, scaletrain.tensors.codec)")
-    group.add_argument(
-        "--precision",
-        choices=sorted(DTYPES),
-        help="the forward pass's type under autocast; weights stay float32 (fp16: CUDA only)",
-    )
-    group.add_argument(
-        "--loss-scale",
-        metavar="off|dynamic|SCALE",
-        help="dynamic loss scaling, starting at SCALE (dynamic: 65536); overflowed steps are skipped on every "
-        "process (default: dynamic for fp16, else off)",
-    )
+def add_device_flags(parser: argparse.ArgumentParser) -> None:
+    """``--wire``, ``--device`` and ``--error-feedback`` (flags default to None: a config file may set them)."""
+    group = parser.add_argument_group("wire and device (scaletrain.tensors.codec, scaletrain.tensors.device)")
     group.add_argument(
         "--wire", choices=sorted(CODECS), help="what gradients (and a parameter server's weights) travel as"
     )
@@ -144,12 +132,6 @@ def add_precision_flags(parser: argparse.ArgumentParser) -> None:
         metavar="auto|cpu|cuda|cuda:K",
         help="where workers compute (auto: the process's GPU when torch sees one — cuda:LOCAL_RANK under a "
         "launcher — else the CPU; a parameter server process always uses the CPU)",
-    )
-    group.add_argument(
-        "--memory-format",
-        choices=MEMORY_FORMATS,
-        help="the convolutions' activations while training: channels_last (NHWC: no reorders around oneDNN's "
-        "kernels), contiguous (NCHW) or auto (channels_last on a CPU, contiguous on a GPU)",
     )
     group.add_argument(
         "--error-feedback",
@@ -165,25 +147,15 @@ def strategy_choices() -> list[str]:
 
 
 def add_technique_flags(parser: argparse.ArgumentParser) -> None:
-    """``--technique NAME`` and ``-T KEY=VALUE``: what changes the model, batch or precision while training."""
+    """``--technique NAME``, ``-T KEY=VALUE`` and every technique's own flags, as its class declares them
+    (:func:`scaletrain.efficient.all_settings`): the standing techniques' (``--precision``,
+    ``--memory-format``, ``--ghost-batch``, ``--batch-budget`` …), then each ``--technique`` choice's."""
     group = parser.add_argument_group("techniques (scaletrain.efficient)")
     group.add_argument("--technique", choices=sorted(TECHNIQUES), help="a technique to apply while training")
-    group.add_argument(
-        "--batch-budget",
-        metavar="SIZE",
-        help="after the first epoch and every reconfiguration, the largest batch whose step fits SIZE of memory "
-        "(e.g. 600MB; peak RSS on a CPU, device memory on a GPU)",
-    )
-    group.add_argument("--batch-scaling", choices=("linear", "sqrt", "none"), help="--batch-budget: the rate's rule")
-    group.add_argument(
-        "--batch-warmup", type=int, metavar="N", help="--batch-budget: reach the new rate over N updates"
-    )
-    group.add_argument(
-        "--ghost-batch",
-        type=int,
-        metavar="N",
-        help="every batch norm normalises over ghost batches of N samples (Hoffer et al. 2017; per worker)",
-    )
+    declared = [setting for _, setting in all_settings().values()]
+    for setting in declared:
+        if setting.option is None:
+            _add_flag(group, setting)
     group.add_argument(
         "-T",
         "--technique-option",
@@ -192,17 +164,27 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="technique option, e.g. -T layer=classifier.1 -T fraction=0.5 for narrow",
     )
-    for setting, (owner, option, kind) in technique_flags().items():
-        group.add_argument(
-            "--" + setting.replace("_", "-"), dest=setting, type=kind, help=f"--technique {owner}: its {option}"
-        )
+    for setting in declared:
+        if setting.option is not None:
+            _add_flag(group, setting)
+
+
+def _add_flag(group: argparse._ArgumentGroup, setting: Setting) -> None:
+    described = {"type": setting.type, "choices": setting.choices, "metavar": setting.metavar}
+    group.add_argument(
+        setting.flag,
+        dest=setting.name,
+        help=setting.help,
+        **{key: value for key, value in described.items() if value is not None},
+    )
 
 
 def technique_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """``technique`` and ``technique_options`` from ``--technique``, ``-T`` and the technique flags."""
+    """``technique``, ``technique_options`` and every technique's own settings from the flags, a ``--technique``
+    choice's flags moved into its options."""
     options = parse_options(args.technique_option, what="technique option", example="-T fraction=0.5")
-    flagged = {setting: getattr(args, setting) for setting in technique_flags()}
-    return with_flagged_options({"technique": args.technique, "technique_options": options or None, **flagged})
+    given = {name: getattr(args, name) for name in all_settings()}
+    return with_flagged_options({"technique": args.technique, "technique_options": options or None, **given})
 
 
 def _name_config_defaults(parser: argparse.ArgumentParser) -> None:
@@ -278,11 +260,11 @@ def run(args: argparse.Namespace) -> int:
     settings = {
         f.name: getattr(args, f.name)
         for f in fields(TrainConfig)
-        if f.name not in ("workload", "options", "technique", "technique_options") and hasattr(args, f.name)
+        if f.name not in ("workload", "options") and hasattr(args, f.name)
     }
     options = workload_options(args)
     summary = train(
-        args.workload, config_file=args.config, options=options or None, **technique_settings(args), **settings
+        args.workload, config_file=args.config, options=options or None, **{**settings, **technique_settings(args)}
     )
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher
         print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")

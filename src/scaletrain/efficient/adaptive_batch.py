@@ -36,23 +36,22 @@ import re
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Technique
 from scaletrain.efficient.net2net import applied
+from scaletrain.efficient.settings import Setting
 from scaletrain.errors import ConfigError, ScaletrainError
 
 __all__ = [
     "AdaptBatch",
     "BatchFit",
-    "adapt_batch_technique",
     "available_memory",
-    "batch_searches",
     "cuda_peak",
     "forked_peak_rss",
     "largest_batch",
@@ -260,23 +259,56 @@ class BatchFit:
 
 @dataclass
 class AdaptBatch(Technique):
-    """The adapter (stacked with ``--technique``, like ``--precision``): amends each epoch's decision."""
+    """The adapter (stacked after ``--technique``, before ``--precision``): amends each epoch's decision."""
 
     budget: int = 0
     scaling: str = "linear"
     warmup: int = 0
     limit: int = 8192  # the largest per-process batch tried
     name = "adapt-batch"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting(
+            "batch_budget",
+            "after the first epoch and every reconfiguration, the largest batch whose step fits SIZE of memory "
+            "(e.g. 600MB; peak RSS on a CPU, device memory on a GPU)",
+            metavar="SIZE",
+        ),
+        Setting("batch_scaling", "--batch-budget: the rate's rule", choices=SCALINGS),
+        Setting("batch_warmup", "--batch-budget: reach the new rate over N updates", type=int, metavar="N"),
+    )
     searches: list[dict[str, Any]] = field(default_factory=list)  # every search: epoch, parameters, batch, peak
     _context: Context = field(default_factory=Context, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
             raise ConfigError("batch adaptation needs a budget: --batch-budget 600MB")
-        if self.scaling not in SCALINGS:
-            raise ConfigError(f"--batch-scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
-        if self.warmup < 0:
-            raise ConfigError(f"--batch-warmup must be ≥ 0 updates, got {self.warmup}")
+        _refuse_rule(self.scaling, self.warmup)
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        budget, scaling, warmup = settings["batch_budget"], settings["batch_scaling"], settings["batch_warmup"]
+        if budget is None and scaling == "linear" and not warmup:
+            return
+        if budget is None:
+            raise ConfigError("--batch-scaling and --batch-warmup go with --batch-budget; add --batch-budget SIZE")
+        parse_bytes(budget)
+        _refuse_rule(scaling, warmup)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> AdaptBatch | None:
+        """What ``batch_budget`` (with ``batch_scaling`` and ``batch_warmup``) asks for, or ``None``."""
+        if settings["batch_budget"] is None:
+            return None
+        budget = parse_bytes(settings["batch_budget"])
+        return cls(budget=budget, scaling=settings["batch_scaling"], warmup=settings["batch_warmup"])
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        """``batch_budget`` as given and ``batch_searches``: each search and its probes."""
+        searches = technique.searches if isinstance(technique, AdaptBatch) else None
+        return {"batch_budget": settings["batch_budget"], "batch_searches": searches}
 
     def start(self, model: nn.Module, context: Context) -> None:
         self._context = context
@@ -322,15 +354,8 @@ class AdaptBatch(Technique):
         self.searches = list(state.get("searches", []))
 
 
-def adapt_batch_technique(config: Any) -> AdaptBatch | None:
-    """The adapter a run's settings ask for (``--batch-budget``), or ``None``."""
-    if config.batch_budget is None:
-        return None
-    return AdaptBatch(budget=parse_bytes(config.batch_budget), scaling=config.batch_scaling, warmup=config.batch_warmup)
-
-
-def batch_searches(technique: Technique | None) -> list[dict[str, Any]] | None:
-    """The searches of the run's batch adaptation (stacked or alone), ``None`` without one."""
-    members = getattr(technique, "members", [technique])
-    found = next((member for member in members if isinstance(member, AdaptBatch)), None)
-    return None if found is None else found.searches
+def _refuse_rule(scaling: str, warmup: int) -> None:
+    if scaling not in SCALINGS:
+        raise ConfigError(f"--batch-scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+    if warmup < 0:
+        raise ConfigError(f"--batch-warmup must be ≥ 0 updates, got {warmup}")

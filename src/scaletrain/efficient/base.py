@@ -17,6 +17,20 @@ A technique only *decides*; the training loop applies (composer's ``core/event.p
    coordinating worker), agreed by every process and applied at this step boundary by every
    strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
 7. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
+
+Before these, :meth:`Technique.prepare_model` once on the network as built (surgery that keeps the
+parameters: ghost batch norm).
+
+How a run asks for a technique is declared on its class too. One chosen by name (``--technique``,
+:data:`scaletrain.efficient.TECHNIQUES`) is a dataclass whose fields are its options (``-T name=value``;
+declared with :func:`~scaletrain.efficient.settings.option` and a ``flag``, also a flag and an API
+setting), checked by :meth:`Technique.check_options` and built by :meth:`Technique.from_options`. One the
+run's own settings turn on (:data:`scaletrain.efficient.STANDING`) declares :attr:`Technique.settings`
+(each a :class:`~scaletrain.efficient.settings.Setting`: a :class:`~scaletrain.config.TrainConfig` field
+and its flag), :meth:`Technique.check` (refuse bad settings without building anything),
+:meth:`Technique.from_settings` (itself as the settings ask, or ``None``) and
+:meth:`Technique.summary_fields` (what ``summary.json`` says about it). :attr:`Technique.checkpointed`
+says whether its state goes into checkpoints with the stack's.
 """
 
 from __future__ import annotations
@@ -24,12 +38,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from scaletrain.efficient.settings import Setting, converted, option_fields
+from scaletrain.errors import ConfigError
 
 __all__ = ["Context", "EpochEnd", "Reconfiguration", "Stack", "Technique", "stacked"]
 
@@ -114,9 +131,86 @@ class Context:
 
 
 class Technique:
-    """Base class: every hook does nothing. Subclass and override what the method needs."""
+    """Base class: every hook does nothing. Subclass and override what the method needs.
+
+    A subclass chosen with ``--technique`` is a dataclass whose fields are its options, with its rules in
+    :meth:`check_options` (a ``__post_init__`` of its own calls ``super().__post_init__()``); one that the
+    run's own settings turn on (``--precision``) declares :attr:`settings` and overrides :meth:`check`,
+    :meth:`from_settings` and :meth:`summary_fields`.
+    """
 
     name: ClassVar[str]
+    #: The flags and API settings of this technique (see :class:`Setting`); for a ``--technique`` choice
+    #: they come from its options' ``flag`` (see :meth:`declared_settings`).
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    #: Whether its state is part of the checkpointed stack. ``False`` for a technique that only shapes how
+    #: a step computes (the activations' layout, ghost batches) and keeps no state, so that a checkpoint's
+    #: technique state does not depend on it and a run may resume with it changed.
+    checkpointed: ClassVar[bool] = True
+
+    @classmethod
+    def declared_settings(cls) -> tuple[Setting, ...]:
+        """:attr:`settings` and, for a ``--technique`` choice, a setting for each option with a ``flag``."""
+        flagged = []
+        for f in option_fields(cls).values():
+            if f.metadata.get("flag"):
+                said = f"{f.metadata.get('help') or 'its ' + f.name} (-T {f.name}; default: {f.default})"
+                flagged.append(
+                    Setting(f.metadata["flag"], f"--technique {cls.name}: {said}", type(f.default), option=f.name)
+                )
+        return cls.settings + tuple(flagged)
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        """A technique the run's settings turn on: refuse settings (TrainConfig's fields by name) it cannot
+        run with, with a :class:`~scaletrain.errors.ConfigError` naming the fix, without building it."""
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> Technique | None:
+        """A technique the run's settings turn on: itself as they ask for it, for workers computing on
+        ``device_type`` (``cpu``, ``cuda``), or ``None`` when they do not."""
+        return None
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        """What ``summary.json`` says about this technique, given the run's settings and the technique the
+        run built (``None`` when they did not ask for it)."""
+        return {}
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        """A ``--technique`` choice: refuse option values it cannot run with (every option, typed, defaults
+        filled in); its dataclass calls this on construction too, so the rules live here once."""
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Technique:
+        """A ``--technique`` choice with its options (text from ``-T`` read as each option's type)."""
+        return cls(**cls.option_values(options))
+
+    def __post_init__(self) -> None:
+        type(self).check_options({name: getattr(self, name) for name in option_fields(type(self))})
+
+    @classmethod
+    def option_values(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` checked against the option fields, text (from ``-T``) read as each field's type.
+
+        >>> class Halve(Technique):
+        ...     name = "halve"
+        >>> Halve.option_values({"fraction": "0.5"})
+        Traceback (most recent call last):
+        scaletrain.errors.ConfigError: technique halve has no option 'fraction'; its options: none
+        """
+        fields = option_fields(cls)
+        values = {}
+        for key, value in options.items():
+            if key not in fields:
+                raise ConfigError(
+                    f"technique {cls.name} has no option {key!r}; its options: {', '.join(fields) or 'none'}"
+                )
+            values[key] = converted(cls.name, key, value, type(fields[key].default))
+        return values
 
     @property
     def skips_nonfinite(self) -> bool:
@@ -127,6 +221,10 @@ class Technique:
     def loss_scale(self) -> float | None:
         """The dynamic loss scale now, if this technique scales the loss."""
         return None
+
+    def prepare_model(self, model: nn.Module) -> None:
+        """Once, on the network as built (every process, before a resumed run's architecture and the
+        optimizer): surgery that keeps every parameter and buffer."""
 
     def start(self, model: nn.Module, context: Context) -> None:
         """Before the first step."""
@@ -186,6 +284,10 @@ class Stack(Technique):
     @property
     def loss_scale(self) -> float | None:
         return next((m.loss_scale for m in self.members if m.loss_scale is not None), None)
+
+    def prepare_model(self, model: nn.Module) -> None:
+        for member in self.members:
+            member.prepare_model(model)
 
     def start(self, model: nn.Module, context: Context) -> None:
         for member in self.members:

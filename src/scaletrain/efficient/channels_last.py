@@ -36,7 +36,7 @@ Usable in any loop::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn.modules import module as module_hooks
 
 from scaletrain.efficient.base import Technique
+from scaletrain.efficient.settings import Setting
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -107,14 +108,38 @@ def memory_format_technique(memory_format: str, device_type: str = "cpu") -> Cha
     >>> memory_format_technique("contiguous") is None, memory_format_technique("channels_last").name
     (True, 'channels_last')
     """
-    return ChannelsLast() if resolved_memory_format(memory_format, device_type) == "channels_last" else None
+    return ChannelsLast.from_settings({"memory_format": memory_format}, device_type)
 
 
 @dataclass
 class ChannelsLast(Technique):
-    """``--memory-format channels_last`` as a technique; see the module's method card."""
+    """``--memory-format channels_last`` as a technique; see the module's method card. It keeps no state and
+    stays out of the checkpointed stack, so a run may resume in another layout."""
 
     name: ClassVar[str] = "channels_last"
+    checkpointed: ClassVar[bool] = False
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting(
+            "memory_format",
+            "the convolutions' activations while training: channels_last (NHWC: no reorders around oneDNN's "
+            "kernels), contiguous (NCHW) or auto (channels_last on a CPU, contiguous on a GPU)",
+            choices=MEMORY_FORMATS,
+        ),
+    )
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        resolved_memory_format(settings["memory_format"])
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> ChannelsLast | None:
+        return cls() if resolved_memory_format(settings["memory_format"], device_type) == "channels_last" else None
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        return {"memory_format": resolved_memory_format(settings["memory_format"], device_type)}
 
     def forward_context(self) -> contextlib.AbstractContextManager:
         return channels_last_activations()

@@ -11,8 +11,9 @@ used ghost batches of 128 with batches up to 4096 and closed most of the large-b
 together with their learning-rate and step-count rules. *Source*: the paper's Algorithm 1; the
 per-step running-statistics update follows the paper's use of the ghost batches' mean statistics.
 
-Use: ``--ghost-batch N`` on ``train`` and ``bench`` (every batch norm of any workload), or
-:func:`ghost_batch_norm` on a network in Python. In a split run each worker normalises its own share
+Use: ``--ghost-batch N`` on ``train`` and ``bench`` (every batch norm of any workload; the adapter
+:class:`GhostBatch` changes them once, when the network is built), or :func:`ghost_batch_norm` on a
+network in Python. In a split run each worker normalises its own share
 of the batch, so ghost batches never span workers. The state dict is unchanged (same parameters and
 buffers), so checkpoints and resumes do not depend on it.
 """
@@ -20,14 +21,26 @@ buffers), so checkpoints and resumes do not depend on it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaletrain.efficient.base import Technique
+from scaletrain.efficient.settings import Setting
 from scaletrain.errors import ConfigError
 
-__all__ = ["GhostBatchNorm1d", "GhostBatchNorm2d", "GhostBatchNorm3d", "ghost_batch_norm", "ghost_normalize"]
+__all__ = [
+    "GhostBatch",
+    "GhostBatchNorm1d",
+    "GhostBatchNorm2d",
+    "GhostBatchNorm3d",
+    "ghost_batch_norm",
+    "ghost_normalize",
+]
 
 
 def ghost_normalize(norm: nn.modules.batchnorm._BatchNorm, inputs: torch.Tensor, size: int) -> torch.Tensor:
@@ -105,3 +118,41 @@ def ghost_batch_norm(model: nn.Module, size: int) -> int:
     if not changed:
         raise ConfigError("--ghost-batch: this network has no batch norm; leave the flag out")
     return changed
+
+
+@dataclass
+class GhostBatch(Technique):
+    """``--ghost-batch N``: :func:`ghost_batch_norm` on the network as built, on every process. The batch
+    norms keep their parameters and buffers, so it keeps no state and stays out of the checkpointed stack."""
+
+    name: ClassVar[str] = "ghost_batch"
+    checkpointed: ClassVar[bool] = False
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting(
+            "ghost_batch",
+            "every batch norm normalises over ghost batches of N samples (Hoffer et al. 2017; per worker)",
+            type=int,
+            metavar="N",
+        ),
+    )
+
+    size: int = 0
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        size = settings["ghost_batch"]
+        if size is not None and (not isinstance(size, int) or size < 2):
+            raise ConfigError(f"ghost_batch must be a whole number ≥ 2 (a variance needs two samples), got {size!r}")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> GhostBatch | None:
+        return None if settings["ghost_batch"] is None else cls(size=settings["ghost_batch"])
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        return {"ghost_batch": settings["ghost_batch"]}
+
+    def prepare_model(self, model: nn.Module) -> None:
+        ghost_batch_norm(model, self.size)

@@ -25,6 +25,7 @@ network's at the start.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,12 +88,15 @@ class MorphNet(Technique):
     _costs: dict[str, float] = field(default_factory=dict, init=False, repr=False)
     _context: Context = field(default_factory=Context, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        if self.resource not in RESOURCES:
-            raise ConfigError(f"morphnet: resource must be one of {', '.join(RESOURCES)}, got {self.resource!r}")
-        if not self.target > 0 or not math.isfinite(self.target):
-            raise ConfigError(f"morphnet: target is a positive fraction of the starting network, got {self.target}")
-        if self.strength < 0 or self.threshold < 0 or self.every < 1 or self.rounds < 1:
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        if options["resource"] not in RESOURCES:
+            raise ConfigError(f"morphnet: resource must be one of {', '.join(RESOURCES)}, got {options['resource']!r}")
+        if not options["target"] > 0 or not math.isfinite(options["target"]):
+            raise ConfigError(
+                f"morphnet: target is a positive fraction of the starting network, got {options['target']}"
+            )
+        if options["strength"] < 0 or options["threshold"] < 0 or options["every"] < 1 or options["rounds"] < 1:
             raise ConfigError("morphnet: strength and threshold must be ≥ 0, every and rounds ≥ 1")
 
     def start(self, model: nn.Module, context: Context) -> None:

@@ -14,7 +14,9 @@ epoch, counted from 1; default 1), ``select`` (``first`` or ``norm``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -99,13 +101,14 @@ class Narrow(Technique):
     select: str = "first"
     name = "narrow"
 
-    def __post_init__(self) -> None:
-        if not self.layer:
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        if not options["layer"]:
             raise ConfigError("technique narrow needs -T layer=MODULE (a Linear or Conv layer's path)")
-        if not 0 < self.fraction < 1:
-            raise ConfigError(f"narrow: fraction must be between 0 and 1, got {self.fraction}")
-        if self.epoch < 1:
-            raise ConfigError(f"narrow: epoch counts from 1, got {self.epoch}")
+        if not 0 < options["fraction"] < 1:
+            raise ConfigError(f"narrow: fraction must be between 0 and 1, got {options['fraction']}")
+        if options["epoch"] < 1:
+            raise ConfigError(f"narrow: epoch counts from 1, got {options['epoch']}")
 
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         if end.epoch + 1 != self.epoch:

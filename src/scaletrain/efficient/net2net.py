@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import random
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ __all__ = [
     "deepen",
     "deeper_decision",
     "expansion_decision",
+    "parse_plan",
     "uniform_wider_decision",
     "widen",
     "wider_decision",
@@ -265,6 +267,35 @@ def _is_number(text: str) -> bool:
         return False
 
 
+def parse_plan(plan: str) -> dict[int, tuple[str, ...]]:
+    """``-T plan``: each epoch (counted from 1) and its change, ``("wider", LAYER, WIDTH)``, ``("deeper",
+    MODULE)`` or ``("wider-all", FACTOR)``.
+
+    >>> parse_plan("2:wider:features.0:40;3:deeper:features.1")
+    {2: ('wider', 'features.0', '40'), 3: ('deeper', 'features.1')}
+    """
+    if not plan:
+        raise ConfigError('technique net2net needs -T plan="EPOCH:wider:LAYER:WIDTH;EPOCH:deeper:MODULE"')
+    steps: dict[int, tuple[str, ...]] = {}
+    for entry in filter(None, (part.strip() for part in plan.split(";"))):
+        parts = tuple(entry.split(":"))
+        shapes = {"wider": 4, "deeper": 3, "wider-all": 3}
+        if len(parts) < 3 or parts[1] not in shapes or len(parts) != shapes[parts[1]] or not parts[0].isdigit():
+            raise ConfigError(
+                f"net2net: plan entry {entry!r} must be EPOCH:wider:LAYER:WIDTH, EPOCH:deeper:MODULE or "
+                "EPOCH:wider-all:FACTOR"
+            )
+        if parts[1] == "wider" and not parts[3].isdigit():
+            raise ConfigError(f"net2net: plan entry {entry!r}: WIDTH must be a whole number")
+        if parts[1] == "wider-all" and not _is_number(parts[2]):
+            raise ConfigError(f"net2net: plan entry {entry!r}: FACTOR must be a number above 1")
+        epoch = int(parts[0])
+        if epoch < 1 or epoch in steps:
+            raise ConfigError(f"net2net: plan entry {entry!r}: epochs count from 1, one change per epoch")
+        steps[epoch] = parts[1:]
+    return steps
+
+
 @dataclass
 class Net2Net(Technique):
     """The adapter: at the end of each planned epoch, the planned change."""
@@ -276,27 +307,15 @@ class Net2Net(Technique):
     _steps: dict[int, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
     _example_inputs: Any = field(default=None, init=False, repr=False)
 
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        parse_plan(options["plan"])
+        if options["noise"] < 0:
+            raise ConfigError(f"net2net: noise must be ≥ 0, got {options['noise']}")
+
     def __post_init__(self) -> None:
-        if not self.plan:
-            raise ConfigError('technique net2net needs -T plan="EPOCH:wider:LAYER:WIDTH;EPOCH:deeper:MODULE"')
-        for entry in filter(None, (part.strip() for part in self.plan.split(";"))):
-            parts = tuple(entry.split(":"))
-            shapes = {"wider": 4, "deeper": 3, "wider-all": 3}
-            if len(parts) < 3 or parts[1] not in shapes or len(parts) != shapes[parts[1]] or not parts[0].isdigit():
-                raise ConfigError(
-                    f"net2net: plan entry {entry!r} must be EPOCH:wider:LAYER:WIDTH, EPOCH:deeper:MODULE or "
-                    "EPOCH:wider-all:FACTOR"
-                )
-            if parts[1] == "wider" and not parts[3].isdigit():
-                raise ConfigError(f"net2net: plan entry {entry!r}: WIDTH must be a whole number")
-            if parts[1] == "wider-all" and not _is_number(parts[2]):
-                raise ConfigError(f"net2net: plan entry {entry!r}: FACTOR must be a number above 1")
-            epoch = int(parts[0])
-            if epoch < 1 or epoch in self._steps:
-                raise ConfigError(f"net2net: plan entry {entry!r}: epochs count from 1, one change per epoch")
-            self._steps[epoch] = parts[1:]
-        if self.noise < 0:
-            raise ConfigError(f"net2net: noise must be ≥ 0, got {self.noise}")
+        super().__post_init__()
+        self._steps = parse_plan(self.plan)
 
     def start(self, model: nn.Module, context: Context) -> None:
         """Check the plan's modules before training: those named up to the first insertion (later paths

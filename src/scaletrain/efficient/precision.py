@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -35,23 +36,15 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Technique
+from scaletrain.efficient.settings import Setting
 from scaletrain.errors import ConfigError
 from scaletrain.tensors.flat import finite
 
-__all__ = ["DTYPES", "LossScale", "Precision", "parse_loss_scale", "poison_if_overflowed", "precision_technique"]
+__all__ = ["DTYPES", "LossScale", "Precision", "parse_loss_scale", "poison_if_overflowed"]
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 #: ``torch.amp.GradScaler``'s defaults.
 INITIAL_SCALE, GROWTH_INTERVAL = 2.0**16, 2000
-
-
-def precision_technique(config: Any, device_type: str = "cpu") -> Precision | None:
-    """The :class:`Precision` a run's ``precision`` and ``loss_scale`` ask for on a device of
-    ``device_type`` (``cpu``, ``cuda``); ``None`` for plain float32."""
-    scale = parse_loss_scale(config.loss_scale, config.precision)
-    if config.precision == "fp32" and scale is None:
-        return None
-    return Precision(precision=config.precision, initial_scale=scale, device_type=device_type)
 
 
 def parse_loss_scale(value: str | float | None, precision: str) -> float | None:
@@ -120,6 +113,19 @@ class Precision(Technique):
     """``--precision`` and ``--loss-scale`` as a technique; see the module's method card."""
 
     name: ClassVar[str] = "precision"
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting(
+            "precision",
+            "the forward pass's type under autocast; weights stay float32 (fp16: CUDA only)",
+            choices=tuple(sorted(DTYPES)),
+        ),
+        Setting(
+            "loss_scale",
+            "dynamic loss scaling, starting at SCALE (dynamic: 65536); overflowed steps are skipped on every "
+            "process (default: dynamic for fp16, else off)",
+            metavar="off|dynamic|SCALE",
+        ),
+    )
 
     precision: str = "fp32"
     initial_scale: float | None = None  # the dynamic loss scale to start from; None: no scaling
@@ -128,15 +134,42 @@ class Precision(Technique):
     scale: LossScale | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if self.precision not in DTYPES:
-            raise ConfigError(f"--precision must be one of {', '.join(DTYPES)}, got {self.precision!r}")
-        if self.precision == "fp16" and self.device_type != "cuda":
-            raise ConfigError(
-                "--precision fp16 runs on CUDA devices only (float16 autocast on a CPU is slow and not supported "
-                "here); on a CPU use --precision bf16"
-            )
+        _refuse_unless_runs(self.precision, self.device_type)
         if self.initial_scale is not None:
             self.scale = LossScale(self.initial_scale, self.growth_interval)
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        """``--loss-scale``, then ``--precision``: fp16 only where the workers' device can be a GPU."""
+        parse_loss_scale(settings["loss_scale"], settings["precision"])
+        device = settings.get("device", "auto")
+        on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        _refuse_unless_runs(settings["precision"], "cpu" if on_cpu else "cuda")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> Precision | None:
+        """What ``precision`` and ``loss_scale`` ask for; ``None`` for plain float32.
+
+        >>> Precision.from_settings({"precision": "bf16", "loss_scale": None}).precision
+        'bf16'
+        """
+        scale = parse_loss_scale(settings["loss_scale"], settings["precision"])
+        if settings["precision"] == "fp32" and scale is None:
+            return None
+        return cls(precision=settings["precision"], initial_scale=scale, device_type=device_type)
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        return {"precision": settings["precision"]}
+
+    @classmethod
+    def label(cls, settings: Mapping[str, Any]) -> str:
+        """``bf16, no loss scaling``: the settings a checkpoint must be resumed with (they decide whether
+        this technique is stacked, and so how the stack's saved state is laid out)."""
+        scaling = parse_loss_scale(settings["loss_scale"], settings["precision"]) is not None
+        return f"{settings['precision']}, {'dynamic loss scaling' if scaling else 'no loss scaling'}"
 
     @property
     def skips_nonfinite(self) -> bool:
@@ -174,3 +207,13 @@ class Precision(Technique):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scale is not None and state:
             self.scale.value, self.scale.clean, self.scale.skipped = state["scale"], state["clean"], state["skipped"]
+
+
+def _refuse_unless_runs(precision: str, device_type: str) -> None:
+    if precision not in DTYPES:
+        raise ConfigError(f"--precision must be one of {', '.join(DTYPES)}, got {precision!r}")
+    if precision == "fp16" and device_type != "cuda":
+        raise ConfigError(
+            "--precision fp16 runs on CUDA devices only (float16 autocast on a CPU is slow and not supported "
+            "here); on a CPU use --precision bf16"
+        )

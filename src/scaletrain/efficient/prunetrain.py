@@ -41,8 +41,9 @@ Options: ``--technique prunetrain --lasso-ratio 0.2 --prune-threshold 1e-4 --rec
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,6 +52,7 @@ from scaletrain.efficient.base import Context, EpochEnd, Reconfiguration, Techni
 from scaletrain.efficient.channels import channel_groups, dead_channel_pruning
 from scaletrain.efficient.cost import layers_run, traced_forward
 from scaletrain.efficient.net2net import applied, composed, expansion_decision
+from scaletrain.efficient.settings import option
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -173,20 +175,14 @@ def lasso_weight(ratio: float, loss: float, lasso: float) -> float:
 class PruneTrain(Technique):
     """The adapter: adds λ·GL to every step's loss and prunes every ``every`` epochs."""
 
-    ratio: float = 0.2
-    threshold: float = 1e-4
-    every: int = 10
+    ratio: float = option(0.2, flag="lasso_ratio", help="the lasso penalty ratio r, between 0 and 1")
+    threshold: float = option(1e-4, flag="prune_threshold", help="channels whose weights are all below it go")
+    every: int = option(10, flag="reconfigure_every", help="prune every N epochs")
     step: str = "proximal"
     batchnorm: str = "on"
     rewiden: int = 0  # after this epoch (counted from 1): prune, then widen back to rewiden_to × the start
     rewiden_to: float = 1.0
     name = "prunetrain"
-    #: command-line flags (``--lasso-ratio``) and API settings (``lasso_ratio=``) for the options
-    flags: ClassVar[dict[str, str]] = {
-        "lasso_ratio": "ratio",
-        "prune_threshold": "threshold",
-        "reconfigure_every": "every",
-    }
     weight: float | None = field(default=None, init=False)  # λ, once set
     initial_parameters: int | None = field(default=None, init=False)
     _groups: dict[str, tuple[bool, bool]] = field(default_factory=dict, init=False, repr=False)
@@ -194,18 +190,19 @@ class PruneTrain(Technique):
     _initial_lasso: float = field(default=0.0, init=False, repr=False)  # R before the first step
     _norms: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # layer → its batch norm
 
-    def __post_init__(self) -> None:
-        if not 0 < self.ratio < 1:
-            raise ConfigError(f"prunetrain: the lasso penalty ratio must be between 0 and 1, got {self.ratio}")
-        if self.threshold < 0:
-            raise ConfigError(f"prunetrain: the prune threshold must be ≥ 0, got {self.threshold}")
-        if self.every < 1:
-            raise ConfigError(f"prunetrain: reconfigure every N epochs needs N ≥ 1, got {self.every}")
-        if self.batchnorm not in ("on", "off"):
-            raise ConfigError(f"prunetrain: batchnorm must be on or off, got {self.batchnorm!r}")
-        if self.step not in STEPS:
-            raise ConfigError(f"prunetrain: step must be one of {', '.join(STEPS)}, got {self.step!r}")
-        if self.rewiden < 0 or not self.rewiden_to > 0:
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        if not 0 < options["ratio"] < 1:
+            raise ConfigError(f"prunetrain: the lasso penalty ratio must be between 0 and 1, got {options['ratio']}")
+        if options["threshold"] < 0:
+            raise ConfigError(f"prunetrain: the prune threshold must be ≥ 0, got {options['threshold']}")
+        if options["every"] < 1:
+            raise ConfigError(f"prunetrain: reconfigure every N epochs needs N ≥ 1, got {options['every']}")
+        if options["batchnorm"] not in ("on", "off"):
+            raise ConfigError(f"prunetrain: batchnorm must be on or off, got {options['batchnorm']!r}")
+        if options["step"] not in STEPS:
+            raise ConfigError(f"prunetrain: step must be one of {', '.join(STEPS)}, got {options['step']!r}")
+        if options["rewiden"] < 0 or not options["rewiden_to"] > 0:
             raise ConfigError("prunetrain: rewiden is an epoch (≥ 1; 0: never) and rewiden_to a positive fraction")
 
     def start(self, model: nn.Module, context: Context) -> None:

@@ -14,7 +14,9 @@ Options (``--technique rebatch -T batch_size=64 -T epoch=1 -T scaling=linear``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -46,13 +48,14 @@ class Rebatch(Technique):
     scaling: str = "linear"
     name = "rebatch"
 
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> None:
+        if options["batch_size"] < 1:
             raise ConfigError("technique rebatch needs -T batch_size=N (the new --batch-size, ≥ 1)")
-        if self.epoch < 1:
-            raise ConfigError(f"rebatch: epoch counts from 1, got {self.epoch}")
-        if self.scaling not in SCALINGS:
-            raise ConfigError(f"rebatch: scaling must be one of {', '.join(SCALINGS)}, got {self.scaling!r}")
+        if options["epoch"] < 1:
+            raise ConfigError(f"rebatch: epoch counts from 1, got {options['epoch']}")
+        if options["scaling"] not in SCALINGS:
+            raise ConfigError(f"rebatch: scaling must be one of {', '.join(SCALINGS)}, got {options['scaling']!r}")
 
     def epoch_end(self, end: EpochEnd, model: nn.Module) -> Reconfiguration | None:
         if end.epoch + 1 != self.epoch:

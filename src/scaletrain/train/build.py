@@ -7,11 +7,7 @@ import time
 import torch
 
 from scaletrain.config import TrainConfig
-from scaletrain.efficient import create_technique, stacked
-from scaletrain.efficient.adaptive_batch import adapt_batch_technique
-from scaletrain.efficient.channels_last import memory_format_technique
-from scaletrain.efficient.ghost import ghost_batch_norm
-from scaletrain.efficient.precision import precision_technique
+from scaletrain.efficient import techniques_for
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.train.checkpoint import (
     CHECKPOINT_NAME,
@@ -67,13 +63,14 @@ def prepare(
 
     torch.manual_seed(config.seed)
     model = workload.build_model()
-    if config.ghost_batch is not None:
-        ghost_batch_norm(model, config.ghost_batch)
+    # the --technique choice and what the run's own settings turn on, once, as their classes declare; those
+    # that keep no state (the activations' layout, ghost batches) apart from the checkpointed stack
+    technique, layout = techniques_for(vars(config), workers_device.type)
+    for stack in (technique, layout):
+        if stack is not None:
+            stack.prepare_model(model)  # ghost batch norm: before the architecture of a resume, the optimizer
     model.train()
     initial_parameters = count_parameters(model)
-    chosen = create_technique(config.technique, config.technique_options) if config.technique else None
-    adapt = adapt_batch_technique(config)
-    technique = stacked(chosen, adapt, precision_technique(config, workers_device.type))  # last: its scale covers all
     position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
     checkpoint = None
     if config.resume:
@@ -112,6 +109,6 @@ def prepare(
         global_batch_factor,
         initial_parameters,
         device,
-        memory_format_technique(config.memory_format, device.type),
+        layout,
         label_of(config.strategy, config.server, config.sync, config.workers),
     )

@@ -195,10 +195,9 @@ def check_compatible(
 
 def _precision_label(config: TrainConfig) -> str:
     """``bf16, no loss scaling`` — the precision settings a checkpoint must be resumed with."""
-    from scaletrain.efficient.precision import parse_loss_scale
+    from scaletrain.efficient.precision import Precision
 
-    scaling = parse_loss_scale(config.loss_scale, config.precision) is not None
-    return f"{config.precision}, {'dynamic loss scaling' if scaling else 'no loss scaling'}"
+    return Precision.label(vars(config))
 
 
 def _saved_strategy(checkpoint: dict[str, Any], expected: str, label_of: StrategyLabel) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from scaletrain.efficient import Context, EpochEnd, Reconfiguration, stacked
+from scaletrain.efficient import EpochEnd, Reconfiguration, stacked
 from scaletrain.errors import ScaletrainError
 from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload
@@ -74,13 +74,11 @@ class Trainer:
         self.role.exchange.start(self.model, self.optimizer)
         if self.technique is not None:
             plan = self.role.plan
-            context = Context(
-                example_inputs=self._example_inputs,
+            context = self.prepared.technique_context(
                 mean=self.role.agreement.mean,
-                momentum=self.config.momentum,
+                epoch=lambda: self.position.epoch,
                 step_peak=self._step_peak,
                 batch_share=plan.global_batch_factor / plan.part.count,
-                epoch=lambda: self.position.epoch,
             )
             self.technique.start(self.model, context)
             if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:

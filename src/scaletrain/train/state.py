@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from scaletrain.config import TrainConfig
-from scaletrain.efficient import Reconfiguration, Technique
+from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.efficient.surgery import Architecture
 from scaletrain.errors import ConfigError
+from scaletrain.tensors.device import to_device
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings
@@ -109,8 +110,9 @@ class Prepared:
     global_batch_factor: int = 1
     initial_parameters: int = 0  # of the workload's own network, before any reconfiguration
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    #: ``--memory-format``: entered around each forward pass with the technique's context. Kept out of
-    #: the technique stack, whose checkpointed state must not depend on the layout a run resumes with.
+    #: The techniques that keep no state (``--memory-format``, ``--ghost-batch``; ``Technique.checkpointed``
+    #: False): entered around each forward pass before the technique's context (autocast). Kept out of the
+    #: technique stack, whose checkpointed state must not depend on the layout a run resumes with.
     layout: Technique | None = None
     #: ``allreduce-join, 2 workers``: the strategy as checkpoints and the bench name it.
     strategy_label: str = ""
@@ -128,6 +130,28 @@ class Prepared:
     def batch_size(self) -> int:
         """``--batch-size`` now (a reconfiguration may have changed it)."""
         return self.schedule.current.batch_size
+
+    def technique_context(
+        self,
+        *,
+        mean: Callable[[str, float, float], float],
+        epoch: Callable[[], int],
+        computes_loss: bool = True,
+        step_peak: Callable[[nn.Module, int], int | None] | None = None,
+        batch_share: float = 1.0,
+    ) -> Context:
+        """What this process offers its technique at :meth:`~scaletrain.efficient.Technique.start`, the same for
+        a worker and a parameter server (which computes no loss and measures no step)."""
+        measured = {} if step_peak is None else {"step_peak": step_peak}
+        return Context(
+            example_inputs=lambda: to_device(self.workload.example_inputs(self.data), self.device),
+            mean=mean,
+            computes_loss=computes_loss,
+            momentum=self.config.momentum,
+            batch_share=batch_share,
+            epoch=epoch,
+            **measured,
+        )
 
 
 def learning_rate(config: TrainConfig, epoch: int) -> float:

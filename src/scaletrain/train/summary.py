@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from scaletrain.efficient.adaptive_batch import batch_searches
-from scaletrain.efficient.channels_last import resolved_memory_format
+from scaletrain.efficient import summary_fields
 from scaletrain.train.logs import METRICS_NAME, write_json
 from scaletrain.train.pictures import PRUNING_PICTURE, plot_reconfigurations
 from scaletrain.workloads.base import count_parameters
@@ -137,16 +136,13 @@ def write_summary(
         "batch_size": config.batch_size,
         # a reconfiguration changed the batch: each stretch of epochs (throughput counts batches of each)
         "batch_schedule": prepared.schedule.to_list() if len(prepared.schedule.segments) > 1 else None,
-        "batch_searches": batch_searches(prepared.technique),  # --batch-budget: each search and its probes
         "lr": config.lr,
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
         "device": str(prepared.device),
-        "precision": config.precision,
-        "memory_format": resolved_memory_format(config.memory_format, prepared.device.type),
-        "ghost_batch": config.ghost_batch,
-        "batch_budget": config.batch_budget,
+        # precision, memory_format, ghost_batch, batch_budget and batch_searches: each technique's own account
+        **summary_fields(vars(config), prepared.device.type, prepared.technique, prepared.layout),
         "wire": config.wire,
         "error_feedback": config.error_feedback,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.efficient import Context, Reconfiguration, Technique
+from scaletrain.efficient import Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement, load_buffers
 from scaletrain.parallel.ps.exchange import PSExchange
 from scaletrain.parallel.ps.protocol import FINAL_SHARD, pair_groups
@@ -113,12 +113,10 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
     observer = ServerObserver(prepared, setup.agreement(0))
     peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
     if prepared.technique is not None:  # it changes the weights after each update here, where they are made
-        context = Context(
-            example_inputs=lambda: prepared.workload.example_inputs(prepared.data),
+        context = prepared.technique_context(
             mean=setup.agreement(0).mean,
-            computes_loss=False,
-            momentum=prepared.config.momentum,
             epoch=lambda: prepared.schedule.position(observer.version).epoch,
+            computes_loss=False,
         )
         prepared.technique.start(prepared.model, context)
     try:
