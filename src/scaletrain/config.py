@@ -59,9 +59,9 @@ class TrainConfig:
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
-    techniques below are turned on by fields of their own; each field is declared once more, with its
-    flag, help and checks, by its technique's class in :data:`scaletrain.efficient.STANDING`, which
-    validates it here, builds it and reports it in ``summary.json``.
+    techniques below are turned on by fields of their own; their classes
+    (:data:`scaletrain.efficient.STANDING`) declare these fields with flag and help, check them here
+    (building nothing), build themselves from them and report them in ``summary.json``.
 
     Precision (:mod:`scaletrain.efficient.precision`): ``precision`` (``fp32``, ``bf16``, ``fp16``)
     is the forward pass's type under autocast, master weights staying float32; ``loss_scale``

@@ -14,16 +14,15 @@ from scaletrain.config import TrainConfig
 from scaletrain.efficient import STANDING, TECHNIQUES, all_settings, summary_fields, techniques_for
 from scaletrain.errors import ConfigError
 
-COMMANDS = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
-
 
 def test_each_standing_setting_is_a_config_field_and_every_setting_a_flag_of_train_and_bench() -> None:
     config = {f.name for f in fields(TrainConfig) if f.default is not MISSING}
     standing = [setting.name for kind in STANDING.values() for setting in kind.settings]
     assert set(standing) <= config
     assert {"precision", "loss_scale", "memory_format", "ghost_batch", "batch_budget"} <= set(standing)
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     for command in ("train", "bench"):
-        flags = {action.dest: action.option_strings for action in COMMANDS.choices[command]._actions}
+        flags = {action.dest: action.option_strings for action in commands.choices[command]._actions}
         for name, (_, setting) in all_settings().items():
             assert flags[name] == [setting.flag], (command, name)
 

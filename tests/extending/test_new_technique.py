@@ -7,6 +7,7 @@ and end where weight decay ends and away from plain training."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,6 @@ import torch
 
 import scaletrain
 from scaletrain.efficient import TECHNIQUES
-from tests.extending import made_up_technique
 from tests.helpers import model_weights, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,10 @@ RUN = {"steps": 8, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "seed": 1, "pr
 
 @pytest.fixture(autouse=True)
 def registered() -> Iterator[None]:
-    """This process imported the module (one line registers it); other tests see the registry without it."""
-    TECHNIQUES["l2"] = made_up_technique.L2Penalty
+    """This process imports the module too (its last line registers the technique), here rather than at
+    collection, and the other tests see the registry without it."""
+    module = importlib.import_module("tests.extending.made_up_technique")
+    TECHNIQUES["l2"] = module.L2Penalty  # again after an earlier test took it out (the module is imported once)
     yield
     del TECHNIQUES["l2"]
 
