@@ -172,6 +172,12 @@ class PSExchange(GradientExchange):
                 f"the server at rank {owner} refused worker rank {self.rank}'s tensors of layout "
                 f"{self._layouts[owner]}: every process must build the same network"
             )
+        if version < 0:  # the same network, but a payload the server's codec does not expect
+            raise LayoutMismatch(
+                f"the server at rank {owner} refused worker rank {self.rank}'s gradient of "
+                f"{self.codec.payload_bytes(self._layouts[owner])} bytes as wire codec {self.codec.name!r}: every "
+                "process must use the same wire codec"
+            )
         self._skipped = self._skipped or bool(skipped)
         self._take_weights(owner, body)
         self.versions[owner] = version
@@ -189,16 +195,18 @@ class PSExchange(GradientExchange):
         host_copy = self._pack_gradients()
         remote = [owner for owner in self.owners if owner != self.rank]
         replies = {owner: self._post_reply(owner) for owner in remote}
+        sent = 0
         for owner in remote:
             waited += self._await_grant(owner)
-            wire = self.codec.encode_gradient(self._gradients[owner], stream=owner)
-            self._request(owner, GRADIENT, self.versions[owner], wire)
+            payload, _ = self.codec.compress(self._gradients[owner], self._layouts[owner], stream=owner)
+            self._request(owner, GRADIENT, self.versions[owner], payload)
+            sent += sum(part.nbytes for part in payload)
         if self.rank in self._owned:
             arrive = now()
             own = self._gradients[self.rank]
-            wire = self.codec.encode_gradient(own, stream=self.rank)
-            if wire.data_ptr() != own.data_ptr():  # rounded as the other owners receive theirs
-                self.codec.unpack(wire, own)
+            # as the other owners receive theirs: compressed and back (nothing at all for float32)
+            payload, context = self.codec.compress(own, self._layouts[self.rank], stream=self.rank)
+            self.codec.decompress(payload, context, out=own)
             version, weights, skipped = self.local_server.contribute(own, self.versions[self.rank])
             self.codec.unpack(self.codec.encode(weights), self._weights[self.rank])  # as the others get theirs
             self.versions[self.rank] = version
@@ -208,15 +216,24 @@ class PSExchange(GradientExchange):
             waited += self._receive_reply(owner, *replies[owner])
         host_copy += self._weights_to_device()
         return ExchangeTimes(
-            communication=now() - begin - waited - host_copy, wait=waited, skipped=self._skipped, host_copy=host_copy
+            communication=now() - begin - waited - host_copy,
+            wait=waited,
+            skipped=self._skipped,
+            host_copy=host_copy,
+            sent_bytes=sent,
         )
 
-    def _request(self, owner: int, kind: int, version: int, body: torch.Tensor | None = None) -> None:
-        """Send ``owner`` a request: its header, then ``body`` (a one-value stand-in when there is none)."""
+    def _request(self, owner: int, kind: int, version: int, payload: list[torch.Tensor] | None = None) -> None:
+        """Send ``owner`` a request: its header, then ``payload`` (a one-value stand-in per payload tensor
+        when there is none, as the owner has posted a receive for each)."""
         layout = self._layouts[owner]
-        header = torch.tensor([kind, version, self.batches_done, layout.layout_id, layout.numel], dtype=torch.int64)
-        body = self.codec.buffer(1) if body is None else body
-        send_message(header, body, owner, self.groups[owner], REQUEST)
+        size = 0 if payload is None else sum(part.nbytes for part in payload)
+        header = torch.tensor(
+            [kind, version, self.batches_done, layout.layout_id, layout.numel, size], dtype=torch.int64
+        )
+        if payload is None:
+            payload = [torch.zeros(1, dtype=dtype) for _, dtype in self.codec.payload_spec(layout)]
+        send_message(header, payload, owner, self.groups[owner], REQUEST)
 
     def _await_grant(self, owner: int) -> float:
         if not self.exclusive:

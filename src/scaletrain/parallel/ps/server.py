@@ -158,7 +158,8 @@ class ShardServer:
         group = self.peers[peer]
         header = torch.zeros(REQUEST_FIELDS, dtype=torch.int64)
         gradient = torch.zeros_like(self._flat)
-        wire = self.codec.receive_buffer(gradient)
+        payload = self.codec.payload_buffers(self.layout, gradient)  # the gradient itself for float32
+        expected = self.codec.payload_bytes(self.layout)
         gradient_views = views_of(gradient, self.master)
         try:
             self._reply(peer, group, self.version, self.weights())
@@ -166,15 +167,18 @@ class ShardServer:
                 with _held(self._receiving):
                     if self._receiving is not None:
                         dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
-                    body = receive_header(header, wire, peer, group, REQUEST)
-                    kind, version, batches_done, layout_id, numel = (int(v) for v in header)
+                    body = receive_header(header, payload, peer, group, REQUEST)
+                    kind, version, batches_done, layout_id, numel, size = (int(v) for v in header)
                     theirs = TensorLayout(layout_id, numel)
                     if theirs != self.layout:  # only a network that differed at the first reply: a stand-in body
-                        self._refuse(peer, group, theirs)
+                        self._refuse(peer, group, self._other_network(peer, theirs))
+                        return
+                    if kind == GRADIENT and size != expected:  # another codec: its payload would be mis-read
+                        self._refuse(peer, group, self._other_codec(peer, size, expected))
                         return
                     body.wait()
                     if kind == GRADIENT:
-                        self.codec.unpack(wire, gradient)
+                        self.codec.decompress(payload, self.layout, out=gradient)
                 with self._condition:
                     self.stats.batches_done[peer] = batches_done
                 if kind == DONE:
@@ -193,12 +197,21 @@ class ShardServer:
                     self._failure = (peer, reason)
                 self._condition.notify_all()
 
-    def _refuse(self, peer: int, group: dist.ProcessGroup, theirs: TensorLayout) -> None:
-        """A worker whose network differs: tell it this server's layout (it stops with both named), and stop."""
-        message = (
+    def _other_network(self, peer: int, theirs: TensorLayout) -> str:
+        return (
             f"worker rank {peer} sent tensors of layout {theirs} but its server holds layout {self.layout}; "
             "every process must build the same network (same workload, options and reconfigurations)"
         )
+
+    def _other_codec(self, peer: int, size: int, expected: int) -> str:
+        return (
+            f"worker rank {peer} sent a gradient payload of {size} bytes for layout {self.layout} but its server's "
+            f"wire codec {self.codec.name!r} expects {expected}; every process must use the same wire codec"
+        )
+
+    def _refuse(self, peer: int, group: dist.ProcessGroup, message: str) -> None:
+        """A worker whose network or codec differs: tell it this server's layout and version -1 (it stops
+        naming both), and stop."""
         with self._condition:
             self._mismatch = self._mismatch or message
             self._failure = self._failure or (peer, message)
