@@ -6,13 +6,17 @@ servers: the message shrinks to what the codec promises and training still works
 from __future__ import annotations
 
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import scaletrain
-from scaletrain.tensors.codec import CODECS, TensorLayout
+from scaletrain.tensors.codec import CODECS, TensorLayout, WireMismatch
 from tests.extending.made_up_codec import TopK
 from tests.helpers import REPO, make_fashion_mnist, run_cli
 
@@ -46,6 +50,20 @@ def test_one_registry_line_makes_a_codec_whose_payload_is_an_eighth_of_float32()
     kept = sent != 0
     assert int(kept.sum()) == 63 and torch.equal(sent[kept], gradient[kept])
     assert gradient[~kept].abs().max() <= gradient[kept].abs().min()  # the largest ones travel
+
+
+def test_a_payload_of_several_tensors_travels_as_one_message_and_must_be_what_the_codec_promised() -> None:
+    gradient = torch.randn(100)
+    layout = TensorLayout.of([gradient])
+    codec = TopK()
+    payload, _ = codec.compress(gradient, layout)
+    body = codec.to_message(payload, layout)
+    assert body.dtype == torch.uint8 and body.nbytes == codec.payload_bytes(layout) == 8 * 7
+    received = codec.message_buffer(layout, torch.zeros(100))
+    received.copy_(body)
+    assert all(torch.equal(a, b) for a, b in zip(codec.from_message(received, layout), payload, strict=True))
+    with pytest.raises(WireMismatch, match="compressed into"):
+        codec.to_message([payload[0], payload[1].long()], layout)
 
 
 def test_error_feedback_sends_what_was_left_out_later() -> None:
@@ -97,3 +115,68 @@ def test_a_size_changing_codec_trains_two_workers_and_sends_an_eighth_of_the_byt
         assert len({w["weights_digest"] for w in workers}) == 1
     assert topk["test_accuracy"] >= fp32["test_accuracy"] - 0.1
     assert topk["per_worker"][0]["weights_digest"] != fp32["per_worker"][0]["weights_digest"]
+
+
+REFUSAL_JOB = """
+import datetime, os, sys
+import torch, torch.distributed as dist
+from torch import nn
+from scaletrain.errors import ScaletrainError
+from scaletrain.parallel.ps.exchange import PSExchange
+from scaletrain.parallel.ps.protocol import pair_groups
+from scaletrain.parallel.ps.server import ShardServer
+from scaletrain.tensors.codec import WireCodec
+from tests.extending.made_up_codec import TopK
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+timeout = datetime.timedelta(seconds=30)
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timeout)
+group = pair_groups(2, [(0, 1)], timeout=30)[(0, 1)]
+model = nn.Linear(4, 2)
+try:
+    if rank == 0:  # the owner: the float32 wire
+        master = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
+        server = ShardServer(master=master, optimizer=torch.optim.SGD(master, lr=0.1), peers={1: group},
+                             contributors=1, synchronous=True, timeout=30, codec=WireCodec())
+        server.start()
+        server.join(60)
+    else:  # the worker: top-k
+        exchange = PSExchange(rank=1, plan=lambda parameters: [0] * len(parameters), groups={0: group}, codec=TopK())
+        exchange.start(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    print("no error")
+except ScaletrainError as exc:
+    print(f"{type(exc).__name__}: {exc}")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.multiprocess
+def test_a_worker_and_a_server_of_different_codecs_stop_naming_both_before_a_gradient_travels(tmp_path: Path) -> None:
+    """Every request and reply header carries the bytes of a gradient message of its sender's codec: a
+    top-k worker (8 bytes for the 10 values of a Linear(4, 2)) and a float32 owner (40 bytes) both stop
+    at the first reply with both sizes named, instead of mis-reading a payload or hanging."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", REFUSAL_JOB, str(rank), str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    server, worker = (process.communicate(timeout=120) for process in processes)
+    assert server[0].strip() == (
+        "WireMismatch: worker rank 1 encodes a gradient of layout #2020ff89 (10 elements) in 8 bytes but its "
+        "server's wire codec 'fp32' in 40; every process must use the same wire codec"
+    ), server
+    assert worker[0].strip() == (
+        "WireMismatch: worker rank 1's wire codec 'topk' encodes a gradient of layout #2020ff89 (10 elements) in 8 "
+        "bytes but the server at rank 0's in 40; every process must use the same wire codec"
+    ), worker

@@ -24,11 +24,24 @@ import torch.distributed as dist
 
 from scaletrain.errors import ScaletrainError
 
-__all__ = ["CODECS", "BFloat16Codec", "Float16Codec", "LayoutMismatch", "TensorLayout", "WireCodec", "wire_codec"]
+__all__ = [
+    "CODECS",
+    "BFloat16Codec",
+    "Float16Codec",
+    "LayoutMismatch",
+    "TensorLayout",
+    "WireCodec",
+    "WireMismatch",
+    "wire_codec",
+]
 
 
 class LayoutMismatch(ScaletrainError):
     """Two processes hold networks of different shapes."""
+
+
+class WireMismatch(ScaletrainError):
+    """Two processes encode gradients differently (another wire codec, or another version of one)."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +89,9 @@ class WireCodec:
       owner of a parameter server has nothing else);
     - :meth:`decompress` ``(payload, context, out=None) -> flat``: the float32 gradient again;
     - :meth:`payload_spec` ``(layout)``: the element count and type of each payload tensor, which
-      ``compress`` must match (a parameter server receives into buffers of that size; the header of a
-      gradient message carries the payload's bytes, which the server checks);
+      ``compress`` must match (a parameter server's gradient message is the payload's tensors back to
+      back, :meth:`to_message` and :meth:`from_message`, received into a buffer of that size; its
+      header carries the bytes, which the owner checks);
     - :meth:`allreduce` ``(flat, layout, group=..., stream=...) -> sum``: the sum over the group's
       processes, by whatever collectives the codec needs (here: compress, ``all_reduce`` each payload
       tensor, decompress — right for a payload whose sum is the compressed sum);
@@ -153,15 +167,42 @@ class WireCodec:
     # -- helpers every codec may use -----------------------------------------------------------------
     def payload_bytes(self, layout: TensorLayout) -> int:
         """Bytes of one gradient message of ``layout`` as it travels."""
-        return sum(count * dtype.itemsize for count, dtype in self.payload_spec(layout))
+        return _offsets(self.payload_spec(layout))[-1]
 
-    def payload_buffers(self, layout: TensorLayout, out: torch.Tensor) -> list[torch.Tensor]:
-        """Where to receive a payload that decompresses into ``out`` (``out`` itself when the payload is
+    def to_message(self, payload: list[torch.Tensor], layout: TensorLayout) -> torch.Tensor:
+        """A payload as one message body: the tensor itself when there is one, else its tensors' bytes
+        back to back (each at a multiple of its element size); refused unless it is what
+        :meth:`payload_spec` says."""
+        spec = self.payload_spec(layout)
+        if [(part.numel(), part.dtype) for part in payload] != spec:
+            got = [(part.numel(), part.dtype) for part in payload]
+            raise WireMismatch(f"wire codec {self.name!r} compressed into {got} but its payload_spec says {spec}")
+        if len(payload) == 1:
+            return payload[0].reshape(-1)
+        offsets = _offsets(spec)
+        body = torch.zeros(offsets[-1], dtype=torch.uint8)
+        for part, start in zip(payload, offsets, strict=False):
+            body[start : start + part.nbytes] = part.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return body
+
+    def message_buffer(self, layout: TensorLayout, out: torch.Tensor) -> torch.Tensor:
+        """Where to receive a message that decompresses into ``out`` (``out`` itself when the payload is
         one tensor of its size and type: nothing to copy)."""
         spec = self.payload_spec(layout)
-        if spec == [(out.numel(), out.dtype)]:
-            return [out]
-        return [torch.zeros(count, dtype=dtype) for count, dtype in spec]
+        if len(spec) > 1:
+            return torch.zeros(self.payload_bytes(layout), dtype=torch.uint8)
+        ((count, dtype),) = spec
+        return out if (count, dtype) == (out.numel(), out.dtype) else torch.zeros(count, dtype=dtype)
+
+    def from_message(self, body: torch.Tensor, layout: TensorLayout) -> list[torch.Tensor]:
+        """The payload a message body holds (views of it)."""
+        spec = self.payload_spec(layout)
+        if len(spec) == 1:
+            return [body]
+        return [
+            body[start : start + count * dtype.itemsize].view(dtype)
+            for (count, dtype), start in zip(spec, _offsets(spec), strict=False)
+        ]
 
     def corrected(self, flat: torch.Tensor, stream: object) -> torch.Tensor:
         """``flat`` plus what ``stream``'s last message lost (a new tensor); call :meth:`carry` after."""
@@ -234,6 +275,21 @@ class Float16Codec(WireCodec):
 
     name = "fp16"
     dtype = torch.float16
+
+
+def _offsets(spec: list[tuple[int, torch.dtype]]) -> list[int]:
+    """Where each payload tensor starts in a message body, and its end (a tensor starts at a multiple
+    of its element size, so that it can be read in place).
+
+    >>> _offsets([(3, torch.int8), (2, torch.float32)])
+    [0, 4, 12]
+    """
+    starts, end = [], 0
+    for count, dtype in spec:
+        end += -end % dtype.itemsize
+        starts.append(end)
+        end += count * dtype.itemsize
+    return [*starts, end]
 
 
 def wire_codec(config: object) -> WireCodec:

@@ -22,7 +22,7 @@ from scaletrain.parallel.ps.protocol import (
     send_message,
 )
 from scaletrain.parallel.ps.server import ShardServer
-from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.device import synchronize
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange
@@ -141,21 +141,34 @@ class PSExchange(GradientExchange):
 
     def _receive_first_reply(self, owner: int) -> None:
         """An owner's first reply (after a start or a reconfiguration), header first: a server whose network
-        differs is told so and named, and its weights are not taken."""
+        or wire codec differs is told so and named, and its weights are not taken."""
         dist.recv(self._headers[owner], src=owner, group=self.groups[owner], tag=REPLY)
-        version, layout_id, numel, _ = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, _, size = (int(v) for v in self._headers[owner])
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
-            if version >= 0:  # the server has not seen it yet: take its weights, then our header stops it too
-                with contextlib.suppress(RuntimeError):
-                    dist.recv(self.codec.buffer(theirs.numel), src=owner, group=self.groups[owner], tag=REPLY)
-                    self._request(owner, DONE, version)
+            self._stop_at_first_reply(owner, version, theirs.numel)
             raise LayoutMismatch(
                 f"worker rank {self.rank} holds tensors of layout {mine} for the server at rank {owner}, which "
                 f"holds layout {theirs}; every process must build the same network (same workload, options and "
                 "reconfigurations)"
             )
+        if size != self.codec.payload_bytes(mine):
+            self._stop_at_first_reply(owner, version, theirs.numel)
+            raise WireMismatch(
+                f"worker rank {self.rank}'s wire codec {self.codec.name!r} encodes a gradient of layout {mine} in "
+                f"{self.codec.payload_bytes(mine)} bytes but the server at rank {owner}'s in {size}; every process "
+                "must use the same wire codec"
+            )
         self._take_weights(owner, dist.irecv(self._wires[owner], src=owner, group=self.groups[owner], tag=REPLY))
+
+    def _stop_at_first_reply(self, owner: int, version: int, numel: int) -> None:
+        """Before raising: if the server has not seen it yet, take its ``numel`` weights (8 bytes a value:
+        any type fits), then this worker's header stops it too."""
+        if version >= 0:
+            with contextlib.suppress(RuntimeError):
+                weights = torch.zeros(numel, dtype=torch.float64)
+                dist.recv(weights, src=owner, group=self.groups[owner], tag=REPLY)
+                self._request(owner, DONE, version)
 
     def _post_reply(self, owner: int) -> tuple[dist.Work, dist.Work]:
         """Post the receives of ``owner``'s next reply (header and weights) before asking for it."""
@@ -166,17 +179,16 @@ class PSExchange(GradientExchange):
         begin = now()
         header.wait()
         waited = now() - begin
-        version, layout_id, numel, skipped = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, skipped, size = (int(v) for v in self._headers[owner])
         if TensorLayout(layout_id, numel) != self._layouts[owner]:  # the server refused (version -1): no body
             raise LayoutMismatch(
                 f"the server at rank {owner} refused worker rank {self.rank}'s tensors of layout "
                 f"{self._layouts[owner]}: every process must build the same network"
             )
-        if version < 0:  # the same network, but a payload the server's codec does not expect
-            raise LayoutMismatch(
-                f"the server at rank {owner} refused worker rank {self.rank}'s gradient of "
-                f"{self.codec.payload_bytes(self._layouts[owner])} bytes as wire codec {self.codec.name!r}: every "
-                "process must use the same wire codec"
+        if version < 0:  # the same network: the gradient's encoding was refused
+            raise WireMismatch(
+                f"the server at rank {owner} (gradients of {size} bytes) refused worker rank {self.rank}'s gradient "
+                f"as wire codec {self.codec.name!r}: every process must use the same wire codec"
             )
         self._skipped = self._skipped or bool(skipped)
         self._take_weights(owner, body)
@@ -199,8 +211,9 @@ class PSExchange(GradientExchange):
         for owner in remote:
             waited += self._await_grant(owner)
             payload, _ = self.codec.compress(self._gradients[owner], self._layouts[owner], stream=owner)
-            self._request(owner, GRADIENT, self.versions[owner], payload)
-            sent += sum(part.nbytes for part in payload)
+            body = self.codec.to_message(payload, self._layouts[owner])
+            self._request(owner, GRADIENT, self.versions[owner], body)
+            sent += body.nbytes
         if self.rank in self._owned:
             arrive = now()
             own = self._gradients[self.rank]
@@ -223,17 +236,16 @@ class PSExchange(GradientExchange):
             sent_bytes=sent,
         )
 
-    def _request(self, owner: int, kind: int, version: int, payload: list[torch.Tensor] | None = None) -> None:
-        """Send ``owner`` a request: its header, then ``payload`` (a one-value stand-in per payload tensor
-        when there is none, as the owner has posted a receive for each)."""
+    def _request(self, owner: int, kind: int, version: int, body: torch.Tensor | None = None) -> None:
+        """Send ``owner`` a request: its header (with the bytes of this worker's gradient messages, which the
+        owner checks), then ``body`` (a one-byte stand-in when there is none)."""
         layout = self._layouts[owner]
-        size = 0 if payload is None else sum(part.nbytes for part in payload)
+        size = self.codec.payload_bytes(layout) if body is None else body.nbytes
         header = torch.tensor(
             [kind, version, self.batches_done, layout.layout_id, layout.numel, size], dtype=torch.int64
         )
-        if payload is None:
-            payload = [torch.zeros(1, dtype=dtype) for _, dtype in self.codec.payload_spec(layout)]
-        send_message(header, payload, owner, self.groups[owner], REQUEST)
+        body = torch.zeros(1, dtype=torch.uint8) if body is None else body
+        send_message(header, body, owner, self.groups[owner], REQUEST)
 
     def _await_grant(self, owner: int) -> float:
         if not self.exclusive:
