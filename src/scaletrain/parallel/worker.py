@@ -23,10 +23,12 @@ from scaletrain.plugins import load_plugins
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
     rendezvous = Rendezvous.from_env()
     try:
-        load_plugins()  # the launcher's environment names them: the same registries in every process
+        # The launcher's environment names them: the same registries in every process, filled before the
+        # configuration is checked against them (its wire codec, workload or technique may be a plugin's).
+        load_plugins()
+        config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
         run_process(config, rendezvous)
     except ScaletrainError as exc:
         # Under the local launcher this line goes to the log only: the launcher puts it on the terminal once.
