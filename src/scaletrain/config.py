@@ -66,9 +66,9 @@ class TrainConfig:
     Precision (:mod:`scaletrain.efficient.precision`): ``precision`` (``fp32``, ``bf16``, ``fp16``)
     is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
     (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
-    ``bf16``, ``fp16``) is what gradients, and a parameter server's weights, travel as
-    (:mod:`scaletrain.tensors.codec`); ``error_feedback`` carries each message's rounding error into
-    the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
+    ``bf16``, ``fp16`` or a codec of one's own) is what gradients, and a parameter server's weights,
+    travel as (:mod:`scaletrain.tensors.codec`); ``error_feedback`` carries what each message lost
+    into the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
     is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
     ``channels_last``): the layout of the convolutions' activations in the training forward pass
     (:mod:`scaletrain.efficient.channels_last`).

@@ -156,8 +156,9 @@ class Deployment:
 
     @property
     def synchronous(self) -> bool:
-        """A lost process stops everyone (all-reduce, sync modes, sharded servers): restart them all."""
-        return not (self.layout.has_server_process and self.layout.sync == "async")
+        """A lost process stops everyone (all-reduce, sync modes, sharded servers): restart them all. Not where
+        the strategy's server outlives lost workers (the asynchronous central server)."""
+        return not self.layout.outlives_lost_workers
 
     def labels(self, component: str, *, instance: str | None = None) -> dict[str, str]:
         labels = {

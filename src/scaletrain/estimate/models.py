@@ -1,11 +1,11 @@
 """Both models behind one call: predicted speedup of a configuration (a bench strategy spec) on N workers.
 
-``thesis`` is Šlampa's estimator fed with the profile's t_grad and t_comm (all-reduce, which the
-thesis does not cover, gets its distributed-server formula: the same 2·t_comm·(N−1)/N per
-iteration; :data:`THESIS_SERVERS`). ``refined`` is :mod:`scaletrain.estimate.refined` over the
-whole profile. The configurations to predict are the strategy registry's predicted specs
-(:func:`predicted_configurations`); what a new strategy adds to be predicted is listed in
-:mod:`scaletrain.estimate.refined`'s docstring.
+``thesis`` is Šlampa's estimator fed with the profile's t_grad and t_comm, with the server formula
+each strategy names in its estimator terms (all-reduce, which the thesis does not cover, names the
+distributed-server formula: the same 2·t_comm·(N−1)/N per iteration). ``refined`` is
+:mod:`scaletrain.estimate.refined` over the whole profile. The configurations to predict are the
+strategy registry's predicted specs (:func:`predicted_configurations`); what a strategy declares to
+be predicted is in :mod:`scaletrain.parallel.strategies.terms`.
 
 >>> from scaletrain.estimate.profile import Profile
 >>> profile = Profile("toy", 32, t_grad=1.0, t_comm=0.1)
@@ -26,6 +26,7 @@ from scaletrain.estimate import refined, thesis
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughputs, throughput_bound
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, get_strategy, parse_spec
+from scaletrain.parallel.strategies.terms import Network
 
 __all__ = [
     "MODELS",
@@ -41,8 +42,6 @@ __all__ = [
 MODELS = ("thesis", "refined")
 #: The thesis's ``--type`` for each update mode (its vocabulary: sync-join, sync-split, async).
 THESIS_TYPES = {"join": "sync-join", "split": "sync-split", "async": "async"}
-#: The thesis's ``--server`` formula that stands for each (strategy, server) it predicts.
-THESIS_SERVERS = {("ps", "central"): "central", ("ps", "sharded"): "distributed", ("allreduce", ""): "distributed"}
 
 
 @dataclass(frozen=True)
@@ -88,16 +87,18 @@ class Configuration:
         """From ``--strategy`` (a name, ``ps``, or a whole spec, ``ps-central-join``) and the thesis's flags.
 
         With a name, ``kind`` and ``server`` are the thesis's ``--type`` and ``--server`` (None: its
-        defaults, sync-join and central); a spec sets all three, so a flag that says otherwise is an
-        error that names the fix.
+        defaults, sync-join and the strategy's first server kind: central for ``ps``); a spec sets all
+        three, so a flag that says otherwise is an error that names the fix.
 
         >>> Configuration.from_flags("ps", "async", "distributed").label
         'ps-sharded-async'
         >>> Configuration.from_flags("ps-central-join", kind="sync-join", server="central").label
         'ps-central-join'
         """
-        if strategy.strip().lower() in STRATEGIES:
-            return cls.from_thesis(kind or THESIS_TYPES["join"], server or "central", strategy.strip().lower())
+        name = strategy.strip().lower()
+        if name in STRATEGIES:
+            servers = STRATEGIES[name].servers
+            return cls.from_thesis(kind or THESIS_TYPES["join"], server or (servers[0] if servers else ""), name)
         configuration = cls.parse(strategy)
         registered = get_strategy(configuration.strategy)
         sync = configuration.sync if kind is None else _sync_of(kind)
@@ -127,14 +128,19 @@ class Configuration:
 
     @property
     def thesis_server(self) -> str:
+        """The thesis's ``--server`` formula that the strategy's estimator terms name for this server kind."""
         self._check_thesis()
-        return THESIS_SERVERS[(self.strategy, self.server)]
+        return self._thesis_server()
+
+    def _thesis_server(self) -> str | None:
+        terms = get_strategy(self.strategy).estimator_terms(self.server)
+        return None if terms is None else terms.thesis_server
 
     def _check_thesis(self) -> None:
-        if (self.strategy, self.server) not in THESIS_SERVERS or self.sync not in THESIS_TYPES:
+        if self._thesis_server() is None or self.sync not in THESIS_TYPES:
             raise ConfigError(
                 f"{self.label} is not modelled by the estimator: the thesis model has no formula for it "
-                "(scaletrain.estimate.models.THESIS_SERVERS names the one that stands for each strategy)"
+                f"({self.strategy}'s estimator_terms({self.server!r}) names no thesis_server)"
             )
 
 
@@ -270,9 +276,13 @@ def best_per_workers(
             if c.sync != "async"
         }
         floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
-        # The central server's networks are the small ones: solved first, they often rule the sharded ones out.
-        for c in sorted((c for c in configurations if c.sync == "async"), key=lambda c: c.server != "central"):
-            networks = refined.asynchronous_networks(terms, strategy=c.strategy, server=c.server, workers=workers)
+        asynchronous = {
+            c: refined.asynchronous_networks(terms, strategy=c.strategy, server=c.server, workers=workers)
+            for c in configurations
+            if c.sync == "async"
+        }
+        # Small networks first (the central server's): solved first, they often rule the larger ones out.
+        for c, networks in sorted(asynchronous.items(), key=lambda item: _queue_count(item[1])):
             # The margin keeps rounding in the bound from ever dropping a network that could win.
             bounds = np.array([throughput_bound(*network) for network in networks]) * terms.sequential * (1 + 1e-9)
             contenders = np.flatnonzero(bounds >= floor)
@@ -295,6 +305,11 @@ def best_per_workers(
     return [
         (speedup, ranked[winner].label) for speedup, winner in zip(speedups.tolist(), winners.tolist(), strict=True)
     ]
+
+
+def _queue_count(networks: list[Network]) -> int:
+    """How many distinct queues the networks hold in all: the work of solving them."""
+    return sum(len(queues) for _, _, queues in networks)
 
 
 def check_inputs(profile: Profile | None, workers: int, *, batches: float, cores: int | None = None) -> None:

@@ -24,20 +24,21 @@ none is fitted to the runs it is judged on):
   bounds bracket.
 - **Ring all-reduce**: 2(N−1)/N · bytes / bandwidth + 2(N−1) latencies (Patarasuk & Yuan 2009).
 
+The last four are the strategies' own terms: :mod:`scaletrain.parallel.strategies.ps_terms` (central
+and sharded server, synchronous and asynchronous) and
+:func:`scaletrain.parallel.strategies.allreduce.ring_allreduce_seconds`.
+
 Throughput is in batches per second as SPEC §3 counts them (a join step is N batches, a split step
 one); speedup = throughput × (t_grad + t_update), i.e. against one worker training alone.
 
 Which configurations: every spec the strategy registry (:mod:`scaletrain.parallel.strategies`) marks
-``predicted`` (:func:`scaletrain.estimate.models.predicted_configurations`). The formulas are keyed
-by (strategy, server), never chosen by an ``if`` on a name, so a new strategy is predicted once it
-adds (besides ``predicted = True``, the default, on its class):
-
-- its synchronous step's time besides the gradient to :data:`EXCHANGES` (join and split);
-- if it has an ``async`` mode, its closed network per worker count to :data:`ASYNCHRONOUS`;
-- the thesis formula that stands for it to :data:`scaletrain.estimate.models.THESIS_SERVERS`.
-
-Until then asking for it is a :class:`~scaletrain.errors.ConfigError` saying it is not modelled by
-the estimator; ``predicted = False`` keeps it out of the estimator's list (and ``recommend``).
+``predicted`` (:func:`scaletrain.estimate.models.predicted_configurations`). The formulas of each
+strategy are its own, declared beside it (:meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`,
+:mod:`~scaletrain.parallel.strategies.terms`): what its synchronous step takes besides the gradient, its
+asynchronous closed network, the thesis formula that stands for it. This module supplies what
+they share (the gradient time per worker count, :class:`Terms`) and turns them into throughput;
+it names no strategy. A predicted strategy that declares no terms for a mode is a
+:class:`~scaletrain.errors.ConfigError` saying it is not modelled by the estimator.
 
 >>> from scaletrain.estimate.profile import Profile
 >>> p = Profile("toy", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(5 * 10**5, 5 * 10**5))
@@ -47,7 +48,6 @@ the estimator; ``predicted = False`` keeps it out of the estimator's list (and `
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,12 +57,10 @@ import numpy as np
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
-from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
+from scaletrain.parallel.strategies.terms import Exchange, Network, Networks
 
 __all__ = [
-    "ASYNCHRONOUS",
-    "EXCHANGES",
     "Prediction",
     "Terms",
     "asynchronous_networks",
@@ -130,7 +128,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks))
-    step = terms.gradient(sync, n) + EXCHANGES[(strategy, server)](terms, n)
+    step = terms.gradient(sync, n) + _declared(strategy, server, sync)(terms, n)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
 
@@ -138,7 +136,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
 def modelled(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
     """The configuration with the thesis's aliases resolved and no server for a strategy without one.
 
-    One the registry does not predict, or one it predicts that no formula here models yet, is an error.
+    One the registry does not predict, or one it predicts whose strategy declares no terms for it, is an error.
 
     >>> modelled("allreduce", "central", "join"), modelled("ps", "distributed", "none")
     (('allreduce', '', 'join'), ('ps', 'sharded', 'async'))
@@ -155,13 +153,21 @@ def modelled(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
         raise ConfigError(
             f"{label} is not a configuration to predict; choose one of {', '.join(all_specs(predicted_only=True))}"
         )
-    formulas = ASYNCHRONOUS if sync == "async" else EXCHANGES if sync in ("join", "split") else {}
-    if (strategy, server) not in formulas:
+    if _declared(strategy, server, sync) is None:
+        what = "networks (its async mode)" if sync == "async" else f"exchange (its {sync} step)"
         raise ConfigError(
-            f"{label} is not modelled by the estimator: scaletrain.estimate.refined has no formula for its "
-            f"{'asynchronous ' if sync == 'async' else ''}{sync} step yet (its module docstring says what to add)"
+            f"{label} is not modelled by the estimator: {registered.name}'s estimator_terms({server!r}) declares no "
+            f"{what} (see scaletrain.parallel.strategies.terms)"
         )
     return strategy, server, sync
+
+
+def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | None:
+    """The strategy's own formula for a step of ``sync`` with ``server``, None where it declares none."""
+    terms = get_strategy(strategy).estimator_terms(server)
+    if terms is None:
+        return None
+    return terms.networks if sync == "async" else terms.exchange if sync in ("join", "split") else None
 
 
 class Terms:
@@ -174,8 +180,8 @@ class Terms:
         # The sequential reference: one worker alone, t_grad + t_update per batch.
         self.sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
 
-    def _column(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
-        """``compute(n)`` for each of ``workers``, each n computed once per name."""
+    def per_count(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
+        """``compute(n)`` for each of ``workers``, each n computed once per name (strategies' terms share it)."""
         if workers.size and workers.min() < 1:
             raise ConfigError(f"--workers must be ≥ 1, got {workers.min()}")
         column = self._columns.setdefault(name, {})
@@ -187,142 +193,20 @@ class Terms:
         """t_grad of one worker's part of a step among N: its batch share, contention, stragglers."""
         profile = self.profile
         if sync == "split":
-            part = np.array(self._column("split", workers, profile.t_grad_at))
+            part = np.array(self.per_count("split", workers, profile.t_grad_at))
         else:
             part = np.full(workers.shape, profile.t_grad_at(1))
-        contention = self._column("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
+        contention = self.per_count("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
         # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
-        slowest = self._column("slowest", workers if sync != "async" else np.ones_like(workers), profile.slowest_of)
+        slowest = self.per_count("slowest", workers if sync != "async" else np.ones_like(workers), profile.slowest_of)
         return part * np.array(contention) * np.array(slowest)
 
-    def shares(self, workers: np.ndarray) -> list[dict[float, int]]:
-        """Per N: fraction of the weight bytes an owner holds → how many of the N owners hold it (Algorithm 3.7)."""
-        return self._column("shares", workers, lambda n: _shares(self.profile.tensor_bytes, n))
 
-
-def _transfer(profile: Profile, size: np.ndarray) -> np.ndarray:
-    return profile.latency + size / profile.bytes_per_second
-
-
-def _weight_bytes(profile: Profile) -> float:
-    return profile.weight_bytes or profile.t_comm * profile.bytes_per_second
-
-
-def _ring_allreduce(profile: Profile, n: np.ndarray) -> np.ndarray:
-    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * _weight_bytes(profile) / profile.bytes_per_second
-    return np.where(n == 1, 0.0, ring)
-
-
-def _central_exchange(profile: Profile, n: np.ndarray) -> np.ndarray:
-    """N workers push at once through the server's downlink, then N replies share its uplink."""
-    return 2 * _transfer(profile, n * _weight_bytes(profile))
-
-
-def _shares(tensor_bytes: tuple[int, ...], n: int) -> dict[float, int]:
-    """Each owner's fraction of the bytes (Algorithm 3.7 over the real tensors) → how many owners hold it."""
-    if not tensor_bytes:
-        return {1 / n: n}  # tensor sizes unknown: the thesis's even split
-    total = sum(tensor_bytes)
-    if n >= len(tensor_bytes) and min(tensor_bytes) > 0:
-        # Every tensor finds an owner still empty, so tensor i goes to owner i and the rest hold nothing.
-        shares = dict(_one_tensor_each(tensor_bytes))
-        if n > len(tensor_bytes):
-            shares[0 / total] = n - len(tensor_bytes)
-        return shares
-    owners = assign_greedy(tensor_bytes, list(range(n)))
-    held = [sum(size for size, owner in zip(tensor_bytes, owners, strict=True) if owner == j) / total
-            for j in range(n)]  # fmt: skip
-    return _tally(held)
-
-
-@functools.lru_cache(maxsize=16)
-def _one_tensor_each(tensor_bytes: tuple[int, ...]) -> dict[float, int]:
-    """The shares when every tensor has an owner of its own (do not modify: it is cached)."""
-    total = sum(tensor_bytes)
-    return _tally([size / total for size in tensor_bytes])
-
-
-def _tally(values: Sequence[float]) -> dict[float, int]:
-    """``{value: how often}`` in order of first appearance."""
-    tally: dict[float, int] = {}
-    for value in values:
-        tally[value] = tally.get(value, 0) + 1
-    return tally
-
-
-def _sharded_exchange(profile: Profile, terms: Terms, n: np.ndarray) -> np.ndarray:
-    """Push every owner its share, owners update in parallel, pull every share back.
-
-    Worker i sends (1 − s_i) of the bytes over its uplink while owner j receives (N−1)·s_j over its
-    downlink; the busiest link sets each phase's length (and the same for the replies): the one of
-    the owner with the smallest share or the one with the largest.
-    """
-    shares = terms.shares(n)
-    smallest = np.array([min(held) for held in shares])
-    largest = np.array([max(held) for held in shares])
-    update = largest * profile.t_update
-    busiest = np.maximum(1 - smallest, (n - 1) * largest)
-    phase = (n - 1) * profile.latency + busiest * _weight_bytes(profile) / profile.bytes_per_second
-    return np.where(n == 1, update, 2 * phase + update)
-
-
-def asynchronous_networks(
-    terms: Terms, *, server: str, workers: np.ndarray, strategy: str = "ps"
-) -> list[tuple[int, float, dict[float, int]]]:
+def asynchronous_networks(terms: Terms, *, server: str, workers: np.ndarray, strategy: str = "ps") -> list[Network]:
     """N workers cycling compute → push → update → pull as a closed network, per N: (customers, think, queues).
 
-    ``queues``: demand → how many queues have it (see :mod:`scaletrain.estimate.queueing`).
+    ``queues``: demand → how many queues have it (see :mod:`scaletrain.estimate.queueing`); the
+    network is the strategy's own (its :class:`~scaletrain.parallel.strategies.terms.EstimatorTerms`).
     """
-    strategy, server, _ = modelled(strategy, server, "async")
-    return ASYNCHRONOUS[(strategy, server)](terms, workers)
-
-
-def _central_networks(terms: Terms, workers: np.ndarray) -> list[tuple[int, float, dict[float, int]]]:
-    profile = terms.profile
-    gradients = terms.gradient("async", workers).tolist()
-    size = _weight_bytes(profile)
-    bandwidth = profile.bytes_per_second
-    # Queues: the server's downlink (gradients), its update lock, its uplink (weights).
-    queues = _demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
-    return [(n, gradient + 2 * profile.latency, queues)
-            for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
-
-
-def _sharded_networks(terms: Terms, workers: np.ndarray) -> list[tuple[int, float, dict[float, int]]]:
-    profile = terms.profile
-    gradients = terms.gradient("async", workers).tolist()
-    size = _weight_bytes(profile)
-    bandwidth = profile.bytes_per_second
-    networks = []
-    for n, gradient, shares in zip(workers.tolist(), gradients, terms.shares(workers), strict=True):
-        # Every process's uplink and downlink carry its own worker's pushes/pulls of the other shares
-        # and its owner's traffic for the other workers; averaged over which worker is cycling.
-        queues = []
-        for share, owners in shares.items():
-            link = ((1 - share) / n + (n - 1) / n * share) * size / bandwidth if n > 1 else 0.0
-            queues += [(link, 2 * owners), (share * profile.t_update, owners)]
-        networks.append((n, gradient + 2 * (n - 1) * profile.latency, _demands(queues)))
-    return networks
-
-
-def _demands(queues: list[tuple[float, int]]) -> dict[float, int]:
-    """``(demand, count)`` pairs merged by demand; a queue no job spends time in changes nothing and is left out."""
-    demands: dict[float, int] = {}
-    for demand, count in queues:
-        if demand > 0:
-            demands[demand] = demands.get(demand, 0) + count
-    return demands
-
-
-#: Per modelled (strategy, server): what a synchronous step (join or split) takes besides the
-#: gradient, in seconds for each worker count: the exchange and the optimizer step.
-EXCHANGES: dict[tuple[str, str], Callable[[Terms, np.ndarray], np.ndarray]] = {
-    ("allreduce", ""): lambda terms, n: _ring_allreduce(terms.profile, n) + terms.profile.t_update,
-    ("ps", "central"): lambda terms, n: _central_exchange(terms.profile, n) + terms.profile.t_update,
-    ("ps", "sharded"): lambda terms, n: _sharded_exchange(terms.profile, terms, n),  # owners update in parallel
-}
-#: Per modelled (strategy, server) with an ``async`` mode: its closed queueing network per worker count.
-ASYNCHRONOUS: dict[tuple[str, str], Callable[[Terms, np.ndarray], list[tuple[int, float, dict[float, int]]]]] = {
-    ("ps", "central"): _central_networks,
-    ("ps", "sharded"): _sharded_networks,
-}
+    strategy, server, sync = modelled(strategy, server, "async")
+    return _declared(strategy, server, sync)(terms, workers)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies import Layout
 
 __all__ = [
     "COLUMNS",
@@ -62,8 +63,14 @@ def _ok(row: dict[str, Any]) -> bool:
 def works_alone(row: dict[str, Any]) -> bool:
     """Whether a one-worker run of this row's strategy is one process that exchanges nothing (all-reduce,
     the sharded server whose only shard is the worker's own), so that all such runs do the same work; a
-    central server is a second process that every step talks to."""
-    return not (row.get("strategy_kind") == "ps" and row.get("server") == "central")
+    central server is a second process that every step talks to (the strategy's
+    :meth:`~scaletrain.parallel.strategies.Strategy.extra_processes`). A strategy this process does not
+    know (a plugin not loaded) counts as working alone."""
+    try:
+        layout = Layout(row.get("strategy_kind") or "", 1, row.get("server") or "", row.get("sync") or "join")
+    except ConfigError:
+        return True
+    return not layout.has_server_process
 
 
 def _one_worker_rates(rows: list[dict[str, Any]]) -> dict[int | None, list[float]]:

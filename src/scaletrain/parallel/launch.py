@@ -178,12 +178,13 @@ def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
 def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
     """Return when every process has finished; raise :class:`RunFailed` when the run cannot go on.
 
-    A synchronous run fails with its first failed process. In an asynchronous run a worker that
-    dies or freezes is lost and the server finishes with the others; a worker that stops with an
-    error of its own (exit code 2: bad settings or data, a diverged loss) would stop every other
-    worker in the same way, so it fails the run.
+    A synchronous run fails with its first failed process. In a run whose server outlives lost
+    workers (:meth:`Strategy.outlives_lost_workers <scaletrain.parallel.strategies.Strategy.outlives_lost_workers>`:
+    the asynchronous central server) a worker that dies or freezes is lost and the server finishes
+    with the others; a worker that stops with an error of its own (exit code 2: bad settings or
+    data, a diverged loss) would stop every other worker in the same way, so it fails the run.
     """
-    asynchronous = layout.sync == "async" and layout.server == "central" and layout.strategy == "ps"
+    outlives = layout.outlives_lost_workers  # the server finishes without lost workers
     while True:
         running = False
         clock = time.monotonic()
@@ -192,14 +193,14 @@ def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
             if code is None:
                 running = True
                 frozen = child.stopped_since is not None
-                # A frozen asynchronous worker is the server's to count as lost; anyone else fails the run.
-                if frozen and clock - child.stopped_since > timeout and not (asynchronous and child.role != SERVER):
+                # A frozen worker of such a run is the server's to count as lost; anyone else fails the run.
+                if frozen and clock - child.stopped_since > timeout and not (outlives and child.role != SERVER):
                     _fail(children)
                 continue
-            lost_worker = asynchronous and child.role != SERVER and code not in (0, ConfigError.exit_code)
+            lost_worker = outlives and child.role != SERVER and code not in (0, ConfigError.exit_code)
             if code != 0 and not lost_worker:
                 _fail(children)
-        if asynchronous and _server_done(children):
+        if outlives and _server_done(children):
             # The server finished without the workers still running: they were lost (it counted them).
             _stop(children)
             return
@@ -210,8 +211,8 @@ def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
 
 def _server_done(children: list[_Child]) -> bool:
     """Whether the central server has exited successfully while some workers have not, for a while."""
-    server = next(child for child in children if child.role == SERVER)
-    if server.process.poll() != 0:
+    server = next((child for child in children if child.role == SERVER), None)
+    if server is None or server.process.poll() != 0:
         return False
     server.finished_at = server.finished_at or time.monotonic()
     return time.monotonic() - server.finished_at > GRACE_SECONDS

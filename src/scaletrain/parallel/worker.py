@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     rendezvous = Rendezvous.from_env()
     try:
-        # the launcher's environment names them: the same registries in every process, before the config
-        # is read (it checks a technique's name and options against them)
+        # The launcher's environment names them: the same registries in every process, filled before the
+        # configuration is checked against them (its wire codec, workload or technique may be a plugin's).
         load_plugins()
         config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
         run_process(config, rendezvous)

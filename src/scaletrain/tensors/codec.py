@@ -1,9 +1,15 @@
-"""What goes on the wire: the one place where exchanges pack gradients and weights into flat buffers.
+"""What goes on the wire: the one place where exchanges turn gradients and weights into messages.
 
-Every exchange (all-reduce, a parameter-server worker and its server) packs through a
-:class:`WireCodec` and unpacks through the same one, so a codec that sends fewer bytes (bf16 or
-fp16, with error feedback) is one new class and one line in :data:`CODECS`; the master copies stay
-float32. :class:`TensorLayout` is the fingerprint of a list of tensors' shapes that travels with
+Every exchange packs through a :class:`WireCodec` and unpacks through the same one. A gradient is
+compressed into a *payload* — tensors whose number, sizes and types are the codec's own — and
+decompressed from it (Horovod's ``Compressor``: ``compress`` returns ``(payload, context)`` and
+``decompress`` takes them back); under all-reduce the codec runs the collective itself
+(:meth:`WireCodec.allreduce`: all-reduce a cast, all-gather a sparse payload, or PowerSGD's two
+all-reduces of low-rank factors); under a parameter server the payload is the body of a gradient
+message and the owner decompresses it before applying it. Whatever a codec carries from one message
+to the next (error feedback's residuals) stays inside it. A codec is one class and one line in
+:data:`CODECS`; the master copies stay float32, and a server's weights travel as the codec's
+``dtype``. :class:`TensorLayout` is the fingerprint of a list of tensors' shapes that travels with
 every message, so two processes that disagree about the network fail with both layouts named
 instead of a gloo size error, a hang or a silent mis-read.
 """
@@ -11,37 +17,55 @@ instead of a gloo size error, a hang or a silent mis-read.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.tensors.flat import unflatten_into
 
-__all__ = ["CODECS", "BFloat16Codec", "Float16Codec", "LayoutMismatch", "TensorLayout", "WireCodec", "wire_codec"]
+__all__ = [
+    "CODECS",
+    "BFloat16Codec",
+    "Float16Codec",
+    "LayoutMismatch",
+    "TensorLayout",
+    "WireCodec",
+    "WireMismatch",
+    "wire_codec",
+]
 
 
 class LayoutMismatch(ScaletrainError):
     """Two processes hold networks of different shapes."""
 
 
+class WireMismatch(ScaletrainError):
+    """Two processes encode gradients differently (another wire codec, or another version of one)."""
+
+
 @dataclass(frozen=True)
 class TensorLayout:
-    """``layout_id``: a CRC-32 of the tensors' shapes in order; ``numel``: their element count.
+    """``layout_id``: a CRC-32 of the tensors' shapes in order; ``numel``: their element count;
+    ``shapes``: the shapes themselves where known (a codec that works per matrix needs them; a layout
+    read from a message header has none, and two layouts compare by id and count alone).
 
     >>> TensorLayout.of([torch.zeros(3, 2), torch.zeros(4)])
     TensorLayout(layout_id=4037939134, numel=10)
     >>> str(TensorLayout.of([torch.zeros(3, 2), torch.zeros(4)]))
     '#f0ae0fbe (10 elements)'
+    >>> TensorLayout.of([torch.zeros(3, 2)]).shapes
+    (torch.Size([3, 2]),)
     """
 
     layout_id: int
     numel: int
+    shapes: tuple[torch.Size, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(cls, tensors: list[torch.Tensor]) -> TensorLayout:
         shapes = ";".join(",".join(str(size) for size in t.shape) for t in tensors)
-        return cls(zlib.crc32(shapes.encode()), sum(t.numel() for t in tensors))
+        return cls(zlib.crc32(shapes.encode()), sum(t.numel() for t in tensors), tuple(t.shape for t in tensors))
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([self.layout_id, self.numel], dtype=torch.int64)
@@ -58,15 +82,37 @@ class TensorLayout:
 class WireCodec:
     """float32 on the wire: packing is a copy into one flat buffer, unpacking none at all.
 
-    A narrower codec sets ``name`` and ``dtype``; with ``error_feedback`` each gradient stream keeps the
-    rounding error of its last message and adds it to the next one (Seide et al. 2014; Karimireddy et
-    al. 2019), so what is lost to rounding arrives later instead of never. Weights (a parameter
-    server's replies) are rounded afresh each time and need none.
+    **Gradients** travel as a payload. What a codec defines (this class's are a cast to ``dtype``):
+
+    - :meth:`compress` ``(flat, layout, stream) -> (payload, context)``: a flat float32 gradient as
+      the tensors that travel; ``context`` is the :class:`TensorLayout` they decompress into (the
+      owner of a parameter server has nothing else);
+    - :meth:`decompress` ``(payload, context, out=None) -> flat``: the float32 gradient again;
+    - :meth:`payload_spec` ``(layout)``: the element count and type of each payload tensor, which
+      ``compress`` must match (a parameter server's gradient message is the payload's tensors back to
+      back, :meth:`to_message` and :meth:`from_message`, received into a buffer of that size; its
+      header carries the bytes, which the owner checks);
+    - :meth:`allreduce` ``(flat, layout, group=..., stream=...) -> sum``: the sum over the group's
+      processes, by whatever collectives the codec needs (here: compress, ``all_reduce`` each payload
+      tensor, decompress — right for a payload whose sum is the compressed sum);
+    - :meth:`reset`: forget what is carried between messages (the network changed shape).
+
+    ``stream`` names a sequence of messages (the all-reduce, or one owner of a parameter server):
+    with ``error_feedback`` each stream keeps what its last message lost (:meth:`corrected` and
+    :meth:`carry`) and adds it to the next one (Seide et al. 2014; Karimireddy et al. 2019), so what is
+    lost arrives later instead of never.
+
+    **Weights** (a parameter server's replies) are cast to ``dtype`` afresh each time and need no
+    feedback: :meth:`encode`, :meth:`buffer`, :meth:`receive_buffer`, :meth:`unpack`.
 
     >>> codec = WireCodec.of("bf16", error_feedback=True)
     >>> first = codec.encode_gradient(torch.tensor([1.0 + 2**-10]), stream="g")
     >>> float(first), float(codec.encode_gradient(torch.tensor([0.0]), stream="g"))
     (1.0, 0.0009765625)
+    >>> layout = TensorLayout.of([torch.zeros(3)])
+    >>> payload, context = codec.compress(torch.tensor([1.0, 2.0, 3.0]), layout)
+    >>> [p.dtype for p in payload], codec.payload_bytes(layout), codec.decompress(payload, context).tolist()
+    ([torch.bfloat16], 6, [1.0, 2.0, 3.0])
     """
 
     name = "fp32"
@@ -78,9 +124,100 @@ class WireCodec:
 
     @property
     def bytes_per_value(self) -> int:
-        """Bytes one float32 value takes on the wire."""
+        """Bytes one weight takes on the wire."""
         return self.dtype.itemsize
 
+    # -- gradients: what a codec of its own overrides ------------------------------------------------
+    def compress(
+        self, flat: torch.Tensor, layout: TensorLayout, stream: object = None
+    ) -> tuple[list[torch.Tensor], TensorLayout]:
+        """A flat float32 gradient of ``layout`` as the tensors that travel, and the context to
+        decompress them with."""
+        return [self.encode_gradient(flat, stream)], layout
+
+    def decompress(
+        self, payload: list[torch.Tensor], context: TensorLayout, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The flat float32 gradient a payload carries, in ``out`` when given (no copy when ``out`` is
+        the payload itself, as for float32)."""
+        (wire,) = payload
+        if out is None:
+            return wire if wire.dtype == torch.float32 else wire.float()
+        if wire.data_ptr() != out.data_ptr():
+            out.copy_(wire)
+        return out
+
+    def payload_spec(self, layout: TensorLayout) -> list[tuple[int, torch.dtype]]:
+        """Element count and type of each tensor :meth:`compress` returns for a gradient of ``layout``."""
+        return [(layout.numel, self.dtype)]
+
+    def allreduce(
+        self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
+    ) -> torch.Tensor:
+        """The sum of every process's ``flat`` over ``group`` as float32 (``flat`` may be reused)."""
+        payload, context = self.compress(flat, layout, stream)
+        for part in payload:
+            dist.all_reduce(part, group=group)
+        return self.decompress(payload, context)
+
+    def reset(self) -> None:
+        """Forget what is carried between messages (the network changed shape)."""
+        self._residuals.clear()
+
+    # -- helpers every codec may use -----------------------------------------------------------------
+    def payload_bytes(self, layout: TensorLayout) -> int:
+        """Bytes of one gradient message of ``layout`` as it travels."""
+        return _offsets(self.payload_spec(layout))[-1]
+
+    def to_message(self, payload: list[torch.Tensor], layout: TensorLayout) -> torch.Tensor:
+        """A payload as one message body: the tensor itself when there is one, else its tensors' bytes
+        back to back (each at a multiple of its element size); refused unless it is what
+        :meth:`payload_spec` says."""
+        spec = self.payload_spec(layout)
+        if [(part.numel(), part.dtype) for part in payload] != spec:
+            got = [(part.numel(), part.dtype) for part in payload]
+            raise WireMismatch(f"wire codec {self.name!r} compressed into {got} but its payload_spec says {spec}")
+        if len(payload) == 1:
+            return payload[0].reshape(-1)
+        offsets = _offsets(spec)
+        body = torch.zeros(offsets[-1], dtype=torch.uint8)
+        for part, start in zip(payload, offsets, strict=False):
+            body[start : start + part.nbytes] = part.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return body
+
+    def message_buffer(self, layout: TensorLayout, out: torch.Tensor) -> torch.Tensor:
+        """Where to receive a message that decompresses into ``out`` (``out`` itself when the payload is
+        one tensor of its size and type: nothing to copy)."""
+        spec = self.payload_spec(layout)
+        if len(spec) > 1:
+            return torch.zeros(self.payload_bytes(layout), dtype=torch.uint8)
+        ((count, dtype),) = spec
+        return out if (count, dtype) == (out.numel(), out.dtype) else torch.zeros(count, dtype=dtype)
+
+    def from_message(self, body: torch.Tensor, layout: TensorLayout) -> list[torch.Tensor]:
+        """The payload a message body holds (views of it)."""
+        spec = self.payload_spec(layout)
+        if len(spec) == 1:
+            return [body]
+        return [
+            body[start : start + count * dtype.itemsize].view(dtype)
+            for (count, dtype), start in zip(spec, _offsets(spec), strict=False)
+        ]
+
+    def corrected(self, flat: torch.Tensor, stream: object) -> torch.Tensor:
+        """``flat`` plus what ``stream``'s last message lost (a new tensor); call :meth:`carry` after."""
+        residual = self._residuals.get(stream)
+        if residual is None or residual.numel() != flat.numel():
+            residual = self._residuals[stream] = torch.zeros_like(flat, dtype=torch.float32)
+        return flat + residual
+
+    def carry(self, stream: object, corrected: torch.Tensor, sent: torch.Tensor) -> None:
+        """Keep ``corrected - sent`` (what the message lost) for ``stream``'s next message."""
+        residual = self._residuals[stream]
+        torch.sub(corrected, sent, out=residual)
+        torch.nan_to_num_(residual, nan=0.0, posinf=0.0, neginf=0.0)  # an overflowed step carries nothing on
+
+    # -- the cast: gradients of this class, and every codec's weights ----------------------------------
     def buffer(self, numel: int) -> torch.Tensor:
         """A reusable flat buffer of what travels, for ``numel`` values."""
         return torch.zeros(numel, dtype=self.dtype)
@@ -97,26 +234,18 @@ class WireCodec:
         return flat if flat.dtype == self.dtype else flat.to(self.dtype)
 
     def encode_gradient(self, flat: torch.Tensor, stream: object = None) -> torch.Tensor:
-        """A flat float32 gradient as it travels; with error feedback, plus what ``stream``'s last
+        """A flat float32 gradient cast to ``dtype``; with error feedback, plus what ``stream``'s last
         message lost to rounding (that loss is then this message's)."""
         if not self.error_feedback or self.dtype == torch.float32:
             return self.encode(flat)
-        residual = self._residuals.get(stream)
-        if residual is None or residual.numel() != flat.numel():
-            residual = torch.zeros_like(flat, dtype=torch.float32)
-        corrected = flat + residual
+        corrected = self.corrected(flat, stream)
         wire = corrected.to(self.dtype)
-        torch.sub(corrected, wire, out=residual)
-        torch.nan_to_num_(residual, nan=0.0, posinf=0.0, neginf=0.0)  # an overflowed step carries nothing on
-        self._residuals[stream] = residual
+        self.carry(stream, corrected, wire)
         return wire
 
-    def reset(self) -> None:
-        """Forget the carried rounding errors (the network changed shape)."""
-        self._residuals.clear()
-
     def receive_buffer(self, out: torch.Tensor) -> torch.Tensor:
-        """Where to receive what will be unpacked into ``out`` (``out`` itself when nothing is encoded)."""
+        """Where to receive weights that will be unpacked into ``out`` (``out`` itself when nothing is
+        encoded)."""
         return out if out.dtype == self.dtype else self.buffer(out.numel())
 
     def unpack(self, wire: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -124,16 +253,6 @@ class WireCodec:
         if wire.data_ptr() != out.data_ptr():
             out.copy_(wire)
         return out
-
-    def encode_gradients(self, gradients: list[torch.Tensor]) -> torch.Tensor:
-        """A worker's gradients as one all-reduce message."""
-        return self.encode_gradient(self.pack(gradients), stream="all-reduce")
-
-    def decode_mean_into(self, wire: torch.Tensor, gradients: list[torch.Tensor], count: int) -> None:
-        """The all-reduced sum in ``wire`` ÷ ``count``, written back into ``gradients`` as float32."""
-        total = wire if wire.dtype == torch.float32 else wire.float()
-        total /= count
-        unflatten_into(total, gradients)
 
     @classmethod
     def of(cls, name: str = "fp32", *, error_feedback: bool = False) -> WireCodec:
@@ -158,10 +277,28 @@ class Float16Codec(WireCodec):
     dtype = torch.float16
 
 
+def _offsets(spec: list[tuple[int, torch.dtype]]) -> list[int]:
+    """Where each payload tensor starts in a message body, and its end (a tensor starts at a multiple
+    of its element size, so that it can be read in place).
+
+    >>> _offsets([(3, torch.int8), (2, torch.float32)])
+    [0, 4, 12]
+    """
+    starts, end = [], 0
+    for count, dtype in spec:
+        end += -end % dtype.itemsize
+        starts.append(end)
+        end += count * dtype.itemsize
+    return [*starts, end]
+
+
 def wire_codec(config: object) -> WireCodec:
     """The codec a run's ``wire`` and ``error_feedback`` settings name (a fresh one per exchange)."""
     return WireCodec.of(config.wire, error_feedback=config.error_feedback)
 
 
-#: Codecs by name; add a class above and a line here.
-CODECS: dict[str, type[WireCodec]] = {"fp32": WireCodec, "bf16": BFloat16Codec, "fp16": Float16Codec}
+#: Codecs by name: a class above (or in a module of one's own, see :mod:`scaletrain.plugins`) and a line here.
+CODECS: dict[str, type[WireCodec]] = {}
+CODECS["fp32"] = WireCodec
+CODECS["bf16"] = BFloat16Codec
+CODECS["fp16"] = Float16Codec

@@ -21,12 +21,15 @@ __all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"
 class ExchangeTimes:
     """Seconds one step spent moving data and waiting for others (pure synchronisation), and copying
     between a GPU and host memory (``host_copy``, not part of ``communication``); ``skipped``: the
-    exchanged gradient overflowed and no update was made (only with ``skip_nonfinite``)."""
+    exchanged gradient overflowed and no update was made (only with ``skip_nonfinite``);
+    ``sent_bytes``: the bytes of gradient this worker put on the wire (its wire codec's payload: its
+    part of a collective, or its pushes to the other owners of a parameter server)."""
 
     communication: float = 0.0
     wait: float = 0.0
     skipped: bool = False
     host_copy: float = 0.0
+    sent_bytes: int = 0
 
 
 class GradientExchange(ABC):

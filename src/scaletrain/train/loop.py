@@ -55,7 +55,7 @@ class Trainer:
         self._forward = stacked(prepared.layout, self.technique)
         self.meter = ThroughputMeter(config.warmup_steps)
         self.communication = self.wait = 0.0
-        self.skipped_steps = 0
+        self.skipped_steps = self.gradient_bytes_sent = 0
         self.host_copy = 0.0
         self.records = RunRecords(prepared, writes=role.coordinator)
         self.last_loss: float | None = None
@@ -138,6 +138,7 @@ class Trainer:
                     self.technique.after_update(self._named_parameters, self.optimizer.param_groups[0]["lr"])
                 self.technique.after_exchange(times.skipped)
             self.skipped_steps += times.skipped
+            self.gradient_bytes_sent += times.sent_bytes
             synchronize(device)  # the step's queued device work is done before the clock is read
             seconds = now() - begin
             self.meter.add(seconds)
@@ -295,6 +296,7 @@ class Trainer:
             minor_faults_per_step=self.meter.minor_faults_per_step(),
             skipped_steps=self.skipped_steps,
             host_copy_seconds=self.host_copy,
+            gradient_bytes_sent=self.gradient_bytes_sent,
             loss_scale=self.technique.loss_scale if self.technique is not None else None,
             weights_digest=weights_digest(self.model),
         )

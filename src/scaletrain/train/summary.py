@@ -50,6 +50,7 @@ class WorkerStats:
     weights_digest: str | None = None  # of the final weights this worker holds: equal replicas, equal digests
     first_step_loss: float | None = None  # the training loss of this worker's first and last step here
     last_step_loss: float | None = None
+    gradient_bytes_sent: int = 0  # over all its steps, as its wire codec sent them (see ExchangeTimes)
 
 
 def weights_digest(model: torch.nn.Module) -> str:

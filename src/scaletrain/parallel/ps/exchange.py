@@ -22,7 +22,7 @@ from scaletrain.parallel.ps.protocol import (
     send_message,
 )
 from scaletrain.parallel.ps.server import ShardServer
-from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.device import synchronize
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange
@@ -141,21 +141,34 @@ class PSExchange(GradientExchange):
 
     def _receive_first_reply(self, owner: int) -> None:
         """An owner's first reply (after a start or a reconfiguration), header first: a server whose network
-        differs is told so and named, and its weights are not taken."""
+        or wire codec differs is told so and named, and its weights are not taken."""
         dist.recv(self._headers[owner], src=owner, group=self.groups[owner], tag=REPLY)
-        version, layout_id, numel, _ = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, _, size = (int(v) for v in self._headers[owner])
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
-            if version >= 0:  # the server has not seen it yet: take its weights, then our header stops it too
-                with contextlib.suppress(RuntimeError):
-                    dist.recv(self.codec.buffer(theirs.numel), src=owner, group=self.groups[owner], tag=REPLY)
-                    self._request(owner, DONE, version)
+            self._stop_at_first_reply(owner, version, theirs.numel)
             raise LayoutMismatch(
                 f"worker rank {self.rank} holds tensors of layout {mine} for the server at rank {owner}, which "
                 f"holds layout {theirs}; every process must build the same network (same workload, options and "
                 "reconfigurations)"
             )
+        if size != self.codec.payload_bytes(mine):
+            self._stop_at_first_reply(owner, version, theirs.numel)
+            raise WireMismatch(
+                f"worker rank {self.rank}'s wire codec {self.codec.name!r} encodes a gradient of layout {mine} in "
+                f"{self.codec.payload_bytes(mine)} bytes but the server at rank {owner}'s in {size}; every process "
+                "must use the same wire codec"
+            )
         self._take_weights(owner, dist.irecv(self._wires[owner], src=owner, group=self.groups[owner], tag=REPLY))
+
+    def _stop_at_first_reply(self, owner: int, version: int, numel: int) -> None:
+        """Before raising: if the server has not seen it yet, take its ``numel`` weights (8 bytes a value:
+        any type fits), then this worker's header stops it too."""
+        if version >= 0:
+            with contextlib.suppress(RuntimeError):
+                weights = torch.zeros(numel, dtype=torch.float64)
+                dist.recv(weights, src=owner, group=self.groups[owner], tag=REPLY)
+                self._request(owner, DONE, version)
 
     def _post_reply(self, owner: int) -> tuple[dist.Work, dist.Work]:
         """Post the receives of ``owner``'s next reply (header and weights) before asking for it."""
@@ -166,11 +179,16 @@ class PSExchange(GradientExchange):
         begin = now()
         header.wait()
         waited = now() - begin
-        version, layout_id, numel, skipped = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, skipped, size = (int(v) for v in self._headers[owner])
         if TensorLayout(layout_id, numel) != self._layouts[owner]:  # the server refused (version -1): no body
             raise LayoutMismatch(
                 f"the server at rank {owner} refused worker rank {self.rank}'s tensors of layout "
                 f"{self._layouts[owner]}: every process must build the same network"
+            )
+        if version < 0:  # the same network: the gradient's encoding was refused
+            raise WireMismatch(
+                f"the server at rank {owner} (gradients of {size} bytes) refused worker rank {self.rank}'s gradient "
+                f"as wire codec {self.codec.name!r}: every process must use the same wire codec"
             )
         self._skipped = self._skipped or bool(skipped)
         self._take_weights(owner, body)
@@ -189,16 +207,19 @@ class PSExchange(GradientExchange):
         host_copy = self._pack_gradients()
         remote = [owner for owner in self.owners if owner != self.rank]
         replies = {owner: self._post_reply(owner) for owner in remote}
+        sent = 0
         for owner in remote:
             waited += self._await_grant(owner)
-            wire = self.codec.encode_gradient(self._gradients[owner], stream=owner)
-            self._request(owner, GRADIENT, self.versions[owner], wire)
+            payload, _ = self.codec.compress(self._gradients[owner], self._layouts[owner], stream=owner)
+            body = self.codec.to_message(payload, self._layouts[owner])
+            self._request(owner, GRADIENT, self.versions[owner], body)
+            sent += body.nbytes
         if self.rank in self._owned:
             arrive = now()
             own = self._gradients[self.rank]
-            wire = self.codec.encode_gradient(own, stream=self.rank)
-            if wire.data_ptr() != own.data_ptr():  # rounded as the other owners receive theirs
-                self.codec.unpack(wire, own)
+            # as the other owners receive theirs: compressed and back (nothing at all for float32)
+            payload, context = self.codec.compress(own, self._layouts[self.rank], stream=self.rank)
+            self.codec.decompress(payload, context, out=own)
             version, weights, skipped = self.local_server.contribute(own, self.versions[self.rank])
             self.codec.unpack(self.codec.encode(weights), self._weights[self.rank])  # as the others get theirs
             self.versions[self.rank] = version
@@ -208,14 +229,22 @@ class PSExchange(GradientExchange):
             waited += self._receive_reply(owner, *replies[owner])
         host_copy += self._weights_to_device()
         return ExchangeTimes(
-            communication=now() - begin - waited - host_copy, wait=waited, skipped=self._skipped, host_copy=host_copy
+            communication=now() - begin - waited - host_copy,
+            wait=waited,
+            skipped=self._skipped,
+            host_copy=host_copy,
+            sent_bytes=sent,
         )
 
     def _request(self, owner: int, kind: int, version: int, body: torch.Tensor | None = None) -> None:
-        """Send ``owner`` a request: its header, then ``body`` (a one-value stand-in when there is none)."""
+        """Send ``owner`` a request: its header (with the bytes of this worker's gradient messages, which the
+        owner checks), then ``body`` (a one-byte stand-in when there is none)."""
         layout = self._layouts[owner]
-        header = torch.tensor([kind, version, self.batches_done, layout.layout_id, layout.numel], dtype=torch.int64)
-        body = self.codec.buffer(1) if body is None else body
+        size = self.codec.payload_bytes(layout) if body is None else body.nbytes
+        header = torch.tensor(
+            [kind, version, self.batches_done, layout.layout_id, layout.numel, size], dtype=torch.int64
+        )
+        body = torch.zeros(1, dtype=torch.uint8) if body is None else body
         send_message(header, body, owner, self.groups[owner], REQUEST)
 
     def _await_grant(self, owner: int) -> float:

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import describe
 from scaletrain.parallel.ps.protocol import (
     DONE,
@@ -26,7 +27,7 @@ from scaletrain.parallel.ps.protocol import (
     send_message,
 )
 from scaletrain.parallel.ps.staleness import Compensation
-from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec
+from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.flat import finite, flatten, views_of
 from scaletrain.train.meter import now
 
@@ -97,6 +98,7 @@ class ShardServer:
         self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
         self.layout = TensorLayout.of(master)
         self.codec = codec or WireCodec()
+        self.payload_bytes = self.codec.payload_bytes(self.layout)  # of a gradient message, in every header
         self.skip_nonfinite = skip_nonfinite
         self._skipped = False  # whether the last update was skipped
         #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
@@ -117,7 +119,7 @@ class ShardServer:
         self._round = 0
         self._snapshot = self._flat if synchronous else self._flat.clone()
         self._failure: tuple[int, str] | None = None
-        self._mismatch: str | None = None
+        self._mismatch: ScaletrainError | None = None  # a worker's network or codec differs
         self._receiving = threading.Semaphore(1) if exclusive else None
         self._sending = threading.Semaphore(1) if exclusive else None
         self._threads = [
@@ -147,7 +149,7 @@ class ShardServer:
                     break
                 self._condition.wait(0.2)
         if self._mismatch is not None:
-            raise LayoutMismatch(self._mismatch)
+            raise self._mismatch
         if self.synchronous and self._failure is not None:
             peer, reason = self._failure
             raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
@@ -158,7 +160,7 @@ class ShardServer:
         group = self.peers[peer]
         header = torch.zeros(REQUEST_FIELDS, dtype=torch.int64)
         gradient = torch.zeros_like(self._flat)
-        wire = self.codec.receive_buffer(gradient)
+        wire = self.codec.message_buffer(self.layout, gradient)  # the gradient itself for float32
         gradient_views = views_of(gradient, self.master)
         try:
             self._reply(peer, group, self.version, self.weights())
@@ -167,14 +169,18 @@ class ShardServer:
                     if self._receiving is not None:
                         dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
                     body = receive_header(header, wire, peer, group, REQUEST)
-                    kind, version, batches_done, layout_id, numel = (int(v) for v in header)
+                    kind, version, batches_done, layout_id, numel, size = (int(v) for v in header)
                     theirs = TensorLayout(layout_id, numel)
-                    if theirs != self.layout:  # only a network that differed at the first reply: a stand-in body
-                        self._refuse(peer, group, theirs)
+                    # only what differed at the first reply (the worker stopped there): a stand-in body
+                    if theirs != self.layout:
+                        self._refuse(peer, group, self._other_network(peer, theirs))
+                        return
+                    if size != self.payload_bytes:
+                        self._refuse(peer, group, self._other_codec(peer, size))
                         return
                     body.wait()
                     if kind == GRADIENT:
-                        self.codec.unpack(wire, gradient)
+                        self.codec.decompress(self.codec.from_message(wire, self.layout), self.layout, out=gradient)
                 with self._condition:
                     self.stats.batches_done[peer] = batches_done
                 if kind == DONE:
@@ -193,21 +199,31 @@ class ShardServer:
                     self._failure = (peer, reason)
                 self._condition.notify_all()
 
-    def _refuse(self, peer: int, group: dist.ProcessGroup, theirs: TensorLayout) -> None:
-        """A worker whose network differs: tell it this server's layout (it stops with both named), and stop."""
-        message = (
+    def _other_network(self, peer: int, theirs: TensorLayout) -> LayoutMismatch:
+        return LayoutMismatch(
             f"worker rank {peer} sent tensors of layout {theirs} but its server holds layout {self.layout}; "
             "every process must build the same network (same workload, options and reconfigurations)"
         )
+
+    def _other_codec(self, peer: int, size: int) -> WireMismatch:
+        return WireMismatch(
+            f"worker rank {peer} encodes a gradient of layout {self.layout} in {size} bytes but its server's wire "
+            f"codec {self.codec.name!r} in {self.payload_bytes}; every process must use the same wire codec"
+        )
+
+    def _refuse(self, peer: int, group: dist.ProcessGroup, error: ScaletrainError) -> None:
+        """A worker whose network or codec differs: tell it (version -1; it stops naming both), and stop."""
         with self._condition:
-            self._mismatch = self._mismatch or message
-            self._failure = self._failure or (peer, message)
+            self._mismatch = self._mismatch or error
+            self._failure = self._failure or (peer, str(error))
             self._condition.notify_all()
         with _held(self._sending):
             dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
 
     def _reply_header(self, version: int, skipped: bool = False) -> torch.Tensor:
-        return torch.tensor([version, self.layout.layout_id, self.layout.numel, int(skipped)], dtype=torch.int64)
+        layout = self.layout
+        fields = [version, layout.layout_id, layout.numel, int(skipped), self.payload_bytes]
+        return torch.tensor(fields, dtype=torch.int64)
 
     def _reply(
         self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: bool = False

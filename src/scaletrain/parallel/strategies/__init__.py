@@ -1,9 +1,12 @@
 """The strategies, one module each, and the registry everything else derives their names from.
 
 Adding a strategy = one module with a :class:`~scaletrain.parallel.strategies.base.Strategy`
-subclass + one line in :data:`STRATEGIES`. From the registry come: ``scaletrain train --strategy``'s
-choices, the bench's strategy specs (``allreduce-join``, ``ps-central-async`` …), the layout checks,
-the labels in summaries and results, and the estimator's list of configurations.
+subclass + one line in :data:`STRATEGIES` (here, or in a module named in ``SCALETRAIN_PLUGINS``).
+From the registry come: ``scaletrain train --strategy``'s choices, the bench's strategy specs
+(``allreduce-join``, ``ps-central-async`` …), the layout checks, the labels in summaries and results,
+the launcher's and a deployment's handling of a lost worker, the estimator's list of configurations
+and, from each strategy's :meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`, its
+predictions.
 """
 
 from __future__ import annotations

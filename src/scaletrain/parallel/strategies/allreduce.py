@@ -1,20 +1,26 @@
 """``allreduce``: gradients averaged over every worker, then the same step everywhere.
 
-One flat buffer goes through ``all_reduce`` (gloo on CPU, NCCL on GPU), so its communication time
-can be read apart from computation; DistributedDataParallel would overlap the two and hide it.
-With one worker there is nothing to average and no collective is called.
+One flat buffer goes through the wire codec's collective — ``all_reduce`` (gloo on CPU, NCCL on GPU)
+for a cast, whatever a codec of its own needs — so its communication time can be read apart from
+computation; DistributedDataParallel would overlap the two and hide it.
+With one worker there is nothing to average and no collective is called. Predicted as a ring
+all-reduce (Patarasuk & Yuan 2009): 2(N−1)/N · bytes / bandwidth + 2(N−1) latencies, then every
+worker's optimizer step; the thesis's distributed-server formula stands for it (the same
+2·t_comm·(N−1)/N per iteration).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, weight_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
@@ -22,7 +28,14 @@ from scaletrain.train.meter import now
 from scaletrain.train.state import Prepared, Role
 from scaletrain.train.summary import write_summary
 
-__all__ = ["AllReduce", "AllReduceExchange"]
+__all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
+
+
+def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """A synchronous step besides the gradient: the ring all-reduce, then every worker's optimizer step."""
+    profile = inputs.profile
+    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * weight_bytes(profile) / profile.bytes_per_second
+    return np.where(n == 1, 0.0, ring) + profile.t_update
 
 
 class AllReduce(Strategy):
@@ -30,6 +43,9 @@ class AllReduce(Strategy):
     description = "gradients averaged by all-reduce, the same step on every worker"
     syncs = ("join", "split")
     device_collectives = True
+
+    def estimator_terms(self, server: str) -> EstimatorTerms | None:
+        return EstimatorTerms(exchange=ring_allreduce_seconds, thesis_server="distributed")
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         role = Role(
@@ -55,7 +71,8 @@ class AllReduce(Strategy):
 
 
 class AllReduceExchange(GradientExchange):
-    """Gradients averaged over all workers with ``all_reduce``; every worker then takes the same step."""
+    """Gradients averaged over all workers by the codec's collective (``all_reduce`` of a cast; a codec
+    whose payload does not add up runs its own); every worker then takes the same step."""
 
     def __init__(self, workers: int, codec: WireCodec | None = None) -> None:
         self.workers = workers
@@ -87,12 +104,20 @@ class AllReduceExchange(GradientExchange):
         # takes is waiting, and the big all-reduce after it is (mostly) transfer.
         dist.all_reduce(self._ready)
         arrived = now()
-        wire = self.codec.encode_gradients([p.grad for p in parameters])
-        dist.all_reduce(wire)
-        self.codec.decode_mean_into(wire, [p.grad for p in parameters], self.workers)
+        gradients = [p.grad for p in parameters]
+        layout = TensorLayout.of(gradients)
+        # The codec runs the collective: an all-reduce of a cast, or whatever its payload needs.
+        total = self.codec.allreduce(self.codec.pack(gradients), layout, stream="all-reduce")
+        total /= self.workers
+        unflatten_into(total, gradients)
         done = now()
         skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
-        return ExchangeTimes(communication=done - arrived, wait=arrived - begin, skipped=skipped)
+        return ExchangeTimes(
+            communication=done - arrived,
+            wait=arrived - begin,
+            skipped=skipped,
+            sent_bytes=self.codec.payload_bytes(layout),
+        )
 
 
 def check_same_layout(parameters: list[torch.Tensor]) -> None:

@@ -1,9 +1,11 @@
 """The small interface every strategy implements, and the steps all strategies' processes share.
 
 A strategy says which process layouts it accepts (server kinds, update modes, worker counts), how
-many extra processes it starts, and what each process of a run does (:meth:`Strategy.run`). The
-registry in :mod:`scaletrain.parallel.strategies` derives from these every place that names a
-strategy: the CLI's choices, the bench's specs, labels, validation and the estimator's list.
+many extra processes it starts and whether they outlive a lost worker, what each process of a run
+does (:meth:`Strategy.run`), and how the estimators predict it (:meth:`Strategy.estimator_terms`).
+The registry in :mod:`scaletrain.parallel.strategies` derives from these every place that names a
+strategy: the CLI's choices, the bench's specs, labels, validation, the launcher's watch, the
+deployment's restart policy, the estimator's list and its formulas.
 
 :class:`Layout` says who does what in a run: the processes of a strategy and the data each worker
 computes. Vocabulary of Šlampa (2017, §6.1): ``join`` — each worker computes a whole batch of
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.train.loop import Trainer
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Prepared, Role
@@ -82,6 +85,19 @@ class Strategy(ABC):
         """Processes besides the workers (a central parameter server); they take the first ranks."""
         return 0
 
+    def estimator_terms(self, server: str) -> EstimatorTerms | None:
+        """How the estimators predict it with ``server`` (``""`` for a strategy without servers): pure
+        functions over the profile's numbers (:mod:`~scaletrain.parallel.strategies.terms`), read by
+        :mod:`scaletrain.estimate` through the registry. None: a predicted strategy is listed but
+        refused as "not modelled by the estimator"."""
+        return None
+
+    def outlives_lost_workers(self, layout: Layout) -> bool:
+        """Whether a run goes on without a worker that dies or stops answering: its server process (one
+        of :meth:`extra_processes`) counts the worker as lost and finishes with the others. False: a lost
+        process stops the run (the launcher stops every other one; a deployment restarts them all)."""
+        return False
+
     def check(self, layout: Layout) -> None:
         """Refuse a layout this strategy cannot run, naming the fix (server and sync are checked already)."""
         if self.max_workers is not None and layout.workers > self.max_workers:
@@ -115,6 +131,8 @@ class Layout:
     >>> layout = Layout("ps", workers=2, server="central", sync="async")
     >>> layout.world_size, layout.role(0), layout.worker_index(2), layout.label
     (3, 'server', 1, 'ps-central-async')
+    >>> layout.outlives_lost_workers, Layout("ps", 2, server="sharded", sync="async").outlives_lost_workers
+    (True, False)
     >>> Layout("allreduce", 2, server="central").label  # a server kind means nothing to all-reduce
     'allreduce-join'
     """
@@ -158,6 +176,11 @@ class Layout:
     @property
     def extra_processes(self) -> int:
         return self.plugin.extra_processes(self)
+
+    @property
+    def outlives_lost_workers(self) -> bool:
+        """The strategy's :meth:`Strategy.outlives_lost_workers` for this layout."""
+        return self.plugin.outlives_lost_workers(self)
 
     @property
     def world_size(self) -> int:

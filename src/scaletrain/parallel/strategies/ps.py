@@ -25,6 +25,8 @@ from scaletrain.parallel.ps.server import ServerStats, ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
+from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
 from scaletrain.train.reconfigure import apply_decision, describe_decision
@@ -40,8 +42,16 @@ class ParameterServer(Strategy):
     servers = ("central", "sharded")
     syncs = ("join", "split", "async")
 
+    def estimator_terms(self, server: str) -> EstimatorTerms | None:
+        return {"central": CENTRAL, "sharded": SHARDED}.get(server)
+
     def extra_processes(self, layout: Layout) -> int:
         return 1 if layout.server == "central" else 0
+
+    def outlives_lost_workers(self, layout: Layout) -> bool:
+        # The asynchronous central server counts a lost worker and finishes with the others; a sharded
+        # worker also owns a share, and a synchronous step needs every worker.
+        return layout.server == "central" and layout.sync == "async"
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         setup = _Setup.of(prepared, layout, store)

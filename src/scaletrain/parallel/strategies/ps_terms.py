@@ -1,0 +1,89 @@
+"""The parameter server's estimator terms (:mod:`~scaletrain.parallel.strategies.terms`), declared by
+:class:`~scaletrain.parallel.strategies.ps.ParameterServer`; a module of their own only because
+``ps.py`` is long already.
+
+- **Central server, synchronised workers**: they finish their gradients together, so N pushes share
+  the server's downlink and N replies its uplink (the thesis's worst case is the usual one).
+- **Sharded server**: the real shard sizes (Algorithm 3.7's greedy assignment over the real tensors;
+  one large tensor makes one owner's link the bottleneck, not (N−1)/N of the weights).
+- **Asynchronous workers** as a closed queueing network (Reiser & Lavenberg 1980): every worker
+  cycles through compute (a delay) and the server's downlink, update and uplink (queues).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from scaletrain.parallel.sharding import owner_shares
+from scaletrain.parallel.strategies.terms import (
+    EstimatorTerms,
+    Network,
+    StepInputs,
+    queue_demands,
+    transfer_seconds,
+    weight_bytes,
+)
+
+__all__ = ["CENTRAL", "SHARDED"]
+
+
+def central_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """N workers push at once through the server's downlink, then N replies share its uplink; the server steps."""
+    profile = inputs.profile
+    return 2 * transfer_seconds(profile, n * weight_bytes(profile)) + profile.t_update
+
+
+def shares(inputs: StepInputs, n: np.ndarray) -> list[dict[float, int]]:
+    """Per N: fraction of the weight bytes an owner holds → how many of the N owners hold it (Algorithm 3.7)."""
+    return inputs.per_count("shares", n, lambda count: owner_shares(inputs.profile.tensor_bytes, count))
+
+
+def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """Push every owner its share, owners update in parallel, pull every share back.
+
+    Worker i sends (1 − s_i) of the bytes over its uplink while owner j receives (N−1)·s_j over its
+    downlink; the busiest link sets each phase's length (and the same for the replies): the one of
+    the owner with the smallest share or the one with the largest.
+    """
+    profile = inputs.profile
+    held = shares(inputs, n)
+    smallest = np.array([min(share) for share in held])
+    largest = np.array([max(share) for share in held])
+    update = largest * profile.t_update
+    busiest = np.maximum(1 - smallest, (n - 1) * largest)
+    phase = (n - 1) * profile.latency + busiest * weight_bytes(profile) / profile.bytes_per_second
+    return np.where(n == 1, update, 2 * phase + update)
+
+
+def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
+    """Queues: the server's downlink (gradients), its update lock, its uplink (weights)."""
+    profile = inputs.profile
+    gradients = inputs.gradient("async", workers).tolist()
+    size = weight_bytes(profile)
+    bandwidth = profile.bytes_per_second
+    queues = queue_demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
+    return [(n, gradient + 2 * profile.latency, queues)
+            for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
+
+
+def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
+    """Queues: every process's uplink and downlink, and its owner's update."""
+    profile = inputs.profile
+    gradients = inputs.gradient("async", workers).tolist()
+    size = weight_bytes(profile)
+    bandwidth = profile.bytes_per_second
+    networks = []
+    for n, gradient, held in zip(workers.tolist(), gradients, shares(inputs, workers), strict=True):
+        # Every process's uplink and downlink carry its own worker's pushes/pulls of the other shares
+        # and its owner's traffic for the other workers; averaged over which worker is cycling.
+        queues = []
+        for share, owners in held.items():
+            link = ((1 - share) / n + (n - 1) / n * share) * size / bandwidth if n > 1 else 0.0
+            queues += [(link, 2 * owners), (share * profile.t_update, owners)]
+        networks.append((n, gradient + 2 * (n - 1) * profile.latency, queue_demands(queues)))
+    return networks
+
+
+CENTRAL = EstimatorTerms(exchange=central_exchange, networks=central_networks, thesis_server="central")
+# Owners update in parallel: their step is part of the exchange.
+SHARDED = EstimatorTerms(exchange=sharded_exchange, networks=sharded_networks, thesis_server="distributed")
