@@ -40,6 +40,18 @@ def test_stdout_is_the_api_result() -> None:
     assert objects == expected
 
 
+def test_technique_options_and_flags_reach_the_pods() -> None:
+    result = run_cli(
+        "deploy", "kubernetes", "lenet", "--image", "scaletrain:cpu", "--technique", "prunetrain",
+        "-T", "step=subgradient", "--lasso-ratio", "0.5", "--precision", "bf16",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (config_map,) = [obj for obj in yaml.safe_load_all(result.stdout) if obj["kind"] == "ConfigMap"]
+    run = tomllib.loads(config_map["data"]["run.toml"])
+    assert (run["technique"], run["precision"]) == ("prunetrain", "bf16")
+    assert run["technique_options"] == {"step": "subgradient", "ratio": 0.5}
+
+
 def test_folder_and_config_file(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text("epochs = 3\nlr = 0.02\n")

@@ -138,6 +138,7 @@ def _write(objects: list[dict[str, Any]], out: Path | None) -> int:
 def run(args: argparse.Namespace) -> int:
     training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in ("workload", "out")}
     training["options"] = train.workload_options(args) or None
+    training.update(train.technique_settings(args))  # -T options and a technique's own flags, as train takes them
     objects = deploy_kubernetes(
         args.workload,
         image=args.image,

@@ -190,21 +190,23 @@ def _toml_value(value: Any) -> str:
 def run_toml(settings: dict[str, Any]) -> str:
     """The run configuration in the ``--config`` TOML format of :func:`scaletrain.config.load_toml`.
 
-    >>> print(run_toml({"batch_size": 16, "lr": 0.05, "options": {"num_steps": 35}}), end="")
+    >>> print(run_toml({"batch_size": 16, "options": {"num_steps": 35}, "technique_options": {"ratio": 0.5}}), end="")
     batch-size = 16
-    lr = 0.05
     <BLANKLINE>
     [options]
     num_steps = 35
+    <BLANKLINE>
+    [technique_options]
+    ratio = 0.5
     """
     lines = [
         f"{key.replace('_', '-')} = {_toml_value(value)}"
         for key, value in settings.items()
-        if key != "options" and value is not None
+        if not isinstance(value, dict) and value is not None
     ]
-    options = settings.get("options") or {}
-    if options:
-        lines += ["", "[options]"] + [f"{key} = {_toml_value(value)}" for key, value in options.items()]
+    for table, values in settings.items():  # options, technique_options: tables, after every plain key
+        if isinstance(values, dict) and values:
+            lines += ["", f"[{table}]"] + [f"{key} = {_toml_value(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
 
 
