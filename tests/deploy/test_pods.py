@@ -58,7 +58,7 @@ def image() -> Iterator[str]:
     assert build.returncode == 0, build.stdout + build.stderr
     print(build.stdout.strip().splitlines()[-1])  # size and build time, shown with pytest -s
     yield tag
-    podman("rmi", "--force", tag, check=False)  # 1.4 GB per build otherwise; the base image is kept
+    podman("rmi", "--force", tag, check=False)  # only the package's layers: the base and deps images are kept
 
 
 @pytest.fixture

@@ -18,6 +18,11 @@ from tests.helpers import REPO, make_fashion_mnist, run_cli
 
 pytestmark = pytest.mark.multiprocess
 
+#: --timeout of the runs that freeze a process: each of those tests waits it out once. Long enough
+#: for two or three processes on a busy 2-core machine to start and meet; each test's own bound on
+#: how long the run may take after the freeze is this plus time to notice and stop everyone.
+STOP_TIMEOUT = 10
+
 
 def start_cli(*args: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SCALETRAIN_OFFLINE": "1"}
@@ -172,7 +177,8 @@ def test_ctrl_c_before_the_first_checkpoint_promises_nothing(workers: str, tmp_p
 def test_async_run_survives_a_stopped_worker(data: Path, tmp_path: Path) -> None:
     """SIGSTOP, not death: the server counts the worker lost within --timeout and finishes with the other."""
     out = tmp_path / "run"
-    run = start_cli(*train_args(data, out, "--workers", "2", "--strategy", "ps", "--sync", "async", "--timeout", "20"))
+    extra = ["--workers", "2", "--strategy", "ps", "--sync", "async", "--timeout", str(STOP_TIMEOUT)]
+    run = start_cli(*train_args(data, out, *extra))
     victim = wait_for_training(out, rank=2)
     os.kill(victim, signal.SIGSTOP)
     try:
@@ -185,7 +191,7 @@ def test_async_run_survives_a_stopped_worker(data: Path, tmp_path: Path) -> None
     [lost] = summary["lost_workers"]
     assert lost["rank"] == 2 and "stopped answering" in lost["reason"], lost
     assert lost["batches_not_done"] > 0
-    assert "lost worker rank 2 (no answer from worker rank 2 within 20 s" in stderr
+    assert f"lost worker rank 2 (no answer from worker rank 2 within {STOP_TIMEOUT} s" in stderr
     assert f"{lost['batches_not_done']} of its batches not done" in stderr
     assert summary["server_updates"] == 12 * (2048 // 8) - lost["batches_not_done"]
     assert_no_survivors(out)
@@ -203,7 +209,7 @@ def test_a_stopped_process_is_named_in_one_line(
     strategy: list[str], victim_rank: int, role: str, data: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    run = start_cli(*train_args(data, out, "--workers", "2", "--timeout", "20", *strategy))
+    run = start_cli(*train_args(data, out, "--workers", "2", "--timeout", str(STOP_TIMEOUT), *strategy))
     victim = wait_for_training(out, rank=victim_rank)
     os.kill(victim, signal.SIGSTOP)
     stopped_at = time.monotonic()
@@ -212,7 +218,7 @@ def test_a_stopped_process_is_named_in_one_line(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGCONT)
-    assert time.monotonic() - stopped_at < 20 + 40  # the timeout, and time to notice and stop everyone
+    assert time.monotonic() - stopped_at < STOP_TIMEOUT + 40  # the timeout, and time to notice and stop everyone
     assert run.returncode == 1, stderr
     said = [line for line in stderr.splitlines() if line.startswith("scaletrain:")]
     assert len(said) == 1, stderr
@@ -279,7 +285,7 @@ def test_without_our_launcher_the_survivor_names_the_stopped_process(data: Path,
     nodefile = tmp_path / "nodes"
     nodefile.write_text(f"127.0.0.1:{port}\n127.0.0.1:{port}\n")
     out = tmp_path / "run"
-    common = train_args(data, out, "--workers", "2", "--nodefile", str(nodefile), "--timeout", "20")
+    common = train_args(data, out, "--workers", "2", "--nodefile", str(nodefile), "--timeout", str(STOP_TIMEOUT))
     ranks = [start_cli(*common, "--index", str(index)) for index in (0, 1)]
     try:
         victim = wait_for_training(out, rank=1)
@@ -293,5 +299,5 @@ def test_without_our_launcher_the_survivor_names_the_stopped_process(data: Path,
                 os.kill(process.pid, signal.SIGCONT)
             process.communicate(timeout=30)
     assert ranks[0].returncode == 1, stderr
-    assert "worker rank 0: no answer from worker rank 1 within 20 s: it stopped answering" in stderr
+    assert f"worker rank 0: no answer from worker rank 1 within {STOP_TIMEOUT} s: it stopped answering" in stderr
     assert "Traceback" not in stderr and (out / "logs" / "rank-0.traceback").exists()

@@ -44,6 +44,29 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_fashion_mnist(tmp_path_factory.mktemp("reconfigure") / "fmnist", train=TRAIN, test=32)
 
 
+class Runs:
+    """Runs of :func:`train_on` trained once per module: the uninterrupted run a resume test compares
+    with is the very run a matching test checked against one process (each multi-process run costs
+    seconds of process start-up on 2 cores)."""
+
+    def __init__(self, data: Path, factory: pytest.TempPathFactory) -> None:
+        self.data, self.factory = data, factory
+        self.done: dict[tuple, tuple[dict, Path]] = {}
+
+    def get(self, strategy: str, server: str, sync: str, *, workers: int = 2, **extra) -> tuple[dict, Path]:
+        """The summary and the folder of ``train_on(...)`` with these settings, trained on first use."""
+        key = (strategy, server, sync, workers, repr(sorted(extra.items())))
+        if key not in self.done:
+            out = self.factory.mktemp("shared-run") / "run"
+            self.done[key] = (train_on(self.data, out, strategy, server, sync, workers=workers, **extra), out)
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(data, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, torch.Tensor]]:
     """The reconfiguration in one process, at batch 12 (= split over N) and 24 (= join of 2)."""
@@ -71,14 +94,14 @@ SYNCHRONOUS = [
 
 @pytest.mark.parametrize(("strategy", "server", "sync", "workers"), SYNCHRONOUS)
 def test_synchronous_reconfiguration_matches_one_process(
-    strategy: str, server: str, sync: str, workers: int, data: Path, local_runs: dict, tmp_path: Path
+    strategy: str, server: str, sync: str, workers: int, runs: Runs, local_runs: dict
 ) -> None:
-    summary = train_on(data, tmp_path / "run", strategy, server, sync, workers=workers)
+    summary, out = runs.get(strategy, server, sync, workers=workers)
     per_epoch = TRAIN // (12 * (workers if sync == "join" else 1))
     assert summary["steps"] == 2 * per_epoch
     assert summary["parameters"] == 20 * 25 + 20 + 50 * 20 * 25 + 50 + 250 * 800 + 250 + 10 * 250 + 10
     if workers == 2:
-        assert_same_weights(weights(tmp_path / "run"), local_runs[12 if sync == "split" else 24])
+        assert_same_weights(weights(out), local_runs[12 if sync == "split" else 24])
 
 
 @pytest.mark.parametrize("server", ["central", "sharded"])
@@ -221,12 +244,12 @@ def rebatched_local_runs(data: Path, tmp_path_factory: pytest.TempPathFactory) -
     [("allreduce", "", "join"), ("allreduce", "", "split"), ("ps", "central", "join"), ("ps", "sharded", "split")],
 )
 def test_a_batch_change_matches_one_process(
-    strategy: str, server: str, sync: str, data: Path, rebatched_local_runs: dict, tmp_path: Path
+    strategy: str, server: str, sync: str, runs: Runs, rebatched_local_runs: dict
 ) -> None:
-    summary = train_on(data, tmp_path / "run", strategy, server, sync, **REBATCH)
+    summary, out = runs.get(strategy, server, sync, **REBATCH)
     per_epoch = TRAIN // (12 * (2 if sync == "join" else 1))
     assert summary["steps"] == per_epoch + 2 * (per_epoch // 2)
-    assert_same_weights(weights(tmp_path / "run"), rebatched_local_runs[12 if sync == "split" else 24])
+    assert_same_weights(weights(out), rebatched_local_runs[12 if sync == "split" else 24])
 
 
 def test_asynchronous_workers_follow_a_batch_change(data: Path, tmp_path: Path) -> None:
@@ -247,11 +270,11 @@ RESUMED = [
 
 @pytest.mark.parametrize(("technique", "strategy", "server", "sync"), RESUMED)
 def test_a_run_stopped_after_a_reconfiguration_resumes_into_the_same_weights(
-    technique: str, strategy: str, server: str, sync: str, data: Path, tmp_path: Path
+    technique: str, strategy: str, server: str, sync: str, data: Path, runs: Runs, tmp_path: Path
 ) -> None:
     extra = REBATCH if technique == "rebatch" else {}
     workers = 1 if strategy == "local" else 2
-    straight = train_on(data, tmp_path / "straight", strategy, server, sync, workers=workers, **extra)
+    straight, straight_out = runs.get(strategy, server, sync, workers=workers, **extra)  # often a run checked above
     first_epoch = TRAIN // (12 * (workers if sync == "join" else 1))
     stop = first_epoch + 3  # three steps into the epoch after the reconfiguration
     stopped = train_on(data, tmp_path / "stopped", strategy, server, sync, workers=workers, steps=stop, **extra)
@@ -263,4 +286,4 @@ def test_a_run_stopped_after_a_reconfiguration_resumes_into_the_same_weights(
         assert [segment["batch_size"] for segment in checkpoint["schedule"]] == [12, 24]
     resumed = train_on(data, tmp_path / "stopped", strategy, server, sync, workers=workers, resume=True, **extra)
     assert resumed["resumed_from_step"] == stop and resumed["steps"] == straight["steps"]
-    assert_same_weights(weights(tmp_path / "straight"), weights(tmp_path / "stopped"))
+    assert_same_weights(weights(straight_out), weights(tmp_path / "stopped"))

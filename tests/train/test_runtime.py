@@ -185,3 +185,13 @@ def test_a_bench_child_without_the_setting_reports_its_page_faults(tmp_path: Pat
     (worker,) = written["per_worker"]
     assert worker["measured_steps"] == 3
     assert worker["minor_faults_per_step"] == written["minor_faults_per_step"] > 1000
+
+
+def test_a_process_of_a_run_starts_without_matplotlib() -> None:
+    """Every process of a run imports the worker module; matplotlib (a third of a second of each start)
+    is imported only when a picture is drawn."""
+    code = "import sys, scaletrain.parallel.worker; print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"
+    environment = clean_environment()
+    done = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

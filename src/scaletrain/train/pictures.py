@@ -10,12 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display needed
-
-import matplotlib.pyplot as plt
-
 __all__ = ["PRUNING_PICTURE", "plot_reconfigurations"]
 
 PRUNING_PICTURE = "pruning.png"
@@ -27,6 +21,12 @@ def plot_reconfigurations(metrics: Path, out: Path) -> Path | None:
     epochs = [r for r in records if r.get("kind") == "epoch" and "parameters" in r]
     if not epochs:
         return None
+    # matplotlib only when drawing: every process of a run imports this module (a third of a second each)
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
     changes = [r["epoch"] + 1 for r in records if r.get("kind") == "reconfiguration"]
     numbers = [r["epoch"] + 1 for r in epochs]
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(6.4, 5.6))
