@@ -1,8 +1,11 @@
 """Throughput cost of scaletrain's training loop against a bare PyTorch loop, measured side by side.
 
 Both sides train LeNet-5 on the same data (Fashion-MNIST if found, else labelled synthetic tensors)
-in the same batch order (``epoch_permutation``), with the same seed, batch size, SGD lr/momentum,
-step count and torch thread count; the final losses are compared to prove it. The scaletrain side
+in the same batch order (``epoch_permutation``), with the same seed, batch size, SGD lr/momentum
+(fused, as scaletrain makes it), memory layout (contiguous: scaletrain's CPU default, channels-last,
+runs other kernels), step count and torch thread count; the final losses are compared to prove it.
+The allocator tuning that ``scaletrain.train`` applies to its process (``configure_process``) holds
+for the bare runs as well, since both run in this one process after the warm-up pair. The scaletrain side
 is the public ``scaletrain.train(...)`` with its normal logging and checkpointing (TensorBoard on,
 log every 50, checkpoint every 200); the bare side is zero_grad/forward/cross-entropy/backward/step.
 After one short untimed warm-up pair the runs alternate, bare first in odd repeats and scaletrain
@@ -82,7 +85,7 @@ def run_bare(data: ClassificationData, steps: int, batch: int, out: Path) -> dic
     started = time.perf_counter()
     torch.manual_seed(SEED)
     model = LeNet5()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, fused=True)  # scaletrain's SGD
     order = epoch_permutation(len(data.train_inputs), seed=SEED, epoch=0)
     inputs, labels, loss = data.train_inputs, data.train_labels, torch.zeros(())
     marks: dict[int, float] = {}
@@ -120,6 +123,7 @@ def run_scaletrain(
         seed=SEED,
         threads=threads,
         warmup_steps=WARMUP,
+        memory_format="contiguous",  # the bare loop's layout: the same kernels on both sides
         progress="off",
         out=out,
     )

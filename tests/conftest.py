@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import SHARED_PTB, SYSTEM_FASHION_MNIST, make_fashion_mnist, make_image_folder
+from tests.helpers import SHARED_PTB, SYSTEM_FASHION_MNIST, TrainedOnce, make_fashion_mnist, make_image_folder
 
 
 @pytest.fixture
@@ -36,6 +36,12 @@ def real_fmnist() -> Path:
     if not (SYSTEM_FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
         pytest.skip("real Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
     return SYSTEM_FASHION_MNIST
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> TrainedOnce:
+    """``trained(workload, **settings)``: a run trained once per session, shared by the tests that read it."""
+    return TrainedOnce(tmp_path_factory.mktemp("trained-once"))
 
 
 @pytest.fixture

@@ -21,6 +21,45 @@ IMAGE_CLASSES = ("001.ak47", "002.bat", "003.cat")
 GREY_IMAGE = (1, 0, 128)
 
 
+#: Real Fashion-MNIST LeNet runs that several tests read (through the ``trained`` fixture): 2 epochs at
+#: batch 64, lr 0.05, momentum 0.9, one torch thread per process (as 2 asynchronous workers get on 2 cores).
+REAL_LENET = {
+    "epochs": 2,
+    "batch_size": 64,
+    "lr": 0.05,
+    "momentum": 0.9,
+    "threads": 1,
+    "progress": "off",
+    "tensorboard": False,
+}
+#: The pytest-xdist group of the tests that read these runs: one worker trains each run once for all.
+REAL_LENET_GROUP = "real-lenet"
+#: The asynchronous run of :data:`REAL_LENET`: 2 workers on the central parameter server.
+REAL_ASYNC = {"workers": 2, "strategy": "ps", "server": "central", "sync": "async"}
+
+
+class TrainedOnce:
+    """Runs of ``scaletrain.train`` made once per test session and read by every test asking for the
+    same settings: a real-data run costs minutes, and several tests check different things of one run.
+
+    A test must only read what it gets (the summary, the files under the folder), never change it.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.done: dict[str, tuple[dict, Path]] = {}
+
+    def __call__(self, workload: str, **settings: object) -> tuple[dict, Path]:
+        """The summary and the output folder of ``scaletrain.train(workload, **settings)``."""
+        import scaletrain  # imports torch: only where a test trains
+
+        key = repr((workload, sorted(settings.items())))
+        if key not in self.done:
+            out = self.folder / f"run{len(self.done)}"
+            self.done[key] = (scaletrain.train(workload, out=out, **settings), out)
+        return self.done[key]
+
+
 def make_fashion_mnist(folder: Path, *, train: int = 256, test: int = 64, seed: int = 0) -> Path:
     """A tiny learnable Fashion-MNIST look-alike in the real IDX format (see scaletrain.data.synthetic)."""
     return write_synthetic_fashion_mnist(folder, train=train, test=test, seed=seed)

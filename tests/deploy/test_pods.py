@@ -27,7 +27,10 @@ from tests.helpers import REPO, make_fashion_mnist, run_cli
 
 from scaletrain import deploy_kubernetes
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.alone,
+]  # containers with CPU limits and a --timeout of 20 s; the image tag is machine-wide
 
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager=cgroupfs"]
 LIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]

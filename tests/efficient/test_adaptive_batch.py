@@ -55,6 +55,7 @@ class Hungry(nn.Module):
         return (self.layer(torch.ones(rows, 4)) * (wide * 2).sum(dim=1, keepdim=True)).sum()
 
 
+@pytest.mark.alone  #
 def test_a_planted_memory_limit_is_found_on_real_forked_steps() -> None:
     model = Hungry()
 
@@ -78,6 +79,7 @@ def test_a_step_that_runs_out_of_memory_in_the_copy_does_not_fit() -> None:
     assert forked_peak_rss(explode) is None
 
 
+@pytest.mark.alone  #
 def test_a_trial_far_too_large_for_the_machine_fails_at_once_in_the_copy() -> None:
     """The copy may map only 80 % of the available memory: asking for 90 % fails there, not in the machine."""
     available = available_memory()
@@ -124,6 +126,7 @@ def searches(out: Path) -> list[dict]:
     return json.loads((out / "summary.json").read_text())["batch_searches"]
 
 
+@pytest.mark.alone  #
 def test_a_run_takes_the_largest_batch_under_the_budget_and_warms_up_to_its_rate(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     summary = scaletrain.train("resnet", options=RESNET, data_dir=data, out=out, epochs=6, batch_size=16,
@@ -142,6 +145,7 @@ def test_a_run_takes_the_largest_batch_under_the_budget_and_warms_up_to_its_rate
     assert rates[:4] == pytest.approx(expected)  # the warm-up: the rate moves every update
 
 
+@pytest.mark.alone  #
 @pytest.mark.multiprocess
 def test_after_pruning_the_batch_rises_for_every_worker_at_once(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"

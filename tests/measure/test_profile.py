@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.multiprocess]
 LENET_FLOATS = 431_080
 
 
+@pytest.mark.alone  #
 def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, tmp_path):
     out = tmp_path / "profile.json"
     config = ProfileConfig(
@@ -48,6 +49,7 @@ def test_a_measurement_that_overruns_its_timeout_is_stopped(tiny_fmnist):
         run_profile(ProfileConfig("lenet", data_dir=tiny_fmnist, download=False, timeout=0.5))
 
 
+@pytest.mark.alone  #
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None, reason="needs root and iproute2 (tc)")
 def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):

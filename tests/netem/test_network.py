@@ -211,6 +211,7 @@ def test_missing_iproute2_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- real namespaces -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  #
 @needs_netns
 def test_tcp_throughput_follows_the_rate(net50: EmulatedNetwork) -> None:
     # ~1 s at 50 Mbit/s. TCP goodput is ~95.6 % of the link rate tbf enforces (1448 payload bytes

@@ -17,6 +17,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.alone  #
 def test_communication_time_grows_as_the_rate_falls(tmp_path: Path) -> None:
     data = make_fashion_mnist(tmp_path / "data", train=256, test=32)
     communication = {}

@@ -25,7 +25,7 @@ from tests.parallel.many_workers import SAMPLES, TENSORS, started, tiny_workload
 import scaletrain
 from scaletrain.parallel.strategies import all_specs
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.alone]  # 8 to 17 processes on 2 cores within a --timeout of 30 s
 
 COMMON = {"momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5, "timeout": 30.0}
 SPLIT_BATCH, JOIN_BATCH = 16, 2  # 16 splits evenly over 8 and 16 workers

@@ -12,31 +12,18 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.helpers import REAL_ASYNC, REAL_LENET, REAL_LENET_GROUP, TrainedOnce
 
-import scaletrain
-
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-
-# One torch thread per process, as the asynchronous workers get on 2 cores: a loaded machine slows
-# a two-thread local run many times over.
-SETTINGS = {"epochs": 2, "batch_size": 64, "lr": 0.05, "momentum": 0.9, "threads": 1}
-QUIET = {"progress": "off", "tensorboard": False}
+# alone: the staleness of the asynchronous run, hence its momentum and accuracy, follow how the
+# processes share the cores
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_group(REAL_LENET_GROUP), pytest.mark.alone]
 
 
-def test_compensated_async_with_two_workers_is_within_two_points_of_local(real_fmnist: Path, tmp_path: Path) -> None:
-    local = scaletrain.train("lenet", data_dir=real_fmnist, out=tmp_path / "local", **SETTINGS, **QUIET)
-    run = tmp_path / "async"
-    asynchronous = scaletrain.train(
-        "lenet",
-        data_dir=real_fmnist,
-        out=run,
-        workers=2,
-        strategy="ps",
-        server="central",
-        sync="async",
-        **SETTINGS,
-        **QUIET,
-    )
+def test_compensated_async_with_two_workers_is_within_two_points_of_local(
+    real_fmnist: Path, trained: TrainedOnce
+) -> None:
+    local, _ = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
+    asynchronous, run = trained("lenet", data_dir=real_fmnist, **REAL_ASYNC, **REAL_LENET)
     assert asynchronous["steps"] == local["steps"]  # every batch of both epochs applied once
     assert asynchronous["staleness"]["mean"] > 0  # the two workers really did overlap
     compensation = asynchronous["async_compensation"]

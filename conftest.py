@@ -1,0 +1,100 @@
+"""How the test session shares this machine when pytest-xdist runs two tests at once (``-n``, pyproject.toml).
+
+* Each test file runs whole on one xdist worker (its ``xdist_group`` is its path, unless it names
+  another group), so a module's fixtures are made once, as without xdist. Tests that read one
+  session-scoped run (the ``trained`` fixture) name the same group and so share that run too.
+* Groups whose files hold ``slow`` tests are handed out first: the longest jobs start early instead of
+  being left for one worker at the end.
+* A test marked ``alone`` measures time or speed: it runs with no other test beside it. It takes a lock
+  exclusively while every other test holds it shared; a test waiting to be alone keeps new tests from
+  starting until it has run. Without xdist there is no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+#: How long a test waits for the lock before it fails: far longer than any test of the suite runs.
+LOCK_TIMEOUT_S = 3600.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "alone: measures time or speed; under pytest-xdist no other test runs beside it (conftest.py)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(config.rootpath))))
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within a file is kept
+
+
+def _take(handle: int, mode: int, what: str) -> None:
+    waited_from = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() - waited_from > LOCK_TIMEOUT_S:
+                raise TimeoutError(
+                    f"waited {LOCK_TIMEOUT_S:.0f} s for {what}: does a test of this run hang?"
+                ) from None
+            time.sleep(0.05)
+
+
+def _lock_files() -> tuple[Path, Path] | None:
+    """The run's gate and lock files, shared by its xdist workers; None without xdist."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return None
+    folder = Path(tempfile.gettempdir())
+    return folder / f"scaletrain-tests-{run}.gate", folder / f"scaletrain-tests-{run}.lock"
+
+
+@contextlib.contextmanager
+def company(alone: bool) -> Iterator[None]:
+    """Hold the run's lock for one test: exclusively when it must be alone, shared otherwise."""
+    files = _lock_files()
+    if files is None:  # not under xdist: one test at a time anyway
+        yield
+        return
+    # The gate gives a test waiting to be alone priority: while it holds the gate, no new test starts.
+    with open(files[0], "a") as gate, open(files[1], "a") as lock:
+        if alone:
+            _take(gate.fileno(), fcntl.LOCK_EX, "the other tests to end")
+            _take(lock.fileno(), fcntl.LOCK_EX, "the other tests to end")
+        else:
+            _take(gate.fileno(), fcntl.LOCK_SH, "a test that runs alone")
+            _take(lock.fileno(), fcntl.LOCK_SH, "a test that runs alone")
+            fcntl.flock(gate.fileno(), fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(gate.fileno(), fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # around setup, call and teardown: a module fixture made for this test is inside it too
+    with company(alone=item.get_closest_marker("alone") is not None):
+        return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # A worker that has finished runs no more tests; one still running makes new files and is alone.
+    for path in _lock_files() or ():
+        path.unlink(missing_ok=True)
