@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -49,25 +48,25 @@ def _take(handle: int, mode: int, what: str) -> None:
             return
         except BlockingIOError:
             if time.monotonic() - waited_from > LOCK_TIMEOUT_S:
-                raise TimeoutError(
-                    f"waited {LOCK_TIMEOUT_S:.0f} s for {what}: does a test of this run hang?"
-                ) from None
+                raise TimeoutError(f"waited {LOCK_TIMEOUT_S:.0f} s for {what}: does a test of this run hang?") from None
             time.sleep(0.05)
 
 
-def _lock_files() -> tuple[Path, Path] | None:
-    """The run's gate and lock files, shared by its xdist workers; None without xdist."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
+def _lock_files(config: pytest.Config) -> tuple[Path, Path] | None:
+    """The run's gate and lock files, shared by its xdist workers; None in a session xdist did not start
+    (no xdist, or a pytest that a test runs in a subprocess: it must not wait for the test that started it)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
         return None
     folder = Path(tempfile.gettempdir())
+    run = workerinput["testrunuid"]
     return folder / f"scaletrain-tests-{run}.gate", folder / f"scaletrain-tests-{run}.lock"
 
 
 @contextlib.contextmanager
-def company(alone: bool) -> Iterator[None]:
+def company(config: pytest.Config, alone: bool) -> Iterator[None]:
     """Hold the run's lock for one test: exclusively when it must be alone, shared otherwise."""
-    files = _lock_files()
+    files = _lock_files(config)
     if files is None:  # not under xdist: one test at a time anyway
         yield
         return
@@ -90,11 +89,11 @@ def company(alone: bool) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     # around setup, call and teardown: a module fixture made for this test is inside it too
-    with company(alone=item.get_closest_marker("alone") is not None):
+    with company(item.config, alone=item.get_closest_marker("alone") is not None):
         return (yield)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     # A worker that has finished runs no more tests; one still running makes new files and is alone.
-    for path in _lock_files() or ():
+    for path in _lock_files(session.config) or ():
         path.unlink(missing_ok=True)

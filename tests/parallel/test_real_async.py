@@ -15,6 +15,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.xdist_grou
 def test_async_lenet_with_two_workers_reaches_80_percent_in_two_epochs(real_fmnist: Path, trained: TrainedOnce) -> None:
     # the run of tests/parallel/test_real_async_compensation.py, trained once for both
     summary, _ = trained("lenet", data_dir=real_fmnist, **REAL_ASYNC, **REAL_LENET)
-    assert summary["steps"] == 2 * 60_000 // REAL_LENET["batch_size"]  # every batch of both epochs applied once
+    assert summary["steps"] == 2 * (60_000 // REAL_LENET["batch_size"])  # every batch of both epochs applied once
     assert summary["staleness"]["max"] >= 1  # two workers really did overlap
     assert summary["test_accuracy"] >= 0.80
