@@ -68,3 +68,15 @@ def test_merge_later_layers_win() -> None:
 def test_out_defaults_to_a_fresh_folder_per_run() -> None:
     resolved = resolve(TrainConfig(workload="lenet"), WorkloadDefaults(epochs=1, batch_size=8, lr=0.1))
     assert resolved.out.parent == Path("runs") and resolved.out.name.startswith("lenet-")
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"technique_options": {"fraction": "0.5"}}, r"technique options \(-T fraction=0.5\) need the technique"),
+        ({"technique": "prunetrain", "technique_options": {"fraction": "0.5"}}, "prunetrain has no option 'fraction'"),
+    ],
+)
+def test_a_setting_the_run_would_not_read_is_refused(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config("lenet", **settings)
