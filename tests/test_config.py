@@ -71,6 +71,28 @@ def test_out_defaults_to_a_fresh_folder_per_run() -> None:
 
 
 @pytest.mark.parametrize(
+    ("given", "expected"),
+    [(None, 1e4), ("off", "off"), ("Off", "off"), ("1e3", 1000.0), (50, 50.0), (2.5, 2.5)],
+)
+def test_divergence_is_a_factor_or_off(given: object, expected: object) -> None:
+    config = make_config("lenet", divergence=given)  # None: not given
+    assert config.divergence == expected and type(config.divergence) is type(expected)
+
+
+@pytest.mark.parametrize("value", [1, 0.5, -3, "never", "nan", "inf", True])
+def test_divergence_refuses_what_is_no_factor_above_one(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"divergence must be a factor > 1 \(e.g. 1e4: .*\) or off, got"):
+        make_config("lenet", divergence=value)
+
+
+def test_divergence_in_a_config_file(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('divergence = "off"\n')
+    assert make_config("lenet", config_file=config_file).divergence == "off"
+    assert make_config("lenet", config_file=config_file, divergence="100").divergence == 100.0
+
+
+@pytest.mark.parametrize(
     ("settings", "message"),
     [
         ({"technique_options": {"fraction": "0.5"}}, r"technique options \(-T fraction=0.5\) need the technique"),
