@@ -97,8 +97,45 @@ def test_divergence_in_a_config_file(tmp_path: Path) -> None:
     [
         ({"technique_options": {"fraction": "0.5"}}, r"technique options \(-T fraction=0.5\) need the technique"),
         ({"technique": "prunetrain", "technique_options": {"fraction": "0.5"}}, "prunetrain has no option 'fraction'"),
+        ({"workers": 2, "server": "sharded"}, "--server sharded is a parameter server's setting, and allreduce has"),
+        ({"server": "sharded"}, "--server sharded is a parameter server's setting, and local has no servers"),
+        ({"workers": 2, "strategy": "allreduce-split", "ps_admission": "exclusive"}, "--ps-admission exclusive is"),
+        ({"workers": 2, "strategy": "ps", "async_compensation": "lr"}, r"synchronous \(--sync join\); add"),
+        ({"workers": 2, "strategy": "ps-central-split", "async_compensation": "none"}, r"\(--sync split\)"),
+        ({"lr_decay_start": 3}, "add --lr-decay FACTOR"),
     ],
 )
 def test_a_setting_the_run_would_not_read_is_refused(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make_config("lenet", **settings)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"workers": 2, "strategy": "ps", "server": "sharded", "ps_admission": "exclusive"},
+        {"workers": 2, "strategy": "ps-central-async", "async_compensation": "lr"},
+        {"workers": 2, "strategy": "ps", "sync": "none", "async_compensation": "none"},  # none: async's alias
+        {"lr_decay": 0.5, "lr_decay_start": 3},
+        {"workers": 2, "strategy": "allreduce", "server": "central", "ps_admission": "none"},  # defaults: no ask
+        {"workers": 2, "sync": "split", "async_compensation": "momentum"},
+    ],
+)
+def test_the_same_settings_where_the_run_reads_them(settings: dict) -> None:
+    make_config("lenet", **settings)
+
+
+def test_a_sweep_gives_each_run_only_what_it_reads() -> None:
+    from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
+
+    settings = {"async_compensation": "lr", "ps_admission": "exclusive", "lr": 0.02}
+    sweep = SweepConfig(
+        "lenet", Path("out"), strategies=("allreduce-join", "ps-central-join", "ps-central-async"), workers=(2,),
+        batch_sizes=(64,), settings=settings,
+    )  # fmt: skip
+    runs = {run.label: run_settings(sweep, run) for run in plan_runs(sweep)[0]}
+    for given in runs.values():
+        make_config("lenet", **given)  # none is refused
+    join, asynchronous = runs["ps-central-join"], runs["ps-central-async"]
+    assert "ps_admission" not in runs["allreduce-join"] and join["ps_admission"] == "exclusive"
+    assert "async_compensation" not in join and asynchronous["async_compensation"] == "lr"

@@ -155,6 +155,11 @@ class TrainConfig:
             raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay!r}")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
+        if self.lr_decay_start and self.lr_decay == 1.0:
+            raise ConfigError(
+                f"lr_decay_start {self.lr_decay_start} says when --lr-decay starts, and the rate does not decay "
+                "(lr_decay 1); add --lr-decay FACTOR (e.g. 0.5), or drop --lr-decay-start"
+            )
         object.__setattr__(self, "divergence", _divergence_factor(self.divergence))
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
