@@ -68,3 +68,74 @@ def test_merge_later_layers_win() -> None:
 def test_out_defaults_to_a_fresh_folder_per_run() -> None:
     resolved = resolve(TrainConfig(workload="lenet"), WorkloadDefaults(epochs=1, batch_size=8, lr=0.1))
     assert resolved.out.parent == Path("runs") and resolved.out.name.startswith("lenet-")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(None, 1e4), ("off", "off"), ("Off", "off"), ("1e3", 1000.0), (50, 50.0), (2.5, 2.5)],
+)
+def test_divergence_is_a_factor_or_off(given: object, expected: object) -> None:
+    config = make_config("lenet", divergence=given)  # None: not given
+    assert config.divergence == expected and type(config.divergence) is type(expected)
+
+
+@pytest.mark.parametrize("value", [1, 0.5, -3, "never", "nan", "inf", True])
+def test_divergence_refuses_what_is_no_factor_above_one(value: object) -> None:
+    with pytest.raises(ConfigError, match=r"divergence must be a factor > 1 \(e.g. 1e4: .*\) or off, got"):
+        make_config("lenet", divergence=value)
+
+
+def test_divergence_in_a_config_file(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('divergence = "off"\n')
+    assert make_config("lenet", config_file=config_file).divergence == "off"
+    assert make_config("lenet", config_file=config_file, divergence="100").divergence == 100.0
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"technique_options": {"fraction": "0.5"}}, r"technique options \(-T fraction=0.5\) need the technique"),
+        ({"technique": "prunetrain", "technique_options": {"fraction": "0.5"}}, "prunetrain has no option 'fraction'"),
+        ({"workers": 2, "server": "sharded"}, "--server sharded is a parameter server's setting, and allreduce has"),
+        ({"server": "sharded"}, "--server sharded is a parameter server's setting, and local has no servers"),
+        ({"workers": 2, "strategy": "allreduce-split", "ps_admission": "exclusive"}, "--ps-admission exclusive is"),
+        ({"workers": 2, "strategy": "ps", "async_compensation": "lr"}, r"synchronous \(--sync join\); add"),
+        ({"workers": 2, "strategy": "ps-central-split", "async_compensation": "none"}, r"\(--sync split\)"),
+        ({"lr_decay_start": 3}, "add --lr-decay FACTOR"),
+    ],
+)
+def test_a_setting_the_run_would_not_read_is_refused(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config("lenet", **settings)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"workers": 2, "strategy": "ps", "server": "sharded", "ps_admission": "exclusive"},
+        {"workers": 2, "strategy": "ps-central-async", "async_compensation": "lr"},
+        {"workers": 2, "strategy": "ps", "sync": "none", "async_compensation": "none"},  # none: async's alias
+        {"lr_decay": 0.5, "lr_decay_start": 3},
+        {"workers": 2, "strategy": "allreduce", "server": "central", "ps_admission": "none"},  # defaults: no ask
+        {"workers": 2, "sync": "split", "async_compensation": "momentum"},
+    ],
+)
+def test_the_same_settings_where_the_run_reads_them(settings: dict) -> None:
+    make_config("lenet", **settings)
+
+
+def test_a_sweep_gives_each_run_only_what_it_reads() -> None:
+    from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
+
+    settings = {"async_compensation": "lr", "ps_admission": "exclusive", "lr": 0.02}
+    sweep = SweepConfig(
+        "lenet", Path("out"), strategies=("allreduce-join", "ps-central-join", "ps-central-async"), workers=(2,),
+        batch_sizes=(64,), settings=settings,
+    )  # fmt: skip
+    runs = {run.label: run_settings(sweep, run) for run in plan_runs(sweep)[0]}
+    for given in runs.values():
+        make_config("lenet", **given)  # none is refused
+    join, asynchronous = runs["ps-central-join"], runs["ps-central-async"]
+    assert "ps_admission" not in runs["allreduce-join"] and join["ps_admission"] == "exclusive"
+    assert "async_compensation" not in join and asynchronous["async_compensation"] == "lr"

@@ -31,6 +31,8 @@ __all__ = [
 
 PROGRESS_MODES = ("auto", "bar", "plain", "off")
 FLOAT32_MAX = 3.4028234663852886e38
+#: ``divergence``'s default: a loss ten thousand times its first values has left training behind.
+DIVERGENCE_FACTOR = 1e4
 #: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.ps.staleness`).
 ASYNC_COMPENSATIONS = ("momentum", "lr", "none")
 
@@ -56,6 +58,10 @@ class TrainConfig:
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
     ``strategy``, ``server`` and ``sync`` by :func:`scaletrain.make_config` (so by the command line and
     TOML files too).
+
+    ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
+    its first steps' loss (:mod:`scaletrain.train.divergence` says exactly how that is taken); ``"off"``
+    turns the bound off.
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
@@ -86,6 +92,7 @@ class TrainConfig:
     momentum: float | None = None
     weight_decay: float = 0.0
     clip_norm: float | None = None
+    divergence: float | str = DIVERGENCE_FACTOR
     lr_decay: float = 1.0
     lr_decay_start: int = 0
     seed: int = 0
@@ -148,6 +155,12 @@ class TrainConfig:
             raise ConfigError(f"weight_decay must be ≥ 0, got {self.weight_decay!r}")
         if not 0.0 < self.lr_decay <= 1.0:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
+        if self.lr_decay_start and self.lr_decay == 1.0:
+            raise ConfigError(
+                f"lr_decay_start {self.lr_decay_start} says when --lr-decay starts, and the rate does not decay "
+                "(lr_decay 1); add --lr-decay FACTOR (e.g. 0.5), or drop --lr-decay-start"
+            )
+        object.__setattr__(self, "divergence", _divergence_factor(self.divergence))
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
         if self.progress not in PROGRESS_MODES:
@@ -192,6 +205,26 @@ class TrainConfig:
             raise ConfigError(f"wire must be one of {', '.join(CODECS)}, got {self.wire!r}")
         if self.error_feedback and self.wire == "fp32":
             raise ConfigError("--error-feedback corrects a narrower wire's rounding; add --wire bf16 or --wire fp16")
+
+
+def _divergence_factor(value: Any) -> float | str:
+    """``divergence`` as given (a number, its text from the command line, or ``off``) → a float > 1 or ``"off"``.
+
+    >>> _divergence_factor("1e3"), _divergence_factor(100), _divergence_factor("OFF")
+    (1000.0, 100.0, 'off')
+    """
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return "off"
+    try:
+        factor = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        factor = math.nan
+    if not (math.isfinite(factor) and factor > 1):
+        raise ConfigError(
+            f"divergence must be a factor > 1 (e.g. 1e4: stop when the loss grows past 10000 × its first "
+            f"values) or off, got {value!r}"
+        )
+    return factor
 
 
 def _field_names() -> set[str]:

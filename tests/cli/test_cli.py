@@ -114,6 +114,7 @@ def test_missing_ptb_train_file_says_how_to_go_on(tiny_ptb: Path, tmp_path: Path
         (["--workers", "4", "--strategy", "ps", "--sync", "split", "--batch-size", "2"], "use --batch-size 4"),
         (["--workers", "2", "--sync", "split", "--batch-size", "7"], "--batch-size 6 or 6"),
         (["--network", "10mbit"], "this run has one process"),
+        (["-T", "fraction=0.5"], "technique options (-T fraction=0.5) need the technique they are for"),
     ],
 )
 def test_impossible_settings_exit_2(args: list[str], message: str, tiny_fmnist: Path, tmp_path: Path) -> None:

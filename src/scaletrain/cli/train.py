@@ -55,6 +55,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--momentum", type=float, help="SGD momentum (0 = plain SGD)")
     parser.add_argument("--weight-decay", type=float, help="L2 weight decay")
     parser.add_argument("--clip-norm", type=float, help="clip the gradient norm to this (0 = off)")
+    parser.add_argument(
+        "--divergence",
+        metavar="FACTOR|off",
+        help="stop the run when its loss stays past FACTOR × its first steps' loss (docs/training.md); off: never",
+    )
     parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
     parser.add_argument("--seed", type=int, help="random seed (same seed and settings ⇒ identical weights)")

@@ -27,6 +27,7 @@ from scaletrain.deploy.common import (
     write_folder,
 )
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.run import refuse_unread
 from scaletrain.parallel.strategies import Layout, expand_spec
 from scaletrain.workloads import WORKLOADS
 
@@ -74,6 +75,7 @@ def plan(
     # In TrainConfig's order, whatever order the file and flags came in: the same run, the same ConfigMap.
     given = {f.name: given[f.name] for f in fields(TrainConfig) if f.name in given}
     given = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()}
+    refuse_unread(expand_spec(given))  # the pods' own check, before anything is written
     train = TrainConfig(workload=workload, **expand_spec(given))
     layout = Layout(train.strategy, train.workers, train.server, train.sync)
     return Deployment(deploy, train, given, layout, sweep=sweep, folder=folder)

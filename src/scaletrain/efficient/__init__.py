@@ -87,6 +87,12 @@ def _chosen(name: str) -> type[Technique]:
 def check_techniques(settings: Mapping[str, Any]) -> None:
     """Refuse run settings (TrainConfig's fields by name) that the ``--technique`` choice or a standing
     technique cannot run with; nothing is built. :class:`~scaletrain.config.TrainConfig` calls it."""
+    if settings.get("technique") is None and settings.get("technique_options"):
+        given = " ".join(f"-T {key}={value}" for key, value in settings["technique_options"].items())
+        raise ConfigError(
+            f"technique options ({given}) need the technique they are for; add --technique NAME "
+            f"(one of {', '.join(sorted(TECHNIQUES))}) or drop them"
+        )
     if settings.get("technique") is not None:
         kind = _chosen(settings["technique"])
         given = kind.option_values(settings.get("technique_options") or {})

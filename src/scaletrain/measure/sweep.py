@@ -185,8 +185,12 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     ['ps', 'central', 'async', 2, 64, 100]
     """
     steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
+    # what only some runs of the grid read goes to those (a run refuses a setting it would not read)
+    unread = set() if run.server else {"server", "ps_admission"}
+    if run.sync != "async":
+        unread.add("async_compensation")
     return {
-        **config.settings,
+        **{key: value for key, value in config.settings.items() if key not in unread},
         "workers": run.workers,
         "strategy": run.strategy,
         **({"server": run.server} if run.server else {}),  # a strategy without servers names none

@@ -92,6 +92,12 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
         except KeyboardInterrupt:
             _stop(children)
             raise Interrupted(f"interrupted; every process of the run was stopped; {resume_advice(out)}") from None
+        except RunFailed:
+            _stop(children)
+            # A server that outlives lost workers finishes when none is left, even when they stopped with an
+            # error of their own (every worker's loss diverged): the run failed, and no summary says otherwise.
+            (out / SUMMARY_NAME).unlink(missing_ok=True)
+            raise
         except BaseException:
             _stop(children)
             raise

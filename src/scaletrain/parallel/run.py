@@ -5,6 +5,7 @@ of a job started elsewhere (a node file, torchrun)."""
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,10 @@ from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
-from scaletrain.parallel.strategies import expand_spec
+from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
 from scaletrain.workloads import Workload
 
-__all__ = ["make_config", "run_training"]
+__all__ = ["make_config", "refuse_unread", "run_training"]
 
 
 def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
@@ -32,7 +33,40 @@ def make_config(workload: str, *, config_file: Path | None = None, **settings: A
     """
     from_file = load_toml(config_file) if config_file is not None else {}
     given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
-    return TrainConfig(**expand_spec(merge({"workload": workload}, from_file, given)))
+    merged = expand_spec(merge({"workload": workload}, from_file, given))
+    refuse_unread(merged)
+    return TrainConfig(**merged)
+
+
+def refuse_unread(settings: dict[str, Any]) -> None:
+    """Refuse settings (TrainConfig fields as given, a spec split) that the run's strategy would never read:
+    a server's settings for a strategy without servers, asynchronous compensation for synchronous updates.
+    A setting given at its default value asks for nothing and passes.
+
+    >>> refuse_unread({"workers": 2, "server": "sharded"})
+    Traceback (most recent call last):
+    ...
+    scaletrain.errors.ConfigError: --server sharded is a parameter server's setting, and allreduce has no servers; ...
+    """
+    defaults = {f.name: f.default for f in fields(TrainConfig)}
+    asked = {key: value for key, value in settings.items() if value is not None and value != defaults.get(key)}
+    name = settings.get("strategy") or ("local" if settings.get("workers", 1) == 1 else "allreduce")
+    strategy = STRATEGIES.get(name)
+    if strategy is not None and not strategy.servers:
+        for key in ("server", "ps_admission"):
+            if key in asked:
+                flag = "--" + key.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} {settings[key]} is a parameter server's setting, and {name} has no servers; "
+                    f"add --strategy ps (see --server and --sync), or drop {flag}"
+                )
+    sync = settings.get("sync") or "join"
+    sync = ALIASES.get(sync, sync)
+    if "async_compensation" in asked and sync != "async":
+        raise ConfigError(
+            f"--async-compensation {settings['async_compensation']} compensates asynchronous updates' staleness, "
+            f"and this run's updates are synchronous (--sync {sync}); add --strategy ps --sync async, or drop it"
+        )
 
 
 def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, Any]:

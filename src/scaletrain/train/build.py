@@ -71,7 +71,7 @@ def prepare(
             stack.prepare_model(model)  # ghost batch norm: before the architecture of a resume, the optimizer
     model.train()
     initial_parameters = count_parameters(model)
-    position, state, resumed_from, architecture, decided = Position(), None, None, {}, 0
+    position, state, resumed_from, architecture, decided, first_losses = Position(), None, None, {}, 0, []
     checkpoint = None
     if config.resume:
         checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
@@ -89,6 +89,7 @@ def prepare(
         resumed_from = position.step
         decided = checkpoint.get("decided_epochs", position.epoch)
         schedule.restore(checkpoint.get("schedule"))
+        first_losses = [float(loss) for loss in checkpoint.get("first_losses") or []]
         if technique is not None and checkpoint.get("technique") is not None:
             technique.load_state_dict(checkpoint["technique"])
     return Prepared(
@@ -111,4 +112,5 @@ def prepare(
         device,
         layout,
         label_of(config.strategy, config.server, config.sync, config.workers),
+        first_losses,
     )

@@ -218,7 +218,8 @@ def checkpoint_payload(
     ``architecture``: the modules resized by reconfigurations so far (a resumed run rebuilds them
     before loading the weights); ``schedule``: the batch size and steps per epoch of each stretch of
     epochs; ``batch_size`` stays the one the run was started with; ``decided_epochs``: through which
-    epoch's end the technique has decided; ``technique``: the technique's own state.
+    epoch's end the technique has decided; ``technique``: the technique's own state; ``first_losses``:
+    the losses the divergence bound measures from (empty where the writer has not seen them yet).
     """
     config = prepared.config
     technique = prepared.technique
@@ -238,4 +239,5 @@ def checkpoint_payload(
         "schedule": prepared.schedule.to_list(),
         "decided_epochs": prepared.decided_epochs,
         "technique": technique.state_dict() if technique is not None else None,
+        "first_losses": list(prepared.first_losses),
     }

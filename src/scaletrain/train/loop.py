@@ -23,6 +23,7 @@ from scaletrain.efficient import EpochEnd, Reconfiguration, stacked
 from scaletrain.errors import ScaletrainError
 from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload
+from scaletrain.train.divergence import loss_bound
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
@@ -36,7 +37,8 @@ __all__ = ["Diverged", "Trainer"]
 
 
 class Diverged(ScaletrainError):
-    """The training loss became nan or infinite: the settings make the run diverge."""
+    """The training loss became nan or infinite, or grew past the divergence bound
+    (:mod:`scaletrain.train.divergence`): the settings make the run diverge."""
 
 
 class Trainer:
@@ -68,6 +70,7 @@ class Trainer:
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
+        self.bound = loss_bound(config, prepared.first_losses)  # fills prepared.first_losses, which checkpoints keep
         role.exchange.skip_nonfinite = self.technique is not None and self.technique.skips_nonfinite
 
     def train(self) -> None:
@@ -167,17 +170,23 @@ class Trainer:
         return to_device(self.workload.example_inputs(self.data), self.prepared.device)
 
     def _check_finite(self, loss: torch.Tensor) -> None:
-        """Stop before a nan or infinite loss turns into gradients that reach the other processes.
+        """Stop before a nan or infinite loss turns into gradients that reach the other processes, and when a
+        finite loss has stayed past the divergence bound (:mod:`scaletrain.train.divergence`).
 
-        One read of a scalar per step: free on the CPU; on a GPU it waits for the step's forward pass.
+        One read of a scalar per step: free on the CPU; on a GPU it waits for the step's forward pass. The
+        bound then costs a comparison.
         """
         value = float(loss)
-        if math.isfinite(value):
-            return
+        if not math.isfinite(value):
+            self._diverged(f"{value}", "")
+        if self.bound.exceeded(value):
+            self._diverged(f"{value:.4g}", f", {self.bound.describe()},")
+
+    def _diverged(self, became: str, why: str) -> None:
         lr = self.optimizer.param_groups[0]["lr"]
         raise Diverged(
-            f"training diverged: the loss became {value} at step {self.position.step + 1} "
-            f"(epoch {self.position.epoch + 1}) with learning rate {lr:g}; start again with a lower --lr "
+            f"training diverged: the loss became {became} at step {self.position.step + 1} "
+            f"(epoch {self.position.epoch + 1}){why} with learning rate {lr:g}; start again with a lower --lr "
             f"(e.g. {lr / 10:g}) or with --clip-norm"
         )
 
@@ -209,7 +218,8 @@ class Trainer:
         if self.technique is not None:
             self._decide(epoch)
         technique = self.technique.state_dict() if self.technique is not None else None
-        self.role.agreement.share({"technique": technique})
+        # a central parameter server writes the checkpoints and sees no loss: it keeps the deciding worker's
+        self.role.agreement.share({"technique": technique, "first_losses": list(self.prepared.first_losses)})
         if self.role.checkpoints:  # after the decision: a resumed run rebuilds the network it made
             self.save_checkpoint()
 

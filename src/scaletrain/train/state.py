@@ -116,6 +116,9 @@ class Prepared:
     layout: Technique | None = None
     #: ``allreduce-join, 2 workers``: the strategy as checkpoints and the bench name it.
     strategy_label: str = ""
+    #: The first training losses the divergence bound measures from (:mod:`scaletrain.train.divergence`),
+    #: filled by the loop and kept in checkpoints.
+    first_losses: list[float] = field(default_factory=list)
 
     @property
     def steps_per_epoch(self) -> int:

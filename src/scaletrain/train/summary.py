@@ -141,6 +141,7 @@ def write_summary(
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
+        "divergence": config.divergence,
         "device": str(prepared.device),
         # precision, memory_format, ghost_batch, batch_budget and batch_searches: each technique's own account
         **summary_fields(vars(config), prepared.device.type, prepared.technique, prepared.layout),

@@ -124,13 +124,15 @@ class ServerObserver:
     def take_shared(self, version: int) -> None:
         """What only workers compute, into this process's model, which trains nothing: the mean of the
         workers' module buffers at ``version`` (asynchronous: of what each published last), and the
-        technique state the deciding worker shared last."""
+        technique state and first losses (the divergence bound's) the deciding worker shared last."""
         synchronous = self.prepared.config.sync != "async"
         load_buffers(self.prepared.model, self.agreement.worker_buffers(version if synchronous else None))
-        shared = self.agreement.shared()
+        shared = self.agreement.shared() or {}
         technique = self.prepared.technique
-        if shared is not None and technique is not None and shared.get("technique") is not None:
+        if technique is not None and shared.get("technique") is not None:
             technique.load_state_dict(shared["technique"])
+        if shared.get("first_losses"):  # what the divergence bound measures from, for a resumed run's workers
+            self.prepared.first_losses[:] = shared["first_losses"]
 
     def message(self, text: str) -> None:
         self.progress.message(text)
