@@ -49,9 +49,7 @@ def _take(handle: int, mode: int, what: str) -> None:
             return
         except BlockingIOError:
             if time.monotonic() - waited_from > LOCK_TIMEOUT_S:
-                raise TimeoutError(
-                    f"waited {LOCK_TIMEOUT_S:.0f} s for {what}: does a test of this run hang?"
-                ) from None
+                raise TimeoutError(f"waited {LOCK_TIMEOUT_S:.0f} s for {what}: does a test of this run hang?") from None
             time.sleep(0.05)
 
 
