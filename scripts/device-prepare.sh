@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (online), before a call to the GPU machine: fill the git-ignored folders that must travel with
 # the working tree, because that machine has no internet and nothing of ours.
-#   .whl/          wheels its python3 (3.12, x86_64) lacks: torch-pruning, at the version our venv has
+#   .whl/          wheels its python3 (3.12, x86_64) lacks: torch-pruning and cloudpickle, at the versions our venv has
 #   .device-data/  fashion-mnist/ (the four IDX .gz files) and ptb/ (Mikolov's valid/test texts)
 # Prints the carry list and the total size that travels (the limit is 64 MiB, working tree included).
 set -euo pipefail
@@ -15,13 +15,15 @@ for folder in .whl/ .device-data/; do
     grep -qxF "$folder" .gitignore || echo "$folder" >>.gitignore
 done
 
-# The version our venv runs is the one the tests passed with; the wheel is pure Python (py3-none-any).
+# The versions our venv runs are the ones the tests passed with; both wheels are pure Python (py3-none-any).
 pruning=$("$PYTHON" -m pip show torch-pruning 2>/dev/null | sed -n 's/^Version: //p')
 [ -n "$pruning" ] || { echo "torch-pruning is not installed in $PYTHON's environment: run scripts/setup.sh" >&2; exit 2; }
+cloudpickle=$("$PYTHON" -m pip show cloudpickle 2>/dev/null | sed -n 's/^Version: //p')
+[ -n "$cloudpickle" ] || { echo "cloudpickle is not installed in $PYTHON's environment: run scripts/setup.sh" >&2; exit 2; }
 rm -rf .whl && mkdir -p .whl
 "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl \
-    "torch-pruning==$pruning" 2> >(grep -v '^WARNING: Location ' >&2)
+    "torch-pruning==$pruning" "cloudpickle==$cloudpickle" 2> >(grep -v '^WARNING: Location ' >&2)
 
 rm -rf .device-data && mkdir -p .device-data/fashion-mnist .device-data/ptb
 for name in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do

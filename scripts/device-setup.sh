@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run ON THE GPU MACHINE, from the repository root, before scripts/device-suite.sh. That machine has
 # python3 with torch (2.11 + CUDA), numpy, matplotlib, pyyaml, pillow, tensorboard and pytest, but no
-# internet and nothing of ours: this installs torch-pruning from the carried .whl/ and scaletrain from
-# the working tree (editable, no dependencies: torch stays the machine's own), offline, then checks
-# that the carried data (.device-data/, made by scripts/device-prepare.sh) is there.
+# internet and nothing of ours: this installs torch-pruning and cloudpickle from the carried .whl/ and
+# scaletrain from the working tree (editable, no dependencies: torch stays the machine's own), offline,
+# then checks that the carried data (.device-data/, made by scripts/device-prepare.sh) is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -18,8 +18,8 @@ if (major, minor) < (2, 11):
     sys.exit(f"scaletrain needs torch >= 2.11, this python has {torch.__version__}")
 PY
 
-if ! "$PYTHON" -c "import torch_pruning" 2>/dev/null; then
-    ls .whl/torch_pruning-*.whl >/dev/null 2>&1 || { echo "no torch-pruning wheel in .whl/: run scripts/device-prepare.sh here first and carry .whl" >&2; exit 2; }
+if ! "$PYTHON" -c "import torch_pruning, cloudpickle" 2>/dev/null; then
+    ls .whl/torch_pruning-*.whl .whl/cloudpickle-*.whl >/dev/null 2>&1 || { echo "no torch-pruning or cloudpickle wheel in .whl/: run scripts/device-prepare.sh here first and carry .whl" >&2; exit 2; }
     pip_offline .whl/*.whl
 fi
 # Editable, so the `scaletrain` command runs this working tree. Should the machine's setuptools refuse,

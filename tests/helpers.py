@@ -139,3 +139,13 @@ def assert_same_weights(first: dict, second: dict) -> None:
     assert first.keys() == second.keys()
     for name in first:
         torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def mapped_file(address: int) -> str | None:
+    """The file this process has mapped at ``address`` (e.g. a tensor's ``data_ptr()``), from /proc/self/maps."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *fields = line.split(maxsplit=5)
+        begin, end = (int(part, 16) for part in span.split("-"))
+        if begin <= address < end:
+            return fields[4] if len(fields) == 5 else None
+    return None

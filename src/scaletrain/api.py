@@ -41,7 +41,7 @@ from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.teardown import exit_now as _exit_now
 from scaletrain.train.checkpoint import check_writable
 from scaletrain.train.summary import MODEL_NAME, SUMMARY_NAME
-from scaletrain.workloads import WORKLOADS, Workload, create_workload
+from scaletrain.workloads import Workload, create_workload, workload_label, workload_names
 
 __all__ = [
     "bench",
@@ -62,28 +62,68 @@ __all__ = [
 
 
 def train(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> dict[str, Any]:
-    """Train a workload (a registered name or a :class:`Workload` object); return ``summary.json``'s content.
+    """Train a workload; return ``summary.json``'s content.
 
-    ``settings`` are :class:`TrainConfig` fields (``epochs``, ``steps``, ``batch_size``, ``lr``,
-    ``out``, ``options``, ``workers``, ``strategy``, ``server``, ``sync`` ...). With more than one
-    process the run is distributed: started here on 127.0.0.1 (``workers=N``), or joined as one
-    process of a job started elsewhere (``nodefile`` + ``index``, or the torchrun variables); then
-    only rank 0 gets the summary.
+    ``workload``: a registered name, the name of a workload an installed package declares, a
+    ``module:attribute`` reference (``"my_pkg.tasks:make_workload"``: a Workload subclass, a function
+    returning a workload, or a workload object), or a :class:`Workload` object. ``settings`` are
+    :class:`TrainConfig` fields (``epochs``, ``steps``, ``batch_size``, ``lr``, ``out``, ``options``,
+    ``workers``, ``strategy``, ``server``, ``sync`` ...). With more than one process the run is
+    distributed: started here on 127.0.0.1 (``workers=N``), or joined as one process of a job started
+    elsewhere (``nodefile`` + ``index``, or the torchrun variables); then only rank 0 gets the summary.
+
+    The processes started here get an object as what makes it again: its import reference when
+    :func:`create_workload` made it from one, otherwise the object pickled (cloudpickle: a class defined
+    in a notebook or a script's ``__main__`` works), its tensors shared through a memory-mapped file.
+
+    >>> summary = scaletrain.train(mine, workers=2, epochs=1, out="runs/mine")  # doctest: +SKIP
+    >>> summary = scaletrain.train("my_pkg.tasks:make_workload", workers=2, out="runs/tasks")  # doctest: +SKIP
     """
     own = workload if isinstance(workload, Workload) else None
-    return run_training(make_config(own.name if own else workload, config_file=config_file, **settings), own)
+    if own is None:
+        return run_training(make_config(workload, config_file=config_file, **settings))
+    name = own.name
+    if own.origin is not None:  # made by create_workload: the same name and options make it again
+        given = settings.get("options")
+        if given is not None and dict(given) != own.origin.options:
+            raise ConfigError(
+                f"options= does not change a workload object ({own.origin.reference} was made with "
+                f"{own.origin.options or 'no options'}); make it with scaletrain.create_workload("
+                f"{own.origin.reference!r}, options) or pass the name instead of the object"
+            )
+        name, settings = own.origin.reference, {**settings, "options": own.origin.options}
+    return run_training(make_config(name, config_file=config_file, **settings), own)
 
 
-def load_model(out: Path | str) -> nn.Module:
+def load_model(out: Path | str, *, workload: str | Workload | None = None) -> nn.Module:
     """The trained network of run folder ``out``, in eval mode: the workload's network (with the
     options of ``summary.json``), resized to the architecture a technique left (``summary.json``'s
     ``architecture``: pruned channels, removed blocks), with the weights of ``model.pt``.
 
+    The run's workload is made again from what ``summary.json`` records (``reference``: a registered
+    name, an installed package's workload, or ``module:attribute``). A run of a workload object has no
+    reference: pass the object (or a name or reference that makes the same network) as ``workload``.
+
     >>> model = scaletrain.load_model("runs/resnet20-prunetrain")  # doctest: +SKIP
+    >>> model = scaletrain.load_model("runs/mine", workload=mine)  # doctest: +SKIP
     """
     folder = Path(out)
     summary = _run_summary(folder)
-    workload = create_workload(summary["workload"], summary.get("options") or {})
+    if workload is None:
+        # a summary written before references were recorded names a registered workload
+        workload = summary["reference"] if "reference" in summary else summary["workload"]
+        if workload is None:
+            raise ConfigError(
+                f"{folder} is a run of a workload object ({summary['workload']!r}), which scaletrain cannot make "
+                f"again by itself; pass it: scaletrain.load_model({str(out)!r}, workload=the_object)"
+            )
+    if not isinstance(workload, Workload):
+        workload = create_workload(workload, summary.get("options") or {})
+    if workload.name != summary["workload"]:
+        raise ConfigError(
+            f"{folder} is a run of workload {summary['workload']!r}, not {workload.name!r}; "
+            "pass the workload it trained"
+        )
     model = workload.build_model()
     apply_architecture(model, summary.get("architecture") or {})
     model.load_state_dict(torch.load(folder / MODEL_NAME, map_location="cpu", weights_only=True))
@@ -136,7 +176,7 @@ def bench(
     name = preset or workload
     if name is None:
         raise ConfigError("name a workload or a preset")
-    out = out or Path("bench-results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or Path("bench-results") / f"{workload_label(name)}-{time.strftime('%Y%m%d-%H%M%S')}"
     if preset is not None:
         config = preset_config(preset, out, quick=quick, **given)
         if workload is not None and workload != config.workload:
@@ -151,13 +191,14 @@ def compare(sources: list[Path], *, out: Path, names: list[str] | None = None) -
 
 
 def list_workloads() -> list[dict[str, Any]]:
-    """Name, dataset, metric and parameter count of every registered workload.
+    """Name, dataset, metric and parameter count of every registered workload, then of every workload an
+    installed package declares (entry-point group ``scaletrain.workloads``).
 
     >>> [w["name"] for w in list_workloads()]  # doctest: +NORMALIZE_WHITESPACE
     ['lenet', 'ptb-lstm', 'vgg16e', 'googlenet', 'squeezenet', 'resnet34', 'resnet', 'resnet20', 'resnet32',
      'resnet56']
     """
-    return [create_workload(name).describe() for name in WORKLOADS]
+    return [create_workload(name).describe() for name in workload_names()]
 
 
 def profile(
@@ -179,10 +220,10 @@ def profile(
     given = {key: value for key, value in settings.items() if value is not None}
     if architecture_of is not None:
         summary = _run_summary(Path(architecture_of))
-        if summary.get("workload") != workload:
+        if workload not in (summary.get("workload"), summary.get("reference")):
+            trained = summary.get("reference") or summary.get("workload")
             raise ConfigError(
-                f"{architecture_of} is a run of {summary.get('workload')!r}, not {workload!r}; "
-                f"profile {summary.get('workload')} or give another run"
+                f"{architecture_of} is a run of {trained!r}, not {workload!r}; profile {trained} or give another run"
             )
         given["options"] = {**(summary.get("options") or {}), **given.get("options", {})}
         given["architecture"] = summary.get("architecture") or {}

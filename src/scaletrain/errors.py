@@ -9,9 +9,11 @@ class ScaletrainError(Exception):
     """A problem the user can fix; the message names the fix.
 
     The CLI prints ``error: <message>`` and exits with :attr:`exit_code` instead of a traceback.
+    :attr:`details` (a traceback of the user's own code, say) go to a log, never to the terminal.
     """
 
     exit_code = 2
+    details: str | None = None
 
 
 class DataError(ScaletrainError):

@@ -84,7 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"scaletrain: {exc}", file=sys.stderr)
         return exc.exit_code
     except ScaletrainError as exc:
-        print(f"scaletrain: error: {exc}", file=sys.stderr)
+        where = _save_traceback(exc.details) if exc.details else None  # the user's code failed: its traceback
+        print(f"scaletrain: error: {exc}" + (f" (traceback in {where})" if where else ""), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:  # outside a run (a run says what it kept)
         print("scaletrain: interrupted", file=sys.stderr)
@@ -110,12 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _save_traceback() -> str | None:
-    """Write the current exception's traceback to a file in the temporary folder; its path, or None."""
+def _save_traceback(text: str | None = None) -> str | None:
+    """Write ``text``, or the current exception's traceback, to a file in the temporary folder; its path, or None."""
     try:
         handle, path = tempfile.mkstemp(prefix="scaletrain-error-", suffix=".log")
         with os.fdopen(handle, "w", encoding="utf-8") as file:
-            traceback.print_exc(file=file)
+            if text is None:
+                traceback.print_exc(file=file)
+            else:
+                file.write(text)
     except OSError:
         return None
     return path

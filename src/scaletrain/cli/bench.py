@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.api import bench
-from scaletrain.cli.arguments import name_list, number_list
+from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.train import (
     add_device_flags,
     add_model_flags,
@@ -23,7 +23,6 @@ from scaletrain.cli.train import (
 from scaletrain.config import ASYNC_COMPENSATIONS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
-from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "run", "sweep_settings"]
 
@@ -38,7 +37,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             f"speedup.png, time.png, split.png and report.md. Presets — {presets}."
         ),
     )
-    parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="workload (or give --preset)")
+    parser.add_argument(
+        "workload",
+        nargs="?",
+        type=workload_argument,
+        metavar="WORKLOAD",
+        help=f"what to train (or give --preset): {workloads_offered()}",
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a sweep from the thesis (see above)")
     parser.add_argument("--quick", action="store_true", help="with --preset: 16 steps per run (2 of them warm-up)")
     parser.add_argument(

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
-from scaletrain.cli.arguments import name_list, number_list
+from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
 from scaletrain.errors import ConfigError
@@ -26,7 +26,6 @@ from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import CASES, KINDS
 from scaletrain.measure.validate import DEFAULT_STRATEGIES
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
-from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "run", "strategy_choices"]
 
@@ -60,7 +59,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION,
         formatter_class=RawDescriptionDefaultsHelpFormatter,
     )
-    parser.add_argument("workload", nargs="?", choices=sorted(WORKLOADS), help="profile this workload first")
+    parser.add_argument(
+        "workload",
+        nargs="?",
+        type=workload_argument,
+        metavar="WORKLOAD",
+        help=f"profile this workload first: {workloads_offered()}",
+    )
     times = parser.add_argument_group("the thesis's inputs (instead of a workload)")
     times.add_argument("--t-grad", type=float, metavar="SECONDS", help="time to compute the gradient of one batch")
     times.add_argument("--t-comm", type=float, metavar="SECONDS", help="time to transfer all weights once")

@@ -6,13 +6,12 @@ import argparse
 from pathlib import Path
 
 from scaletrain.api import profile
-from scaletrain.cli.arguments import number_list
+from scaletrain.cli.arguments import number_list, workload_argument, workloads_offered
 from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.estimate.profile import Profile
 from scaletrain.tensors.codec import CODECS
-from scaletrain.workloads import WORKLOADS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
 
@@ -82,7 +81,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
             "real processes over the parameter server's transport (t_comm, latency, bandwidth)."
         ),
     )
-    parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to profile")
+    parser.add_argument(
+        "workload", type=workload_argument, metavar="WORKLOAD", help=f"what to profile: {workloads_offered()}"
+    )
     parser.add_argument("--out", type=Path, metavar="FILE",
                         help="JSON file to write (default: profiles/WORKLOAD-bBATCH[-RATE].json)")  # fmt: skip
     parser.add_argument("--architecture-of", type=Path, metavar="RUN",

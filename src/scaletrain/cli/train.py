@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.api import exit_now, train
+from scaletrain.cli.arguments import workload_argument, workloads_offered
 from scaletrain.cli.formatter import shown_default
 from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
 from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged_options
@@ -44,7 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         # Every flag defaults to None so that only the flags actually given override the config file.
         argument_default=None,
     )
-    parser.add_argument("workload", choices=sorted(WORKLOADS), help="what to train (see `scaletrain workloads`)")
+    parser.add_argument(
+        "workload", type=workload_argument, metavar="WORKLOAD", help=f"what to train: {workloads_offered()}"
+    )
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
     parser.add_argument("--epochs", type=int, help="epochs to train")
     parser.add_argument(
@@ -254,7 +257,8 @@ def workload_options(args: argparse.Namespace) -> dict[str, str]:
         if value is None:
             continue
         takers = [key for key, kind in WORKLOADS.items() if name in {f.name for f in fields(kind.options_type)}]
-        if workload is not None and workload not in takers:
+        # a workload of one's own (a reference, an installed package's) says itself what it takes
+        if workload in WORKLOADS and workload not in takers:
             raise ConfigError(f"{flag}: workload {workload} has no option {name}; it applies to {', '.join(takers)}")
         options[name] = str(value)
     return options

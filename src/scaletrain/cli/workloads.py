@@ -1,4 +1,5 @@
-"""``scaletrain workloads``: the built-in workloads with their parameter counts and datasets."""
+"""``scaletrain workloads``: the built-in workloads, then those installed packages declare, with their
+parameter counts and datasets."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from scaletrain.api import list_workloads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("workloads", help="list the built-in workloads")
+    parser = subparsers.add_parser("workloads", help="list the workloads: built in, and those installed packages add")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(handler=run)
 

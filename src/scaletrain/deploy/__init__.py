@@ -29,7 +29,7 @@ from scaletrain.deploy.common import (
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.run import refuse_unread
 from scaletrain.parallel.strategies import Layout, expand_spec
-from scaletrain.workloads import WORKLOADS
+from scaletrain.workloads import create_workload, workload_label
 
 __all__ = ["OPERATORS", "DeployConfig", "Deployment", "kubernetes", "plan", "render", "to_yaml", "write_folder"]
 
@@ -59,10 +59,11 @@ def plan(
     unless the settings say otherwise. ``sweep`` and ``folder`` place a run of a bench sweep on the
     sweep's volume (see :class:`Deployment`).
     """
-    if workload not in WORKLOADS:
-        raise ConfigError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     from_file = load_toml(config_file) if config_file is not None else {}
     given = merge(from_file, {key: value for key, value in settings.items() if value is not None})
+    # made here once, as every pod will: a reference that does not import fails now, not in the cluster (the
+    # workload's options are checked by the pods, as ever)
+    create_workload(workload)
     given.pop("workload", None)
     for key, why in _DECIDED_HERE.items():
         if given.get(key) not in (None, False):
@@ -96,12 +97,14 @@ def kubernetes(
 
     ``settings`` are :class:`DeployConfig` fields (``operator``, ``cpus``, ``namespace`` …) and
     :class:`~scaletrain.config.TrainConfig` fields (``workers``, ``strategy``, ``steps`` …); ``None``
-    counts as not given. ``name`` defaults to ``scaletrain-<workload>``.
+    counts as not given. ``name`` defaults to ``scaletrain-<workload>`` (for a ``module:attribute``
+    reference, its module's last part and attribute: ``scaletrain-tasks-make-workload``). The image must
+    hold the reference's module, or the package that declares an installed workload.
     """
     placement = {f.name for f in fields(DeployConfig)}
     given = {key: value for key, value in settings.items() if value is not None}
     deploy = DeployConfig(
-        name=name or f"scaletrain-{workload}",
+        name=name or f"scaletrain-{workload_label(workload)}",
         image=image,
         **{key: value for key, value in given.items() if key in placement},
     )

@@ -34,6 +34,7 @@ from scaletrain.deploy.common import LONGEST_NAME, RUNS_DIR, DeployConfig, Deplo
 from scaletrain.errors import ConfigError
 from scaletrain.measure.bench import preset_config
 from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
+from scaletrain.workloads import workload_label
 
 __all__ = ["kubernetes_sweep", "plan_sweep", "render_sweep"]
 
@@ -116,7 +117,7 @@ def kubernetes_sweep(
     else:
         sweep = SweepConfig(workload=workload, out=Path(RUNS_DIR), **grid)
     deploy = DeployConfig(
-        name=name or f"{sweep.workload}-bench",
+        name=name or f"{workload_label(sweep.workload)}-bench",
         image=image,
         **{key: value for key, value in given.items() if key in placement},
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.workloads.reference import workload_label
 
 __all__ = ["Profile"]
 
@@ -131,7 +132,7 @@ class Profile:
         network = f"-{self.network}" if self.network else ""
         precision = f"-{self.precision}" if self.precision != "fp32" else ""
         wire = f"-w{self.wire}" if self.wire != "fp32" else ""
-        return Path("profiles") / f"{self.workload}-b{self.batch_size}{network}{precision}{wire}.json"
+        return Path("profiles") / f"{workload_label(self.workload)}-b{self.batch_size}{network}{precision}{wire}.json"
 
     @classmethod
     def load(cls, path: Path) -> Profile:

@@ -14,6 +14,7 @@ from scaletrain.measure.presets import PRESETS
 from scaletrain.measure.report import reading, text_table, write_report
 from scaletrain.measure.results import add_speedups, flag_outliers, group_rows, read_results, write_results
 from scaletrain.measure.sweep import SweepConfig, plan_runs, run_sweep
+from scaletrain.workloads import create_workload
 
 __all__ = ["compare_results", "preset_config", "run_bench"]
 
@@ -56,6 +57,8 @@ def run_bench(
     ``progress`` receives a line as each run starts and one with its figures as it ends. Returns the
     rows, notes, paths written, the reading (Markdown list items) and the table of medians as text.
     """
+    # made once here, as each run's processes will: a workload that cannot be made fails now, not in every run
+    create_workload(config.workload, config.options)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []

@@ -31,6 +31,7 @@ from typing import IO, Any
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
+from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -42,6 +43,7 @@ from scaletrain.parallel.rendezvous import (
 from scaletrain.parallel.strategies import SERVER, Layout
 from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
+from scaletrain.workloads import Workload
 
 __all__ = ["ENV_LAUNCHER", "RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
 
@@ -71,23 +73,31 @@ class _Child:
     finished_at: float | None = None  # when the launcher first saw it exit successfully
 
 
-def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
-    """Run ``config`` with ``layout.world_size`` local processes; return rank 0's summary."""
+def launch_local(config: TrainConfig, layout: Layout, workload: Workload | None = None) -> dict[str, Any]:
+    """Run ``config`` with ``layout.world_size`` local processes; return rank 0's summary.
+
+    ``workload``: an object the processes train instead of making ``config.workload``; it reaches them
+    pickled, its tensors shared (:mod:`scaletrain.parallel.handover`).
+    """
     out = config.out
     refuse_overwrite(out, resume=config.resume)
+    made = not out.exists()
     make_folder(out)
+    handover = _hand_over(workload, out, remove_folder=made) if workload is not None else None
     (out / SUMMARY_NAME).unlink(missing_ok=True)
     config_path = out / "launch-config.json"
     config_path.write_text(json.dumps(to_json_dict(config), indent=2), encoding="utf-8")
     port = free_port()
     children: list[_Child] = []
     with contextlib.ExitStack() as stack:
+        if handover is not None:
+            stack.callback(remove_handover, out)  # last, once every process has ended
         network = None
         if config.network is not None:
             network = stack.enter_context(EmulatedNetwork(layout.world_size, parse_rate(config.network)))
         try:
             for rank in range(layout.world_size):
-                children.append(_start(rank, layout, config_path, port, out, network))
+                children.append(_start(rank, layout, [config_path, *filter(None, [handover])], port, out, network))
             _watch(children, layout, config.timeout)
         except KeyboardInterrupt:
             _stop(children)
@@ -107,8 +117,17 @@ def launch_local(config: TrainConfig, layout: Layout) -> dict[str, Any]:
     return json.loads((out / SUMMARY_NAME).read_text(encoding="utf-8"))
 
 
+def _hand_over(workload: Workload, out: Path, *, remove_folder: bool) -> Path:
+    try:
+        return send_workload(workload, out)
+    except ConfigError:
+        if remove_folder and not any(out.iterdir()):  # nothing started: leave no run folder behind
+            out.rmdir()
+        raise
+
+
 def _start(
-    rank: int, layout: Layout, config_path: Path, port: int, out: Path, network: EmulatedNetwork | None
+    rank: int, layout: Layout, files: list[Path], port: int, out: Path, network: EmulatedNetwork | None
 ) -> _Child:
     logs = out / LOGS_DIR
     logs.mkdir(exist_ok=True)
@@ -119,7 +138,7 @@ def _start(
         rank,
         layout.world_size,
         port,
-        ["scaletrain.parallel.worker", str(config_path)],
+        ["scaletrain.parallel.worker", *map(str, files)],
         network=network,
         stdout=log_file,
         stderr=subprocess.PIPE if rank == 0 else log_file,

@@ -17,7 +17,7 @@ from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
-from scaletrain.workloads import Workload
+from scaletrain.workloads import Origin, Workload
 
 __all__ = ["make_config", "refuse_unread", "run_training"]
 
@@ -70,9 +70,12 @@ def refuse_unread(settings: dict[str, Any]) -> None:
 
 
 def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, Any]:
-    """Run ``config`` (with ``own``, a workload object, instead of a registered one); the summary.
+    """Run ``config`` (with ``own``, a workload object, instead of making ``config.workload``); the summary.
 
     With more than one process only rank 0 gets the summary; the others get their rank and folder.
+    Processes started here make ``own`` again from ``config.workload`` when that is what made it
+    (``own.origin``), and get it pickled otherwise (:mod:`scaletrain.parallel.handover`); processes
+    started elsewhere (torchrun, a node file) each bring their own.
     """
     layout = layout_of(config)  # checks the strategy flags before anything starts
     if config.nodefile is not None:
@@ -81,12 +84,9 @@ def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, 
         return run_process(check_before_start(config, layout, own), Rendezvous.alone(), own)
     if ENV_RANK in os.environ and ENV_WORLD_SIZE in os.environ:
         return _run_launched(config, Rendezvous.from_env(), own)
-    if own is not None:
-        raise ConfigError(
-            "the local launcher starts fresh processes, which cannot receive a workload object; register "
-            "the workload (scaletrain.workloads.WORKLOADS) or start the processes yourself with torchrun"
-        )
-    return launch_local(check_before_start(config, layout), layout)
+    checked = check_before_start(config, layout, own)
+    made_from_config = own is None or own.origin == Origin(config.workload, config.options)
+    return launch_local(checked, layout, None if made_from_config else own)
 
 
 def _run_launched(config: TrainConfig, rendezvous: Rendezvous, workload: Workload | None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Entry point of each process the local launcher starts: ``python -m scaletrain.parallel.worker CONFIG``.
+"""Entry point of each process the local launcher starts: ``python -m scaletrain.parallel.worker CONFIG [WORKLOAD]``.
 
-``CONFIG`` is the run's configuration as JSON; the rank and the rendezvous come from the torchrun
-environment variables the launcher sets.
+``CONFIG`` is the run's configuration as JSON; ``WORKLOAD``, a pickled workload object to train instead
+of making the configuration's (:mod:`scaletrain.parallel.handover`). The rank and the rendezvous come
+from the torchrun environment variables the launcher sets.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from scaletrain.config import from_json_dict
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import ProcessFailed
+from scaletrain.parallel.handover import receive_workload
 from scaletrain.parallel.launch import ENV_LAUNCHER
 from scaletrain.parallel.process import run_process
 from scaletrain.parallel.rendezvous import Rendezvous
@@ -29,10 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         # configuration is checked against them (its wire codec, workload or technique may be a plugin's).
         load_plugins()
         config = from_json_dict(json.loads(Path(arguments[0]).read_text(encoding="utf-8")))
-        run_process(config, rendezvous)
+        workload = receive_workload(Path(arguments[1])) if len(arguments) > 1 else None
+        run_process(config, rendezvous, workload)
     except ScaletrainError as exc:
         # Under the local launcher this line goes to the log only: the launcher puts it on the terminal once.
-        stream = sys.stdout if os.environ.get(ENV_LAUNCHER) else sys.stderr
+        launched = bool(os.environ.get(ENV_LAUNCHER))
+        stream = sys.stdout if launched else sys.stderr
+        if exc.details and launched:  # the traceback of the user's code: in the log, before the line shown
+            print(exc.details, file=stream, flush=True)
         prefix = "" if isinstance(exc, ProcessFailed) else f"rank {rendezvous.rank}: "  # it names itself
         print(f"scaletrain: error: {prefix}{exc}", file=stream, flush=True)
         return exc.exit_code

@@ -9,6 +9,7 @@ from typing import Any
 
 from scaletrain.config import TrainConfig
 from scaletrain.workloads.base import WorkloadDefaults
+from scaletrain.workloads.reference import workload_label
 
 __all__ = ["resolve"]
 
@@ -16,7 +17,8 @@ __all__ = ["resolve"]
 def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
     """Fill every ``None`` hyper-parameter from the workload's defaults.
 
-    Without ``out`` a run gets its own folder, ``runs/<workload>-<date>-<time>``.
+    Without ``out`` a run gets its own folder, ``runs/<workload>-<date>-<time>`` (a reference's
+    module and attribute for ``<workload>``: ``my_pkg.tasks:make`` gives ``runs/tasks-make-…``).
     """
     filled: dict[str, Any] = {
         name: getattr(defaults, name)
@@ -24,5 +26,5 @@ def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
         if getattr(config, name) is None
     }
     if config.out is None:
-        filled["out"] = Path("runs") / f"{config.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
+        filled["out"] = Path("runs") / f"{workload_label(config.workload)}-{time.strftime('%Y%m%d-%H%M%S')}"
     return dataclasses.replace(config, **filled)

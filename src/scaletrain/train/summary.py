@@ -125,8 +125,11 @@ def write_summary(
     torch.save({name: value.cpu() for name, value in model.state_dict().items()}, out / MODEL_NAME)
     steps = steps if steps is not None else max(s.steps for s in stats) + (prepared.resumed_from or 0)
     losses = [s.final_loss for s in stats if s.final_loss is not None]
+    origin = workload.origin
     summary = {
         "workload": workload.name,
+        # what makes the workload again (scaletrain.load_model): a name or module:attribute; None for an object
+        "reference": origin.reference if origin is not None else None,
         "dataset": workload.dataset,
         "metric": workload.metric,
         "out": str(out),
@@ -151,7 +154,8 @@ def write_summary(
         "seed": config.seed,
         "threads": prepared.process.threads,
         "allocator": prepared.process.allocator,
-        "options": asdict(workload.options),
+        # the workload's own options, or those its factory was called with
+        "options": asdict(workload.options) or (dict(origin.options) if origin is not None else {}),
         "parameters_initial": prepared.initial_parameters or count_parameters(model),
         "parameters": count_parameters(model),
         "architecture": prepared.architecture or None,  # how the network differs from the workload's own

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from torch import nn
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 
-__all__ = ["Part", "Workload", "WorkloadDefaults", "count_parameters", "parse_options"]
+__all__ = ["Origin", "Part", "Workload", "WorkloadDefaults", "count_parameters", "parse_options"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,18 @@ def _convert(raw: Any, kind: type) -> Any:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """How to make a workload again in another process: ``create_workload(reference, options)``.
+
+    ``reference`` is what it was made from: a registered name, the name of a workload an installed
+    package declares, or a ``module:attribute`` reference (:mod:`scaletrain.workloads.reference`).
+    """
+
+    reference: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class NoOptions:
     """A workload without options."""
 
@@ -88,6 +100,9 @@ class Workload(ABC):
     metric: str  # key written to summary.json, e.g. "test_accuracy"
     defaults: WorkloadDefaults
     options_type: type = NoOptions
+    #: What :func:`~scaletrain.workloads.create_workload` made it from; ``None`` for an object made otherwise,
+    #: which reaches other processes pickled instead (:func:`scaletrain.train` with ``workers``).
+    origin: Origin | None = None
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.options = parse_options(self.options_type, options or {})
