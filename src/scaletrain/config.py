@@ -50,12 +50,15 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
-    ``timeout`` (seconds any wait for another process may take), and
+    ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
     ``strategy``, ``server`` and ``sync`` by :func:`scaletrain.make_config` (so by the command line and
     TOML files too).
+
+    ``loader_workers``: the worker processes of the ``DataLoader`` through which a workload made from torch
+    datasets reads (:mod:`scaletrain.data.loading`; 0 reads in the training process; default: the workload's).
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
@@ -100,6 +103,7 @@ class TrainConfig:
     progress: str = "auto"
     tensorboard: bool = True
     download: bool = True
+    loader_workers: int | None = None
     workers: int = 1
     strategy: str | None = None
     server: str = "central"
@@ -133,6 +137,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be a whole number ≥ 1, got {value!r}")
+        workers = self.loader_workers
+        if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 0):
+            raise ConfigError(
+                f"loader_workers must be a whole number ≥ 0 (0 reads in the training process), got {workers!r}"
+            )
         for name in ("lr", "momentum", "weight_decay", "clip_norm", "lr_decay", "timeout"):
             value = getattr(self, name)
             # Beyond float32's range a value overflows the first time it meets a tensor.
