@@ -110,6 +110,7 @@ def _figures(name: str, config: dict[str, Any], summary: dict[str, Any]) -> dict
         summary["compute_seconds_per_step"]
         + summary["communication_seconds_per_step"]
         + summary["wait_seconds_per_step"]
+        + summary.get("data_seconds_per_step", 0.0)
     )
     return {
         "compute_ms": 1000 * summary["compute_seconds_per_step"],

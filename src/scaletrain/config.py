@@ -52,7 +52,7 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
-    ``timeout`` (seconds any wait for another process may take), and
+    ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
@@ -62,6 +62,9 @@ class TrainConfig:
     ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
     its first steps' loss (:mod:`scaletrain.train.divergence` says exactly how that is taken); ``"off"``
     turns the bound off.
+
+    ``loader_workers``: the worker processes of the ``DataLoader`` through which a workload made from torch
+    datasets reads (:mod:`scaletrain.data.loading`; 0 reads in the training process; default: the workload's).
 
     ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
     changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
@@ -107,6 +110,7 @@ class TrainConfig:
     progress: str = "auto"
     tensorboard: bool = True
     download: bool = True
+    loader_workers: int | None = None
     workers: int = 1
     strategy: str | None = None
     server: str = "central"
@@ -140,6 +144,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"{name} must be a whole number ≥ 1, got {value!r}")
+        workers = self.loader_workers
+        if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 0):
+            raise ConfigError(
+                f"loader_workers must be a whole number ≥ 0 (0 reads in the training process), got {workers!r}"
+            )
         for name in ("lr", "momentum", "weight_decay", "clip_norm", "lr_decay", "timeout"):
             value = getattr(self, name)
             # Beyond float32's range a value overflows the first time it meets a tensor.

@@ -86,6 +86,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-download", dest="download", action="store_false", default=None, help="never download datasets"
     )
+    parser.add_argument(
+        "--loader-workers",
+        type=int,
+        metavar="N",
+        help="worker processes that read the data of a workload made from torch datasets (0: the training "
+        "process reads)",
+    )
     group = parser.add_argument_group("distributed training")
     group.add_argument("--workers", type=int, help="worker processes")
     group.add_argument(

@@ -100,6 +100,7 @@ def _split_plot(sets: dict[str, list[Group]], path: Path) -> None:
         ("compute_seconds_per_step", "compute", "#4c72b0"),
         ("communication_seconds_per_step", "communication", "#dd8452"),
         ("wait_seconds_per_step", "waiting", "#c44e52"),
+        ("data_seconds_per_step", "data", "#55a868"),
     ):
         values = [(g.median(field) or 0.0) * 1000 for _, g in bars]
         axes.bar(range(len(bars)), values, bottom=bottoms, color=color, label=name)

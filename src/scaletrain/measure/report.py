@@ -307,9 +307,9 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
     lines += ["", "## Results", ""]
     lines.append(
         "| strategy | batch | workers | batches/s | speedup | common speedup | efficiency | compute ms | comm. ms "
-        "| wait ms | quality |"
+        "| wait ms | data ms | quality |"
     )
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for group in groups:
         metric = group.rows[0].get("metric", "quality")
         lines.append(
@@ -318,7 +318,8 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
             f"| {_cell(group, 'speedup')} | {_cell(group, 'speedup_common')} | {_cell(group, 'efficiency')} "
             f"| {_cell(group, 'compute_seconds_per_step', 1000, 1)} "
             f"| {_cell(group, 'communication_seconds_per_step', 1000, 1)} "
-            f"| {_cell(group, 'wait_seconds_per_step', 1000, 1)} | {metric} {_cell(group, 'quality', digits=3)} |"
+            f"| {_cell(group, 'wait_seconds_per_step', 1000, 1)} | {_cell(group, 'data_seconds_per_step', 1000, 1)} "
+            f"| {metric} {_cell(group, 'quality', digits=3)} |"
         )
     lines += ["", "## Pictures", ""]
     lines += [f"![{path.stem}]({path.name})" for path in pictures]

@@ -42,7 +42,8 @@ COLUMNS = (
     "workload", "strategy", "strategy_kind", "server", "sync", "workers", "batch_size", "repeat", "status",
     "batches_per_second", "samples_per_second", "speedup", "efficiency", "reference_batches_per_second",
     "speedup_common", "efficiency_common", "deviation", "flag", "compute_seconds_per_step",
-    "communication_seconds_per_step", "wait_seconds_per_step", "train_seconds", "wall_seconds", "epoch_seconds",
+    "communication_seconds_per_step", "wait_seconds_per_step", "data_seconds_per_step", "train_seconds",
+    "wall_seconds", "epoch_seconds",
     "steps", "steps_per_epoch", "metric", "quality", "quality_warning", "threads_per_worker", "cpu_model", "cores",
     "torch_version", "host", "network", "run_dir", "error",
 )  # fmt: skip

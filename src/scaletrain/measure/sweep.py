@@ -305,6 +305,7 @@ def _row(config: SweepConfig, run: Run, summary: dict[str, Any], machine: dict[s
         "compute_seconds_per_step": summary.get("compute_seconds_per_step"),
         "communication_seconds_per_step": summary.get("communication_seconds_per_step"),
         "wait_seconds_per_step": summary.get("wait_seconds_per_step"),
+        "data_seconds_per_step": summary.get("data_seconds_per_step"),
         "train_seconds": summary.get("train_seconds"),
         "wall_seconds": summary["wall_seconds"],
         "steps": summary["steps"],

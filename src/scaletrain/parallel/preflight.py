@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from scaletrain.config import TrainConfig
+from scaletrain.data.loading import Loading
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
 from scaletrain.train.checkpoint import (
@@ -38,6 +39,7 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     """
     workload = workload or create_workload(config.workload, config.options)
     resolved = resolve(config, workload.defaults)
+    workload.set_loading(Loading(resolved.loader_workers))  # a workload without a loader refuses its workers
     batch = resolved.batch_size
     if layout.sync == "split" and batch % layout.workers:
         smaller = "" if batch < layout.workers else f" or {batch - batch % layout.workers}"

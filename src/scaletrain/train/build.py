@@ -7,6 +7,7 @@ import time
 import torch
 
 from scaletrain.config import TrainConfig
+from scaletrain.data.loading import Loading
 from scaletrain.efficient import techniques_for
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.train.checkpoint import (
@@ -55,6 +56,8 @@ def prepare(
         refuse_overwrite(out, resume=config.resume)
     make_folder(out)
 
+    # how this process reads: a Dataset workload's loader workers, page-locked batches for a GPU's copies
+    workload.set_loading(Loading(config.loader_workers, pin_memory=device.type == "cuda", timeout=config.timeout))
     data = workload.load_data(config.data_dir, download=config.download)
     steps_per_epoch = count_steps_per_epoch(workload, data, config.batch_size * global_batch_factor)
     schedule = Schedule.starting(

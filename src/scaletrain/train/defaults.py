@@ -22,7 +22,7 @@ def resolve(config: TrainConfig, defaults: WorkloadDefaults) -> TrainConfig:
     """
     filled: dict[str, Any] = {
         name: getattr(defaults, name)
-        for name in ("epochs", "batch_size", "lr", "momentum", "clip_norm")
+        for name in ("epochs", "batch_size", "lr", "momentum", "clip_norm", "loader_workers")
         if getattr(config, name) is None
     }
     if config.out is None:

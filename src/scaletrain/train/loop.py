@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -56,7 +57,7 @@ class Trainer:
         # entered around each training forward pass: the activations' layout, then the technique's (autocast)
         self._forward = stacked(prepared.layout, self.technique)
         self.meter = ThroughputMeter(config.warmup_steps)
-        self.communication = self.wait = 0.0
+        self.communication = self.wait = self.batch_wait = 0.0  # batch_wait: the steps' data part
         self.skipped_steps = self.gradient_bytes_sent = 0
         self.host_copy = 0.0
         self.records = RunRecords(prepared, writes=role.coordinator)
@@ -115,9 +116,13 @@ class Trainer:
         if self.state is None:
             rows = self.prepared.batch_size * plan.global_batch_factor // plan.part.count
             self.state = self.workload.initial_state(self.model, rows)
-        device = self.prepared.device
-        for number, batch in zip(numbers, batches, strict=True):
-            begin = now()
+        # closed however the epoch ends, so that a loader's worker processes stop with it
+        with contextlib.closing(_timed(batches)) as timed:
+            self._steps(numbers, timed)
+
+    def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> None:
+        config, position, device = self.config, self.position, self.prepared.device
+        for number, (begin, fetched, batch) in zip(numbers, batches, strict=True):
             if self.schedule.warming_up(position.step):  # the rate moves every update of a warm-up
                 for group in self.optimizer.param_groups:
                     group["lr"] = learning_rate_at_step(self.prepared, position.step)
@@ -145,11 +150,12 @@ class Trainer:
             synchronize(device)  # the step's queued device work is done before the clock is read
             seconds = now() - begin
             self.meter.add(seconds)
-            self._epoch_steps.add(seconds, times.communication)
+            self._epoch_steps.add(seconds, times.communication, fetched - begin)
             if self.meter.measured_steps:  # after the warm-up, like the throughput
                 self.communication += times.communication + self._buffer_seconds
                 self.wait += times.wait
                 self.host_copy += times.host_copy
+                self.batch_wait += fetched - begin
             self._buffer_seconds = 0.0
             if self.first_loss is None:
                 self.first_loss = float(loss)
@@ -299,6 +305,7 @@ class Trainer:
             measured_seconds=self.meter.measured_seconds,
             communication_seconds=self.communication,
             wait_seconds=self.wait,
+            data_seconds=self.batch_wait,
             batch_fraction=self.role.plan.batch_fraction,
             final_loss=self.last_loss,
             first_step_loss=self.first_loss,
@@ -313,3 +320,21 @@ class Trainer:
 
     def close(self) -> None:
         self.records.close()
+
+
+def _timed(batches: Iterable[Any]) -> Iterator[tuple[float, float, Any]]:
+    """``(asked, got, batch)`` for each batch: the clock when the step asked for it and when it came. The time
+    between is the step's data part: reading and collating in this process, or waiting for a loader's workers."""
+    iterator = iter(batches)
+    try:
+        while True:
+            asked = now()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            yield asked, now(), batch
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()

@@ -92,38 +92,49 @@ def now() -> float:
 
 @dataclass
 class EpochSteps:
-    """The steps of one epoch: medians of a whole step and of its communication (push, pull or
-    all-reduce), and what they become for a network whose compute and bytes are scaled.
+    """The steps of one epoch: medians of a whole step, of its communication (push, pull or all-reduce) and
+    of its data part (waiting for the batch), and what they become for a network whose compute and bytes are
+    scaled.
 
     >>> steps = EpochSteps()
-    >>> for seconds, communication in ((1.0, 0.4), (1.2, 0.4), (9.0, 0.5)):
-    ...     steps.add(seconds, communication)
+    >>> for seconds, communication, data in ((1.0, 0.4, 0.1), (1.2, 0.4, 0.1), (9.0, 0.5, 0.1)):
+    ...     steps.add(seconds, communication, data)
     >>> steps.figures()["seconds_per_step"], steps.scaled(compute=0.5, communication=0.5)["seconds_per_step"]
-    (1.2, 0.6)
+    (1.2, 0.65)
     """
 
     seconds: list[float] = field(default_factory=list)
     communication: list[float] = field(default_factory=list)
+    data: list[float] = field(default_factory=list)
 
-    def add(self, seconds: float, communication: float) -> None:
+    def add(self, seconds: float, communication: float, data: float = 0.0) -> None:
         self.seconds.append(seconds)
         self.communication.append(communication)
+        self.data.append(data)
 
     def figures(self) -> dict[str, float | int]:
-        """``steps``, and the median ``seconds_per_step`` and ``communication_seconds_per_step``."""
+        """``steps``, and the median ``seconds_per_step``, ``communication_seconds_per_step`` and
+        ``data_seconds_per_step``."""
         if not self.seconds:
             return {}
         return {
             "steps": len(self.seconds),
             "seconds_per_step": statistics.median(self.seconds),
             "communication_seconds_per_step": statistics.median(self.communication),
+            "data_seconds_per_step": statistics.median(self.data),
         }
 
     def scaled(self, *, compute: float, communication: float) -> dict[str, float] | None:
-        """Step and communication times with the compute (the step less its communication) times
-        ``compute`` and the communication times ``communication``; ``None`` without steps."""
+        """Step and communication times with the compute (the step less its communication and data) times
+        ``compute``, the communication times ``communication`` and the data part as it was (reading a batch
+        does not depend on the network); ``None`` without steps."""
         if not self.seconds:
             return None
         moved = statistics.median(self.communication) * communication
-        computed = statistics.median(s - c for s, c in zip(self.seconds, self.communication, strict=True)) * compute
-        return {"seconds_per_step": computed + moved, "communication_seconds_per_step": moved}
+        computed = statistics.median(
+            s - c - d for s, c, d in zip(self.seconds, self.communication, self.data, strict=True)
+        )
+        return {
+            "seconds_per_step": computed * compute + moved + statistics.median(self.data),
+            "communication_seconds_per_step": moved,
+        }

@@ -27,7 +27,8 @@ MODEL_NAME = "model.pt"
 THROUGHPUT_NOTE = (
     "batches_per_second = batches of batch_size processed by all workers / wall time (SPEC eq. 4.1); "
     "the time is the slowest worker's measured training time, which leaves out each process's first "
-    "warm-up steps, evaluation and checkpoint writing; a split step counts as 1/workers of a batch"
+    "warm-up steps, evaluation and checkpoint writing, and includes getting each step's batch "
+    "(data_seconds_per_step); a split step counts as 1/workers of a batch"
 )
 
 
@@ -41,6 +42,7 @@ class WorkerStats:
     measured_seconds: float
     communication_seconds: float = 0.0
     wait_seconds: float = 0.0
+    data_seconds: float = 0.0  # waiting for the next batch: reading it here, or for a loader's workers
     batch_fraction: float = 1.0
     final_loss: float | None = None
     minor_faults_per_step: float | None = None  # page faults the kernel served per step (see train/runtime.py)
@@ -67,8 +69,9 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
-    """Batches and samples per second over all workers, the mean per-step time split, and the median
-    over workers of their minor page faults per step.
+    """Batches and samples per second over all workers, the mean per-step time split (compute,
+    communication, waiting for other processes, waiting for data), and the median over workers of their
+    minor page faults per step.
 
     >>> two = [WorkerStats(0, 10, 10, 2.0, 0.5, 0.1), WorkerStats(1, 10, 10, 2.5, 0.5, 0.2)]
     >>> throughput(two, batch_size=32)["batches_per_second"]  # 20 batches in the slower worker's 2.5 s
@@ -84,6 +87,7 @@ def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | N
                 "compute_seconds_per_step",
                 "communication_seconds_per_step",
                 "wait_seconds_per_step",
+                "data_seconds_per_step",
                 "minor_faults_per_step",
             )
         }
@@ -94,9 +98,10 @@ def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | N
         for name, value in (
             ("communication_seconds_per_step", lambda s: s.communication_seconds),
             ("wait_seconds_per_step", lambda s: s.wait_seconds),
+            ("data_seconds_per_step", lambda s: s.data_seconds),
             (
                 "compute_seconds_per_step",
-                lambda s: s.measured_seconds - s.communication_seconds - s.wait_seconds,
+                lambda s: s.measured_seconds - s.communication_seconds - s.wait_seconds - s.data_seconds,
             ),
         )
     }
@@ -146,6 +151,7 @@ def write_summary(
         "clip_norm": config.clip_norm,
         "divergence": config.divergence,
         "device": str(prepared.device),
+        "loader_workers": config.loader_workers,
         # precision, memory_format, ghost_batch, batch_budget and batch_searches: each technique's own account
         **summary_fields(vars(config), prepared.device.type, prepared.technique, prepared.layout),
         "wire": config.wire,

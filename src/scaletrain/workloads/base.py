@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from scaletrain.data.loading import Loading
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 
@@ -26,13 +27,15 @@ __all__ = ["Origin", "Part", "Workload", "WorkloadDefaults", "count_parameters",
 
 @dataclass(frozen=True)
 class WorkloadDefaults:
-    """Hyper-parameters a workload brings when the user does not set them."""
+    """Hyper-parameters a workload brings when the user does not set them (``loader_workers``: the worker
+    processes of a workload that reads through a ``DataLoader``)."""
 
     epochs: int
     batch_size: int
     lr: float
     momentum: float = 0.0
     clip_norm: float | None = None
+    loader_workers: int = 0
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -135,6 +138,17 @@ class Workload(ABC):
         The order depends only on ``seed`` and ``epoch``, so every worker and a resumed run see the
         same global batches.
         """
+
+    def set_loading(self, loading: Loading) -> None:
+        """How this process reads the data (the run's ``loader_workers``, pinned memory on a GPU, ``timeout``),
+        given before :meth:`load_data`. A workload that reads through a ``DataLoader`` keeps it; one whose data
+        is in memory refuses loader workers, which it would not use."""
+        if loading.workers:
+            raise ConfigError(
+                f"--loader-workers {loading.workers}: workload {self.name} holds its data in memory and reads it "
+                "without a loader; loader workers are for workloads that read a torch Dataset "
+                "(ClassificationWorkload.from_datasets); leave out --loader-workers"
+            )
 
     def example_inputs(self, data: Any) -> Any:
         """A couple of inputs as the model takes them: techniques trace the network with them."""
