@@ -81,10 +81,13 @@ class TrainConfig:
     is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
     ``channels_last``): the layout of the convolutions' activations in the training forward pass
     (:mod:`scaletrain.efficient.channels_last`).
-    ``ghost_batch``: every batch norm normalises over ghost batches of
-    this many samples (:mod:`scaletrain.efficient.ghost`). ``batch_budget`` (``"600MB"``): after the
-    first epoch and every reconfiguration, the largest batch whose step fits that memory, the rate scaled
-    as ``batch_scaling`` says over ``batch_warmup`` updates (:mod:`scaletrain.efficient.adaptive_batch`).
+    ``ghost_batch``: every batch norm normalises over ghost batches of this many samples
+    (:mod:`scaletrain.efficient.ghost`). ``sync_batchnorm``: every batch norm normalises over the whole
+    global batch of the synchronous workers, so that a split run equals one process
+    (:mod:`scaletrain.efficient.sync_batchnorm`; refused with ``sync="async"``). ``batch_budget``
+    (``"600MB"``): after the first epoch and every reconfiguration, the largest batch whose step fits that
+    memory, the rate scaled as ``batch_scaling`` says over ``batch_warmup`` updates
+    (:mod:`scaletrain.efficient.adaptive_batch`).
     """
 
     workload: str
@@ -130,6 +133,7 @@ class TrainConfig:
     device: str = "auto"
     memory_format: str = "auto"
     ghost_batch: int | None = None
+    sync_batchnorm: bool = False
     batch_budget: str | None = None
     batch_scaling: str = "linear"
     batch_warmup: int = 0

@@ -19,7 +19,8 @@ def test_each_standing_setting_is_a_config_field_and_every_setting_a_flag_of_tra
     config = {f.name for f in fields(TrainConfig) if f.default is not MISSING}
     standing = [setting.name for kind in STANDING.values() for setting in kind.settings]
     assert set(standing) <= config
-    assert {"precision", "loss_scale", "memory_format", "ghost_batch", "batch_budget"} <= set(standing)
+    expected = {"precision", "loss_scale", "memory_format", "ghost_batch", "sync_batchnorm", "batch_budget"}
+    assert expected <= set(standing)
     commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     for command in ("train", "bench"):
         flags = {action.dest: action.option_strings for action in commands.choices[command]._actions}
@@ -57,6 +58,7 @@ def test_they_are_stacked_in_one_order_and_report_themselves() -> None:
     assert summary_fields(settings, "cpu", stack, layout) == {
         "memory_format": "channels_last",
         "ghost_batch": 4,
+        "sync_batchnorm": False,
         "batch_budget": "600MB",
         "batch_searches": [],
         "precision": "bf16",
@@ -66,6 +68,7 @@ def test_they_are_stacked_in_one_order_and_report_themselves() -> None:
     assert summary_fields(plain, "cuda") == {
         "memory_format": "contiguous",
         "ghost_batch": None,
+        "sync_batchnorm": False,
         "batch_budget": None,
         "batch_searches": None,
         "precision": "fp32",

@@ -185,6 +185,9 @@ def add_technique_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_flag(group: argparse._ArgumentGroup, setting: Setting) -> None:
+    if setting.type is bool:  # a switch (None when absent: a config file may set it)
+        group.add_argument(setting.flag, dest=setting.name, help=setting.help, action="store_true", default=None)
+        return
     described = {"type": setting.type, "choices": setting.choices, "metavar": setting.metavar}
     group.add_argument(
         setting.flag,

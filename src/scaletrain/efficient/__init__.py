@@ -3,7 +3,7 @@
 Each technique is one module with pure functions and a thin :class:`~scaletrain.efficient.base.Technique`
 adapter that declares how a run asks for it, and one line in a registry: :data:`TECHNIQUES` for those
 chosen by name (``--technique``), :data:`STANDING` for those the run's own settings turn on
-(``--precision``, ``--memory-format``, ``--ghost-batch``, ``--batch-budget``). Their flags, their
+(``--precision``, ``--memory-format``, ``--ghost-batch``, ``--sync-batchnorm``, ``--batch-budget``). Their flags, their
 checks, how they are built and stacked, and what ``summary.json`` says about them all come from the
 classes (:func:`all_settings`, :func:`check_techniques`, :func:`techniques_for`,
 :func:`summary_fields`).
@@ -25,6 +25,7 @@ from scaletrain.efficient.precision import Precision
 from scaletrain.efficient.prunetrain import PruneTrain
 from scaletrain.efficient.rebatch import Rebatch
 from scaletrain.efficient.settings import Setting, option, option_fields
+from scaletrain.efficient.sync_batchnorm import SyncBatchStatistics
 from scaletrain.errors import ConfigError
 
 __all__ = [
@@ -63,6 +64,7 @@ TECHNIQUES: dict[str, type[Technique]] = {
 STANDING: dict[str, type[Technique]] = {
     "channels_last": ChannelsLast,
     "ghost_batch": GhostBatch,
+    "sync_batchnorm": SyncBatchStatistics,
     "adapt-batch": AdaptBatch,
     "precision": Precision,
 }

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from scaletrain.efficient.settings import Setting, converted, option_fields
@@ -115,7 +116,7 @@ class Context:
     the run, the same number on each (each worker calls it once per ``name``, at the same point; a
     parameter server may call it too, its own value left out); ``computes_loss``: False on a
     parameter server, whose technique sees updates but no loss; ``momentum``: the optimizer's;
-    ``step_peak`` and ``batch_share`` for batch adaptation."""
+    ``step_peak`` and ``batch_share`` for batch adaptation; ``batch_group`` for synchronised batch norm."""
 
     example_inputs: Callable[[], Any] = lambda: None
     mean: Callable[[str, float, float], float] = lambda name, value, weight: value
@@ -128,6 +129,10 @@ class Context:
     batch_share: float = 1.0
     #: the epoch (0-based) being trained: a worker's, or on a parameter server the epoch of its updates
     epoch: Callable[[], int] = lambda: 0
+    #: the process group of the workers that compute parts of one global batch (a synchronous run of several
+    #: workers), for collectives over the batch (``--sync-batchnorm``); ``None`` in one process, or when the
+    #: run's settings ask for none
+    batch_group: dist.ProcessGroup | None = None
 
 
 class Technique:

@@ -20,7 +20,8 @@ class Setting:
     """A run setting a technique reads, declared once on its class: ``name`` is the API keyword (and, for
     a technique the run's own settings turn on, the :class:`~scaletrain.config.TrainConfig` field and TOML
     key), ``--name-with-dashes`` its flag on ``train`` and ``bench``, with ``help``, ``type`` (how the
-    flag's text is read; ``None``: kept as text), ``choices`` and ``metavar``. ``option``: for a
+    flag's text is read; ``None``: kept as text; ``bool``: a switch that takes no value), ``choices`` and
+    ``metavar``. ``option``: for a
     technique chosen with ``--technique``, the option the setting gives (``--lasso-ratio`` is PruneTrain's
     ``ratio``); the setting then goes into ``technique_options``.
 

@@ -12,6 +12,7 @@ import dataclasses
 
 from scaletrain.config import TrainConfig
 from scaletrain.data.loading import Loading
+from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
 from scaletrain.train.checkpoint import (
@@ -48,6 +49,8 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
             f"use --batch-size {layout.workers * max(1, batch // layout.workers)}{smaller} "
             f"(a multiple of {layout.workers}), fewer workers, or --sync join"
         )
+    if config.sync_batchnorm:  # a network without batch norm is refused before any process starts
+        sync_batch_norm(workload.build_model())
     if config.network is not None and layout.world_size == 1:
         raise ConfigError(
             "--network emulates the links between processes, and this run has one process; "

@@ -1,0 +1,274 @@
+"""Synchronised batch norm: every batch norm normalises over the whole global batch, across the workers
+that share it.
+
+Method card. *What*: in a run whose workers each compute a part of one batch (``--sync split``, and
+the joined batch of ``--sync join``), each batch norm in training normalises with the mean and variance
+of the whole batch instead of its own part, and its running statistics move towards that batch's mean
+and unbiased variance: what one process computes over the whole batch. *When it helps*: a split run of
+a network with batch norm is then sequential training again, weight for weight (without it each of N
+workers normalises over 1/N of the batch: issue 25 measured max |Δw| = 0.095 after 40 steps of a
+residual network on 2 workers); and where the per-worker share is small, whose statistics are noisy.
+*Cost*: per batch norm and step, one all-reduce of 2C+1 numbers in the forward pass and one of 2C in
+the backward pass (C channels), each a synchronisation point of the workers (docs/distributed.md has
+the measured step time). *Source*: Ioffe and Szegedy (2015) for batch norm and its gradient; the
+statistics of the global batch from the workers' sums, as ``torch.nn.SyncBatchNorm`` (Peng et al.,
+"MegDet", CVPR 2018) computes them.
+
+How: :func:`sync_batch_norm` gives a network's ``BatchNorm1d/2d/3d`` the subclasses here. They keep
+their parameters, buffers and state-dict keys, and stay instances of the torch classes, so checkpoints,
+``load_model`` and the surgery of PruneTrain, Net2Net or MorphNet see plain batch norm. They synchronise
+only in training mode inside :func:`synchronised` (the block names the process group); everywhere else,
+evaluation included, they are plain batch norm with no communication. On a GPU whose group is NCCL the
+statistics go through torch's own ``SyncBatchNorm`` function; elsewhere (the CPU and gloo) through
+:class:`SyncBatchNormFunction`, this module's.
+
+Usable in any loop::
+
+    >>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    >>> sync_batch_norm(net), isinstance(net[1], nn.BatchNorm1d), type(net[1]).__name__
+    (1, True, 'SyncedBatchNorm1d')
+    >>> with synchronised(None):  # a process group of the workers here; None: this process alone
+    ...     out = net(torch.randn(8, 3))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules._functions import SyncBatchNorm as _TorchSyncBatchNorm  # what nn.SyncBatchNorm calls
+
+from scaletrain.efficient.base import Context, Technique
+from scaletrain.efficient.settings import Setting
+from scaletrain.errors import ConfigError
+
+__all__ = [
+    "SyncBatchNormFunction",
+    "SyncBatchStatistics",
+    "SyncedBatchNorm1d",
+    "SyncedBatchNorm2d",
+    "SyncedBatchNorm3d",
+    "sync_batch_norm",
+    "synchronised",
+]
+
+#: The process group the batch norms of a training forward pass synchronise over (None: none).
+_GROUP: contextvars.ContextVar[dist.ProcessGroup | None] = contextvars.ContextVar("batch_norm_group", default=None)
+
+
+@contextlib.contextmanager
+def synchronised(group: dist.ProcessGroup | None) -> Iterator[None]:
+    """Within this block, every synchronised batch norm in training mode normalises over the batch of
+    ``group``'s processes (each calls the same layers in the same order); ``None``: over this process's."""
+    token = _GROUP.set(group)
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+
+
+def _all_reduce(values: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """The sum of ``values`` over ``group`` (gloo sends from host memory: a GPU's tensor goes through it)."""
+    if values.device.type == "cpu" or dist.get_backend(group) == "nccl":
+        dist.all_reduce(values, group=group)
+        return values
+    host = values.cpu()
+    dist.all_reduce(host, group=group)
+    return host.to(values.device)
+
+
+class SyncBatchNormFunction(torch.autograd.Function):
+    """Batch norm in training over the batch of every process of ``group``, each holding some of its rows.
+
+    Forward: one all-reduce of the stacked per-channel sums ``[Σx, Σx², n]`` (float64, from each process's
+    float32 ``var_mean``), giving the global mean μ and biased variance σ²; the output is
+    ``(x − μ)/√(σ² + ε)·γ + β``, and the running statistics (when given) move by ``momentum`` towards μ and
+    the unbiased variance σ²·n/(n − 1). Backward: one all-reduce of ``[Σdy, Σdy·x̂]``, and
+    ``dx = γ/√(σ² + ε)·(dy − Σdy/n − x̂·Σdy·x̂/n)``. The gradients of γ and β are this process's own sums:
+    the gradient exchange adds them up over the workers as it does every other parameter's.
+    Calls: ``apply(inputs, weight, bias, running_mean, running_var, momentum, eps, group)``.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        inputs: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        momentum: float,
+        eps: float,
+        group: dist.ProcessGroup,
+    ) -> torch.Tensor:
+        channels = inputs.shape[1]
+        dims = [0, *range(2, inputs.dim())]
+        values = inputs.float()  # bfloat16 or float16 activations: statistics in float32, as batch norm's
+        variance, mean = torch.var_mean(values, dims, correction=0)
+        count = values.numel() // channels
+        mean64 = mean.double()
+        sums = torch.cat([mean64 * count, (variance.double() + mean64 * mean64) * count, mean64.new_full((1,), count)])
+        sums = _all_reduce(sums, group)
+        total = float(sums[-1])
+        if total <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {inputs.shape}")
+        global_mean = sums[:channels] / total
+        global_variance = (sums[channels : 2 * channels] / total - global_mean * global_mean).clamp_(min=0.0)
+        invstd = (global_variance + eps).rsqrt()
+        if running_mean is not None and running_var is not None:
+            with torch.no_grad():
+                unbiased = global_variance * (total / (total - 1))
+                running_mean.copy_(momentum * global_mean + (1 - momentum) * running_mean.double())
+                running_var.copy_(momentum * unbiased + (1 - momentum) * running_var.double())
+        scale = invstd if weight is None else invstd * weight.double()
+        shift = -global_mean * scale if bias is None else bias.double() - global_mean * scale
+        view = [1, channels] + [1] * (inputs.dim() - 2)
+        outputs = torch.addcmul(shift.float().view(view), values, scale.float().view(view))
+        ctx.save_for_backward(inputs, weight, global_mean.float(), invstd.float())
+        ctx.total, ctx.group = total, group
+        return outputs.to(inputs.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs, weight, mean, invstd = ctx.saved_tensors
+        channels = inputs.shape[1]
+        dims = [0, *range(2, inputs.dim())]
+        view = [1, channels] + [1] * (inputs.dim() - 2)
+        gradient = grad_outputs.float()
+        normalised = (inputs.float() - mean.view(view)) * invstd.view(view)
+        sum_gradient = gradient.sum(dims)
+        sum_gradient_normalised = (gradient * normalised).sum(dims)
+        grad_inputs = None
+        if ctx.needs_input_grad[0]:  # the same on every process (the same network): all call the collective
+            sums = _all_reduce(torch.cat([sum_gradient, sum_gradient_normalised]).double(), ctx.group) / ctx.total
+            scale = invstd if weight is None else invstd * weight.detach().float()
+            mean_gradient, mean_gradient_normalised = sums[:channels].float(), sums[channels:].float()
+            # scale·(dy − mean(dy) − x̂·mean(dy·x̂)) as two fused passes
+            constant = (-scale * mean_gradient).view(view)
+            grad_inputs = torch.addcmul(constant, normalised, (-scale * mean_gradient_normalised).view(view))
+            grad_inputs = torch.addcmul(grad_inputs, gradient, scale.view(view)).to(inputs.dtype)
+        grad_weight = (
+            sum_gradient_normalised.to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        )
+        grad_bias = sum_gradient if ctx.needs_input_grad[2] else None
+        return grad_inputs, grad_weight, grad_bias, None, None, None, None, None
+
+
+class _Synced:
+    """Mixed into a batch-norm class: in training inside :func:`synchronised`, the statistics of the
+    whole batch of the group's processes; otherwise the torch class's own forward."""
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        group = _GROUP.get()
+        if not self.training or group is None:  # evaluation uses the running statistics: no communication
+            return super().forward(inputs)
+        self._check_input_dim(inputs)
+        factor = 0.0 if self.momentum is None else self.momentum
+        running: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        if self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            running = (self.running_mean, self.running_var)
+        if inputs.is_cuda and dist.get_backend(group) == "nccl":
+            world = dist.get_world_size(group)
+            return _TorchSyncBatchNorm.apply(inputs, self.weight, self.bias, *running, self.eps, factor, group, world)
+        return SyncBatchNormFunction.apply(inputs, self.weight, self.bias, *running, factor, self.eps, group)
+
+
+class SyncedBatchNorm1d(_Synced, nn.BatchNorm1d):
+    """:class:`torch.nn.BatchNorm1d` over the whole batch of the workers (inside :func:`synchronised`)."""
+
+
+class SyncedBatchNorm2d(_Synced, nn.BatchNorm2d):
+    """:class:`torch.nn.BatchNorm2d` over the whole batch of the workers (inside :func:`synchronised`)."""
+
+
+class SyncedBatchNorm3d(_Synced, nn.BatchNorm3d):
+    """:class:`torch.nn.BatchNorm3d` over the whole batch of the workers (inside :func:`synchronised`)."""
+
+
+_SYNCED = {
+    nn.BatchNorm1d: SyncedBatchNorm1d,
+    nn.BatchNorm2d: SyncedBatchNorm2d,
+    nn.BatchNorm3d: SyncedBatchNorm3d,
+}
+
+
+def sync_batch_norm(model: nn.Module) -> int:
+    """Make every batch norm of ``model`` (in place) synchronise inside :func:`synchronised`; the modules
+    keep their parameters and buffers (the optimizer and checkpoints see no change). Returns how many
+    changed (those already synchronised count); a network without any is an error (the flag would do nothing)."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, _Synced):
+            changed += 1
+        elif type(module) in _SYNCED:  # exactly the plain classes: subclasses may compute something else
+            module.__class__ = _SYNCED[type(module)]
+            changed += 1
+    if not changed:
+        raise ConfigError("--sync-batchnorm: this network has no batch norm; leave the flag out")
+    return changed
+
+
+@dataclass
+class SyncBatchStatistics(Technique):
+    """``--sync-batchnorm``: :func:`sync_batch_norm` on the network as built, on every process; each training
+    forward pass runs inside :func:`synchronised` with the group of workers the loop offers
+    (:attr:`~scaletrain.efficient.base.Context.batch_group`: a split or join run's workers; none in one
+    process). It keeps no state, so it stays out of the checkpointed stack."""
+
+    name: ClassVar[str] = "sync_batchnorm"
+    checkpointed: ClassVar[bool] = False
+    settings: ClassVar[tuple[Setting, ...]] = (
+        Setting(
+            "sync_batchnorm",
+            "every batch norm normalises over the whole global batch of the synchronous workers (one all-reduce "
+            "per layer and pass), so a split run equals one process",
+            type=bool,
+        ),
+    )
+
+    #: the workers' group, from the loop's context at :meth:`start` (``None``: this process normalises alone)
+    group: dist.ProcessGroup | None = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def check(cls, settings: Mapping[str, Any]) -> None:
+        wanted = settings.get("sync_batchnorm", False)
+        if not isinstance(wanted, bool):
+            raise ConfigError(f"sync_batchnorm must be true or false, got {wanted!r}")
+        if not wanted:
+            return
+        if settings.get("sync") in ("async", "none"):
+            raise ConfigError(
+                "--sync-batchnorm normalises over each global batch, and asynchronous workers share none (each "
+                "trains its own batches); use --sync split or join, or leave --sync-batchnorm out"
+            )
+        if settings.get("ghost_batch") is not None:
+            raise ConfigError(
+                "--sync-batchnorm normalises over the whole batch and --ghost-batch over ghost batches; choose one"
+            )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> SyncBatchStatistics | None:
+        return cls() if settings.get("sync_batchnorm") else None
+
+    @classmethod
+    def summary_fields(
+        cls, settings: Mapping[str, Any], device_type: str, technique: Technique | None
+    ) -> dict[str, Any]:
+        return {"sync_batchnorm": bool(settings.get("sync_batchnorm"))}
+
+    def prepare_model(self, model: nn.Module) -> None:
+        sync_batch_norm(model)
+
+    def start(self, model: nn.Module, context: Context) -> None:
+        self.group = context.batch_group
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        return synchronised(self.group)
