@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from scaletrain.parallel.failures import ProcessFailed, describe, write_tracebac
 from scaletrain.parallel.heartbeat import Heartbeat
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.strategies import WORKER, Layout, run_label
+from scaletrain.parallel.strategies.batch_norm import split_warning
 from scaletrain.tensors.device import backend_for, resolve_device
 from scaletrain.train.build import prepare
 from scaletrain.train.checkpoint import resume_advice
@@ -83,6 +85,9 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
         )
         if config.out is None:
             _record_process(prepared.config, rank, layout.role(rank))
+        warning = split_warning(prepared.config, layout, prepared.model) if rank == 0 else None
+        if warning is not None:  # rank 0's stderr is the one the local launcher shows
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         summary = layout.plugin.run(prepared, layout, rank, store)
         finished = True
         return summary

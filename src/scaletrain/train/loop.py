@@ -76,18 +76,7 @@ class Trainer:
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
-        if self.technique is not None:
-            plan = self.role.plan
-            context = self.prepared.technique_context(
-                mean=self.role.agreement.mean,
-                epoch=lambda: self.position.epoch,
-                step_peak=self._step_peak,
-                batch_share=plan.global_batch_factor / plan.part.count,
-            )
-            self.technique.start(self.model, context)
-            if self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch:
-                # resumed from a checkpoint written at an epoch's end before that epoch's decision
-                self._decide(self.position.epoch - 1)
+        self._start_techniques()
         schedule = self.schedule
         while schedule.first_step(self.position.epoch) < schedule.total_steps:
             epoch = self.position.epoch
@@ -98,6 +87,27 @@ class Trainer:
                 break  # --steps ended the run inside this epoch
             self._end_epoch()
         self.role.agreement.buffers_final(self.model)
+
+    def _start_techniques(self) -> None:
+        """Start the techniques that keep no state (synchronised batch norm takes its group here), then the
+        technique stack; a run resumed before an epoch's decision takes that decision now."""
+        stacks = [stack for stack in (self.prepared.layout, self.technique) if stack is not None]
+        if not stacks:
+            return
+        plan = self.role.plan
+        context = self.prepared.technique_context(
+            mean=self.role.agreement.mean,
+            epoch=lambda: self.position.epoch,
+            step_peak=self._step_peak,
+            batch_share=plan.global_batch_factor / plan.part.count,
+            batch_group=self.role.batch_group,
+        )
+        for stack in stacks:
+            stack.start(self.model, context)
+        resumed_undecided = self.position.batch == 0 and self.prepared.decided_epochs < self.position.epoch
+        if self.technique is not None and resumed_undecided:
+            # resumed from a checkpoint written at an epoch's end before that epoch's decision
+            self._decide(self.position.epoch - 1)
 
     def _train_epoch(self, numbers: range) -> None:
         config, position, plan = self.config, self.position, self.role.plan

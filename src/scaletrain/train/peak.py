@@ -9,6 +9,7 @@ from collections.abc import Callable
 from torch import nn
 
 from scaletrain.efficient.adaptive_batch import cuda_peak, forked_peak_rss, trial_step
+from scaletrain.efficient.sync_batchnorm import synchronised
 from scaletrain.tensors.device import to_device
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Prepared
@@ -32,7 +33,21 @@ def step_peak(
     batch = next(iter(workload.train_batches(data, epoch=0, batch_size=rows, seed=prepared.config.seed)))
     batch = to_device(batch, device)
     momentum = prepared.config.momentum or 0.0
+    forward_context = _alone(forward_context)
     if device.type == "cpu":
         return forked_peak_rss(trial_step(model, workload, batch, rows, forward_context, momentum))
     copy_on_device = copy.deepcopy(model)
     return cuda_peak(trial_step(copy_on_device, workload, batch, rows, forward_context, momentum), device)
+
+
+def _alone(forward_context: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], contextlib.ExitStack]:
+    """The step's context with batch norms that normalise alone: a trial step runs on one process (in a
+    forked copy on the CPU), so a synchronised batch norm there must not wait for the other workers."""
+
+    def entered() -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(forward_context())
+        stack.enter_context(synchronised(None))
+        return stack
+
+    return entered

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from scaletrain.config import TrainConfig
@@ -85,6 +86,8 @@ class Role:
     checkpoints: bool = True  # writes checkpoint.pt from its own model and optimizer
     evaluate_each_epoch: bool = True
     agreement: Agreement = field(default_factory=Agreement)
+    #: the workers that compute parts of each global batch, for synchronised batch norm (``None``: nobody else)
+    batch_group: dist.ProcessGroup | None = None
 
 
 @dataclass
@@ -142,6 +145,7 @@ class Prepared:
         computes_loss: bool = True,
         step_peak: Callable[[nn.Module, int], int | None] | None = None,
         batch_share: float = 1.0,
+        batch_group: dist.ProcessGroup | None = None,
     ) -> Context:
         """What this process offers its technique at :meth:`~scaletrain.efficient.Technique.start`, the same for
         a worker and a parameter server (which computes no loss and measures no step)."""
@@ -153,6 +157,7 @@ class Prepared:
             momentum=self.config.momentum,
             batch_share=batch_share,
             epoch=epoch,
+            batch_group=batch_group,
             **measured,
         )
 

@@ -20,6 +20,7 @@ from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, weight_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
@@ -62,6 +63,7 @@ class AllReduce(Strategy):
                 rank=rank,
                 workers=tuple(layout.worker_ranks()),
             ),
+            batch_group=batch_group(prepared.config, layout),
         )
         trainer = train_worker(prepared, role, store)
         if rank != 0:

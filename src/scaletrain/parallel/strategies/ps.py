@@ -25,6 +25,7 @@ from scaletrain.parallel.ps.server import ServerStats, ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
@@ -69,6 +70,7 @@ class _Setup:
     store: dist.Store
     peers_of: dict[int, dict[int, dist.ProcessGroup]]
     options: dict[str, Any]
+    batch_group: dist.ProcessGroup | None = None  # the workers, for synchronised batch norm
 
     @classmethod
     def of(cls, prepared: Prepared, layout: Layout, store: dist.Store) -> _Setup:
@@ -91,7 +93,7 @@ class _Setup:
             codec=wire_codec(config),  # weights out, gradients in: no error feedback on a server
             skip_nonfinite=prepared.technique is not None and prepared.technique.skips_nonfinite,
         )
-        return cls(prepared, layout, store, peers_of, options)
+        return cls(prepared, layout, store, peers_of, options, batch_group(config, layout))
 
     @property
     def synchronous(self) -> bool:
@@ -209,6 +211,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         checkpoints=False,
         evaluate_each_epoch=False,
         agreement=setup.agreement(rank),
+        batch_group=setup.batch_group,
     )
     trainer = train_worker(prepared, role, setup.store)
     if shards is None:
