@@ -26,6 +26,7 @@ from scaletrain.efficient import Reconfiguration
 from scaletrain.efficient.surgery import reconfigure
 from scaletrain.efficient.sync_batchnorm import SyncedBatchNorm2d, sync_batch_norm, synchronised
 from scaletrain.errors import ConfigError
+from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
 
 CASES = list(job.cases())
 
@@ -111,7 +112,7 @@ def test_the_layers_keep_their_state_dict_and_survive_surgery() -> None:
     torch.testing.assert_close(net[1](inputs), expected)
 
 
-def test_a_network_without_batch_norm_and_bad_combinations_are_refused() -> None:
+def test_a_network_without_batch_norm_one_worker_and_bad_combinations_are_refused() -> None:
     with pytest.raises(ConfigError, match="this network has no batch norm; leave the flag out"):
         sync_batch_norm(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(ConfigError, match="asynchronous workers share none"):
@@ -120,6 +121,8 @@ def test_a_network_without_batch_norm_and_bad_combinations_are_refused() -> None
         TrainConfig("resnet20", workers=2, sync="split", ghost_batch=8, sync_batchnorm=True)
     with pytest.raises(ConfigError, match="true or false"):
         TrainConfig("resnet20", sync_batchnorm="yes")
+    with pytest.raises(ConfigError, match="normalises over the batch of several workers, and this run has one"):
+        TrainConfig("resnet20", sync_batchnorm=True)
 
 
 @pytest.mark.parametrize(
@@ -161,3 +164,16 @@ def test_on_a_gpu_an_nccl_group_goes_through_torchs_function(tmp_path: Path) -> 
             torch.testing.assert_close(results[1][2][key], value, rtol=1e-5, atol=1e-5, msg=key)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_bench_gives_it_only_to_runs_of_several_synchronous_workers() -> None:
+    config = SweepConfig(
+        "resnet20",
+        Path("out"),
+        workers=(1, 2),
+        strategies=("allreduce-split", "ps-central-async"),
+        settings={"sync_batchnorm": True},
+    )
+    runs, _ = plan_runs(config)
+    given = {(run.sync, run.workers): run_settings(config, run).get("sync_batchnorm") for run in runs}
+    assert given == {("split", 1): None, ("split", 2): True, ("async", 1): None, ("async", 2): None}

@@ -252,6 +252,11 @@ class SyncBatchStatistics(Technique):
             raise ConfigError(f"sync_batchnorm must be true or false, got {wanted!r}")
         if not wanted:
             return
+        if settings.get("workers", 1) == 1:  # a setting the run would never read is refused, not ignored
+            raise ConfigError(
+                "--sync-batchnorm normalises over the batch of several workers, and this run has one; "
+                "use --workers 2 or more, or leave --sync-batchnorm out"
+            )
         if settings.get("sync") in ("async", "none"):
             raise ConfigError(
                 "--sync-batchnorm normalises over each global batch, and asynchronous workers share none (each "

@@ -189,6 +189,8 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     unread = set() if run.server else {"server", "ps_admission"}
     if run.sync != "async":
         unread.add("async_compensation")
+    if run.sync == "async" or run.workers == 1:  # no global batch shared by several workers
+        unread.add("sync_batchnorm")
     return {
         **{key: value for key, value in config.settings.items() if key not in unread},
         "workers": run.workers,
