@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -74,14 +75,20 @@ def synchronised(group: dist.ProcessGroup | None) -> Iterator[None]:
         _GROUP.reset(token)
 
 
-def _all_reduce(values: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """The sum of ``values`` over ``group`` (gloo sends from host memory: a GPU's tensor goes through it)."""
-    if values.device.type == "cpu" or dist.get_backend(group) == "nccl":
-        dist.all_reduce(values, group=group)
-        return values
-    host = values.cpu()
-    dist.all_reduce(host, group=group)
-    return host.to(values.device)
+def _all_reduce(values: np.ndarray, group: dist.ProcessGroup) -> np.ndarray:
+    """The sum of ``values`` over ``group``, in place (gloo sends from host memory)."""
+    dist.all_reduce(torch.from_numpy(values), group=group)
+    return values
+
+
+def _host(tensor: torch.Tensor) -> np.ndarray:
+    """A per-channel vector as float64 numbers in host memory."""
+    return tensor.detach().cpu().numpy().astype(np.float64)
+
+
+def _channels(values: np.ndarray, like: torch.Tensor, view: list[int]) -> torch.Tensor:
+    """Per-channel numbers as a float32 tensor on ``like``'s device, shaped to broadcast over it."""
+    return torch.from_numpy(values.astype(np.float32)).to(like.device).view(view)
 
 
 class SyncBatchNormFunction(torch.autograd.Function):
@@ -95,11 +102,12 @@ class SyncBatchNormFunction(torch.autograd.Function):
     the gradient exchange adds them up over the workers as it does every other parameter's.
     Calls: ``apply(inputs, weight, bias, running_mean, running_var, momentum, eps, group)``.
 
-    The element-wise passes are torch's own CPU batch-norm kernels (a fused pass each; a channels-last
-    reduction through ``var_mean`` took 8 times as long): the local statistics come from a training-mode
+    What costs is kept to torch's own CPU batch-norm kernels, a fused pass each (a channels-last reduction
+    through ``var_mean`` took 8 times as long): the local statistics come from a training-mode
     ``native_batch_norm``, the output from an evaluation-mode ``batch_norm`` with the global statistics,
-    and the input gradient from ``native_batch_norm_backward`` over this process's rows, corrected by
-    what the global sums add (per channel, a multiple of x plus a constant).
+    and the input gradient from ``native_batch_norm_backward`` over this process's rows, corrected by what
+    the global sums add (per channel, a multiple of x plus a constant). The per-channel arithmetic runs in
+    NumPy's float64: as tensor operations, some 60 of them a layer cost more than the layer's kernels.
     """
 
     @staticmethod
@@ -118,24 +126,27 @@ class SyncBatchNormFunction(torch.autograd.Function):
         values = inputs.float()  # bfloat16 or float16 activations: statistics in float32, as batch norm's
         _, mean, invstd = torch.native_batch_norm(values, None, None, None, None, True, 0.0, eps)
         count = values.numel() // channels
-        mean64 = mean.double()
-        variance64 = invstd.double().pow(-2) - eps
-        sums = torch.cat([mean64 * count, (variance64 + mean64 * mean64) * count, mean64.new_full((1,), count)])
-        sums = _all_reduce(sums, group)
+        local_mean = _host(mean)
+        sums = np.empty(2 * channels + 1)
+        sums[:channels] = local_mean * count
+        sums[channels:-1] = (_host(invstd) ** -2 - eps + local_mean * local_mean) * count
+        sums[-1] = count
+        _all_reduce(sums, group)
         total = float(sums[-1])
         if total <= 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {inputs.shape}")
         global_mean = sums[:channels] / total
-        global_variance = (sums[channels : 2 * channels] / total - global_mean * global_mean).clamp_(min=0.0)
-        if running_mean is not None and running_var is not None:
-            with torch.no_grad():  # in double, as torch's CPU kernel moves them
-                unbiased = global_variance * (total / (total - 1))
-                running_mean.copy_(momentum * global_mean + (1 - momentum) * running_mean.double())
-                running_var.copy_(momentum * unbiased + (1 - momentum) * running_var.double())
-        mean32, variance32 = global_mean.float(), global_variance.float()
-        outputs = F.batch_norm(values, mean32, variance32, weight, bias, False, 0.0, eps)
-        ctx.save_for_backward(inputs, weight, mean32, (global_variance + eps).rsqrt().float())
+        global_variance = np.maximum(sums[channels:-1] / total - global_mean * global_mean, 0.0)
+        if running_mean is not None and running_var is not None:  # in float64, as torch's CPU kernel moves them
+            unbiased = global_variance * (total / (total - 1))
+            running_mean.copy_(torch.from_numpy(momentum * global_mean + (1 - momentum) * _host(running_mean)))
+            running_var.copy_(torch.from_numpy(momentum * unbiased + (1 - momentum) * _host(running_var)))
+        global_invstd = 1.0 / np.sqrt(global_variance + eps)
+        mean32, invstd32 = _channels(global_mean, values, [-1]), _channels(global_invstd, values, [-1])
+        outputs = F.batch_norm(values, mean32, _channels(global_variance, values, [-1]), weight, bias, False, 0.0, eps)
+        ctx.save_for_backward(inputs, weight, mean32, invstd32)
         ctx.total, ctx.group, ctx.eps = total, group, eps
+        ctx.mean, ctx.invstd = global_mean, global_invstd
         return outputs.to(inputs.dtype)
 
     @staticmethod
@@ -154,14 +165,14 @@ class SyncBatchNormFunction(torch.autograd.Function):
         if wanted:
             # this process's rows normalised by their own sums of dy and dy·x̂; the global ones differ by
             # γ·invstd·(c1 + x̂·c2) per channel, c the local mean minus the global mean of each
-            local_sums = torch.cat([sum_gradient, sum_gradient_normalised]).double()
-            global_means = _all_reduce(local_sums.clone(), ctx.group) / ctx.total
+            local_sums = np.concatenate([_host(sum_gradient), _host(sum_gradient_normalised)])
+            global_means = _all_reduce(local_sums.copy(), ctx.group) / ctx.total
             differences = local_sums / (values.numel() // channels) - global_means
-            scale64, invstd64 = scale.double() * invstd.double(), invstd.double()
-            slope = scale64 * invstd64 * differences[channels:]
-            constant = scale64 * differences[:channels] - slope * mean.double()
+            scaled = _host(scale) * ctx.invstd
+            slope = scaled * ctx.invstd * differences[channels:]
+            constant = scaled * differences[:channels] - slope * ctx.mean
             view = [1, channels] + [1] * (inputs.dim() - 2)
-            grad_inputs = local.addcmul_(values, slope.float().view(view)).add_(constant.float().view(view))
+            grad_inputs = local.addcmul_(values, _channels(slope, local, view)).add_(_channels(constant, local, view))
             grad_inputs = grad_inputs.to(inputs.dtype)
         grad_weight = sum_gradient_normalised if weight is not None and ctx.needs_input_grad[1] else None
         grad_bias = sum_gradient if ctx.needs_input_grad[2] else None
