@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO
+from tests.helpers import REPO, run_cli
 from tests.parallel import batch_norm_job
 from tests.parallel.test_buffers import free_ports
+
+import scaletrain
 
 pytestmark = pytest.mark.multiprocess
 
@@ -119,3 +121,30 @@ def test_without_it_a_split_run_ends_elsewhere_and_says_so_once(runs) -> None:
     assert printed["allreduce-split-plain"].count("warning:") == 1
     assert WARNING in printed["allreduce-split-plain"]
     assert "add --sync-batchnorm" in printed["allreduce-split-plain"]
+
+
+def test_through_the_api_and_the_command_line_too(runs, tmp_path: Path) -> None:
+    """Issue 25's first line: the user's network, PruneTrain, 2 workers splitting each batch with
+    synchronised batch norm, through the API (the object) and the command line (``module:factory``), ends
+    as one process does; ``load_model`` rebuilds both pruned networks (the object's with ``workload=``)."""
+    out, _ = runs
+    reference, reference_summary = saved(out, "local-prunetrain")
+    settings = {**batch_norm_job.SETTINGS, **batch_norm_job.TRAININGS["allreduce-split-prunetrain"]}
+    scaletrain.train(batch_norm_job.workload(), out=tmp_path / "api", **settings)
+    result = run_cli(
+        "train", "tests.parallel.batch_norm_job:workload", "--workers", "2", "--strategy", "allreduce-split",
+        "--sync-batchnorm", "--technique", "prunetrain", "--lasso-ratio", "0.5", "--prune-threshold", "0.12",
+        "--reconfigure-every", "1", "--epochs", "2", "--lr", "0.05", "--momentum", "0.9", "--threads", "1",
+        "--seed", "7", "--timeout", "60", "--no-tensorboard", "--progress", "off", "--out", str(tmp_path / "cli"),
+        env={"PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "warning:" not in result.stderr
+    loaded = {
+        "api": scaletrain.load_model(tmp_path / "api", workload=batch_norm_job.workload()),
+        "cli": scaletrain.load_model(tmp_path / "cli"),
+    }
+    for name, model in loaded.items():
+        _, summary = saved(tmp_path, name)
+        assert summary["architecture"] == reference_summary["architecture"] and summary["sync_batchnorm"] is True
+        assert largest_difference(model.state_dict(), reference) <= 1e-4, name
