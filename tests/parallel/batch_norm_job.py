@@ -37,6 +37,7 @@ TRAININGS: dict[str, dict[str, Any]] = {
     # join: each worker a batch of BATCH/2, the update one of BATCH, as one process's
     "allreduce-join": dict(SPLIT, strategy="allreduce", sync="join", batch_size=BATCH // 2),
     "ps-sharded-split": dict(SPLIT, strategy="ps", server="sharded"),
+    "ps-sharded-split-prunetrain": dict(SPLIT, strategy="ps", server="sharded", **PRUNE),
     "ps-central-split": dict(SPLIT, strategy="ps", server="central"),
 }
 

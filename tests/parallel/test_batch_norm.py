@@ -32,6 +32,7 @@ TWO_PROCESSES = [
     "allreduce-split-prunetrain",
     "allreduce-join",
     "ps-sharded-split",
+    "ps-sharded-split-prunetrain",
 ]
 THREE_PROCESSES = ["ps-central-split"]  # the central server's process and 2 workers
 WARNING = "warning: each of the 2 workers normalises its batch norms over its own share of each batch (8 of 16"
@@ -88,7 +89,15 @@ def largest_difference(first: dict[str, torch.Tensor], second: dict[str, torch.T
 
 
 @pytest.mark.parametrize(
-    "name", ["allreduce-split", "allreduce-join", "ps-sharded-split", "ps-central-split", "allreduce-split-prunetrain"]
+    "name",
+    [
+        "allreduce-split",
+        "allreduce-join",
+        "ps-sharded-split",
+        "ps-central-split",
+        "allreduce-split-prunetrain",
+        "ps-sharded-split-prunetrain",
+    ],
 )
 def test_synchronised_workers_train_what_one_process_trains(runs, name: str) -> None:
     out, printed = runs
@@ -105,9 +114,10 @@ def test_synchronised_workers_train_what_one_process_trains(runs, name: str) -> 
     assert "warning:" not in printed[name]
 
 
-def test_prunetrain_pruned_the_synchronised_network(runs) -> None:
+@pytest.mark.parametrize("name", ["allreduce-split-prunetrain", "ps-sharded-split-prunetrain"])
+def test_prunetrain_pruned_the_synchronised_network(runs, name: str) -> None:
     out, _ = runs
-    _, summary = saved(out, "allreduce-split-prunetrain")
+    _, summary = saved(out, name)
     assert summary["architecture"], "the reconfiguration removed channels"
     assert summary["parameters"] < summary["parameters_initial"]
 
