@@ -17,6 +17,7 @@ from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
+from scaletrain.plugins import load_plugins
 from scaletrain.workloads import Origin, Workload
 
 __all__ = ["make_config", "refuse_unread", "run_training"]
@@ -31,6 +32,7 @@ def make_config(workload: str, *, config_file: Path | None = None, **settings: A
     >>> make_config("lenet", batch_size=64).batch_size
     64
     """
+    load_plugins()  # from Python as from the command line: the registries hold the plug-ins' names
     from_file = load_toml(config_file) if config_file is not None else {}
     given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
     merged = expand_spec(merge({"workload": workload}, from_file, given))
