@@ -1,10 +1,10 @@
 """How the test session shares this machine when pytest-xdist runs two tests at once (``-n``, pyproject.toml).
 
-* Each test file runs whole on one xdist worker (its ``xdist_group`` is its path, unless it names
-  another group), so a module's fixtures are made once, as without xdist. Tests that read one
-  session-scoped run (the ``trained`` fixture) name the same group and so share that run too.
-* Groups whose files hold ``slow`` tests are handed out first: the longest jobs start early instead of
-  being left for one worker at the end.
+* Each test file runs whole on one xdist worker (``--dist loadfile``), so a module's fixtures are made
+  once, as without xdist. Tests that read one session-scoped run (the ``trained`` fixture) sit in one
+  file for the same reason (tests/parallel/test_real_lenet.py).
+* Files that hold ``slow`` tests are handed out first: the longest jobs start early instead of being
+  left for one worker at the end.
 * A test marked ``alone`` measures time or speed: it runs with no other test beside it. It takes a lock
   exclusively while every other test holds it shared; a test waiting to be alone keeps new tests from
   starting until it has run. Without xdist there is no lock.
@@ -32,11 +32,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(str(item.path.relative_to(config.rootpath))))
     items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within a file is kept
 
 

@@ -32,8 +32,6 @@ REAL_LENET = {
     "progress": "off",
     "tensorboard": False,
 }
-#: The pytest-xdist group of the tests that read these runs: one worker trains each run once for all.
-REAL_LENET_GROUP = "real-lenet"
 #: The asynchronous run of :data:`REAL_LENET`: 2 workers on the central parameter server.
 REAL_ASYNC = {"workers": 2, "strategy": "ps", "server": "central", "sync": "async"}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REAL_LENET, REAL_LENET_GROUP, TrainedOnce, make_fashion_mnist, model_weights, run_cli
+from tests.helpers import make_fashion_mnist, model_weights, run_cli
 
 import scaletrain
 from scaletrain.efficient.base import Stack, Technique
@@ -172,19 +172,6 @@ def test_a_parameter_server_run_trains_over_a_bf16_wire(strategy: str, data: Pat
         "lenet", out=tmp_path / "fp32", strategy=strategy, **{**settings, "wire": "fp32"}, **COMMON
     )
     assert abs(summary["test_accuracy"] - reference["test_accuracy"]) <= 0.1
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group(REAL_LENET_GROUP)
-def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnist(
-    real_fmnist: Path, trained: TrainedOnce
-) -> None:
-    # the float32 run is the local run of tests/parallel/test_real_async_compensation.py, trained once for both
-    fp32, _ = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
-    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **REAL_LENET)
-    assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
-    assert fp32["test_accuracy"] > 0.8
-    assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
 
 
 def test_a_resumed_run_keeps_its_loss_scale_and_refuses_other_precision_settings(

@@ -1,7 +1,7 @@
 """The divergence bound on several processes (scaletrain.train.divergence): a finite loss past it stops every
 process with the advice line and exit code 2, under all-reduce and the asynchronous parameter server, and
 leaves no summary. (That a central server keeps the workers' reference in its checkpoint is checked on the
-real asynchronous run, tests/parallel/test_real_async.py.)"""
+real asynchronous run, tests/parallel/test_real_lenet.py.)"""
 
 from __future__ import annotations
 
