@@ -46,7 +46,7 @@ def test_missing_dataset_fails_before_any_process_starts(tmp_path):
 
 def test_a_measurement_that_overruns_its_timeout_is_stopped(tiny_fmnist):
     with pytest.raises(ProfileError, match="longer than"):
-        run_profile(ProfileConfig("lenet", data_dir=tiny_fmnist, download=False, timeout=0.5))
+        run_profile(ProfileConfig("lenet", data_dir=tiny_fmnist, download=False, timeout=0.05))
 
 
 @pytest.mark.alone  #

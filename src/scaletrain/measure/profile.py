@@ -42,7 +42,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.launch import free_port, spawn_rank, stop_processes
+from scaletrain.parallel.launch import Process, free_port, spawn_rank, stop_processes
 from scaletrain.tensors.codec import WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
@@ -235,7 +235,7 @@ def _run_probes(job: dict[str, Any], world_size: int, network: str | None, timeo
         return [json.loads((folder / f"result-{rank}.json").read_text(encoding="utf-8")) for rank in range(world_size)]
 
 
-def _wait(processes: list[subprocess.Popen], logs: list[Path], kind: str, timeout: float) -> None:
+def _wait(processes: list[Process], logs: list[Path], kind: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         codes = [process.poll() for process in processes]

@@ -244,7 +244,8 @@ def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str,
     """
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
-    child = context.Process(target=_train_child, args=(workload, settings, sender), daemon=True)
+    # Not daemonic: a daemonic process may not have children, and the run's processes are forked (preloaded).
+    child = context.Process(target=_train_child, args=(workload, settings, sender))
     child.start()
     sender.close()
     try:

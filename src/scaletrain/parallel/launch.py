@@ -32,6 +32,7 @@ from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.handover import remove_handover, send_workload
+from scaletrain.parallel.preloaded import PreloadedProcess, can_fork, start_forked
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -45,7 +46,7 @@ from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_ad
 from scaletrain.train.summary import SUMMARY_NAME
 from scaletrain.workloads import Workload
 
-__all__ = ["ENV_LAUNCHER", "RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
+__all__ = ["ENV_LAUNCHER", "Process", "RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -53,6 +54,8 @@ CAUSE_SETTLE_SECONDS = 0.3
 LOGS_DIR = "logs"
 #: Set for the processes this launcher starts: they report errors in their logs, the launcher on the terminal.
 ENV_LAUNCHER = "SCALETRAIN_LAUNCHER"
+#: A process the launcher started: a fork of the preloaded server, or ``python -m`` in a process of its own.
+Process = subprocess.Popen | PreloadedProcess
 
 
 class RunFailed(ScaletrainError):
@@ -65,7 +68,7 @@ class RunFailed(ScaletrainError):
 class _Child:
     rank: int
     role: str
-    process: subprocess.Popen
+    process: Process
     log: Path
     log_file: IO[bytes]
     failed_at: float | None = None  # when the launcher first saw it fail
@@ -157,11 +160,12 @@ def spawn_rank(
     network: EmulatedNetwork | None,
     stdout: IO[bytes] | int | None,
     stderr: IO[bytes] | int | None,
-) -> subprocess.Popen:
+) -> Process:
     """Start ``python -m MODULE ARGS`` as ``rank`` of ``world_size`` with the torchrun variables set.
 
-    With an emulated network the process lives in its own namespace behind a rate-limited link;
-    either way it dies with this process.
+    The process is a fork of a preloaded one where it can be (:mod:`scaletrain.parallel.preloaded`).
+    With an emulated network it lives in its own namespace behind a rate-limited link; either way it
+    dies with this process.
     """
     package_root = str(Path(__file__).resolve().parents[2])  # the folder holding the scaletrain package
     environment = {
@@ -177,6 +181,8 @@ def spawn_rank(
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
         **(network.environment(rank) if network else {}),
     }
+    if network is None and can_fork(environment):
+        return start_forked(module_args, environment, stdout=stdout, stderr=stderr)
     prefix = network.command_prefix(rank) if network else []
     return subprocess.Popen(
         [*prefix, sys.executable, "-m", *module_args],
@@ -329,7 +335,7 @@ def _stop(children: list[_Child]) -> None:
     stop_processes([child.process for child in children])
 
 
-def stop_processes(processes: list[subprocess.Popen]) -> None:
+def stop_processes(processes: list[Process]) -> None:
     """SIGTERM every process still running, then SIGKILL whatever is left after a grace period."""
     for process in processes:
         if process.poll() is None:

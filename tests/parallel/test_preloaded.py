@@ -1,0 +1,94 @@
+"""A process forked from the preloaded server is the process ``python -m`` would have started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaletrain.parallel import preloaded
+from scaletrain.parallel.preloaded import ENV_WORKER_START, can_fork, start_forked
+
+PROBE = """
+import json, os, sys
+print(json.dumps({"path": sys.path, "cwd": os.getcwd(), "argv": sys.argv, "name": __name__,
+                  "setting": os.environ.get("PROBE_SETTING"), "ppid": os.getppid()}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    (tmp_path / "modules").mkdir()
+    (tmp_path / "modules" / "probe_module.py").write_text(PROBE, encoding="utf-8")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "modules"), "PROBE_SETTING": "rank 1"}
+
+
+def forked(environment: dict[str, str], tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+    with (tmp_path / "out.log").open("wb") as out:
+        process = start_forked(["probe_module", *args], environment, stdout=out, stderr=subprocess.PIPE)
+        error = process.stderr.read().decode()
+        code = process.wait(60)
+    return code, json.loads((tmp_path / "out.log").read_text().splitlines()[0]), error
+
+
+def test_the_fork_has_the_path_folder_arguments_and_environment_of_python_m(
+    probe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(tmp_path / "private"))  # what only this process can import
+    assert can_fork(probe)
+    code, seen, error = forked(probe, tmp_path, "--flag", "value")
+    started = subprocess.run(
+        [sys.executable, "-m", "probe_module", "--flag", "value"], env=probe, capture_output=True, text=True, timeout=60
+    )
+    expected = json.loads(started.stdout.splitlines()[0])
+    assert code == started.returncode == 0 and error == started.stderr == "to stderr\n"
+    assert seen["ppid"] != os.getpid() and expected["ppid"] == os.getpid()  # a fork of the server, not of this process
+    for key in ("path", "cwd", "argv", "name", "setting"):
+        assert seen[key] == expected[key], key
+    assert str(tmp_path / "private") not in seen["path"]  # a process started elsewhere could not import it either
+
+
+def test_exit_codes_and_signals_are_those_of_a_process(probe, tmp_path: Path) -> None:
+    code, _, _ = forked({**probe, "PROBE_EXIT": "3"}, tmp_path)
+    assert code == 3
+    (tmp_path / "modules" / "failing.py").write_text("raise RuntimeError('planted')\n", encoding="utf-8")
+    with (tmp_path / "failing.log").open("wb") as out:
+        process = start_forked(["failing"], probe, stdout=out, stderr=subprocess.STDOUT)
+        assert process.wait(60) == 1  # an uncaught exception: code 1 and its traceback, as python -m
+    assert "Traceback" in (log := (tmp_path / "failing.log").read_text()) and "RuntimeError: planted" in log
+    (tmp_path / "modules" / "sleeper.py").write_text("import time\ntime.sleep(60)\n", encoding="utf-8")
+    process = start_forked(["sleeper"], probe, stdout=None, stderr=None)
+    time.sleep(0.5)
+    assert process.poll() is None
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(30) == -signal.SIGKILL and process.returncode == -signal.SIGKILL
+    with pytest.raises(subprocess.TimeoutExpired):
+        start_forked(["sleeper"], probe, stdout=None, stderr=None).wait(0.2)
+
+
+def test_a_changed_startup_setting_or_exec_starts_python_m(probe, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preloaded, "_server_environment", preloaded._startup(probe))
+    assert can_fork({**probe, "PROBE_SETTING": "another rank"})  # read at run time: the fork sets it
+    assert not can_fork({**probe, "OMP_NUM_THREADS": "7"})  # read when OpenMP loads: a fresh process
+    assert not can_fork({**probe, "PYTHONHASHSEED": "3"})
+    assert not can_fork({**probe, ENV_WORKER_START: "exec"})
+
+
+def test_a_script_of_the_users_is_not_imported_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("", encoding="utf-8")
+    main = type(sys)("__main__")
+    main.__file__ = str(script)
+    main.__spec__ = None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert not can_fork(dict(os.environ))  # multiprocessing would run train.py again in every process
