@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from PIL import Image
 
 from scaletrain.data.synthetic import write_synthetic_fashion_mnist
+from scaletrain.parallel.preloaded import start_module
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_PTB = REPO.parent / "shared" / "datasets" / "ptb"
@@ -90,6 +94,64 @@ def make_image_folder(root: Path, *, per_class: int = 4) -> Path:
     nested.mkdir()
     Image.new("RGB", (8, 8)).save(nested / "ignored.png")
     return root
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` ports free now, below the kernel's range for outgoing connections, so that no other
+    process's connection takes one before the job's later trainings bind it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports: list[int] = []
+    for port in random.sample(range(max(low - 12000, 1024), low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free ports below {low}")
+
+
+#: The torchrun variables: a job's processes get only those its test gives them.
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def run_job(
+    module: str,
+    args: list[str],
+    variables: list[dict[str, str]],
+    *,
+    out: Path,
+    unset: tuple[str, ...] = (),
+    timeout: float = 240,
+) -> list[str]:
+    """Run a job as a launcher other than scaletrain's would: ``python -m MODULE ARGS`` once per entry of
+    ``variables`` (its rank's torchrun variables), all at once, without the torchrun variables and
+    ``unset`` of this process; return what each printed (stdout and stderr, also in ``OUT/job-K.log``).
+    Fails naming every process that did not exit with 0."""
+    environment = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "SCALETRAIN_OFFLINE": "1"}
+    for name in (*TORCHRUN_VARIABLES, *unset):
+        environment.pop(name, None)
+    out.mkdir(parents=True, exist_ok=True)
+    logs = [out / f"job-{rank}.log" for rank in range(len(variables))]
+    running = []
+    try:
+        for log, own in zip(logs, variables, strict=True):
+            with log.open("wb") as output:
+                running.append(
+                    start_module([module, *args], {**environment, **own}, stdout=output, stderr=subprocess.STDOUT)
+                )
+        deadline = time.monotonic() + timeout
+        codes = [process.wait(max(0.0, deadline - time.monotonic())) for process in running]
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+    outputs = [log.read_text(errors="replace") for log in logs]
+    failed = [(rank, text[-3000:]) for rank, (code, text) in enumerate(zip(codes, outputs, strict=True)) if code]
+    assert not failed, failed
+    return outputs
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300, env: dict | None = None):

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, run_cli
+from tests import helpers
+from tests.helpers import REPO, free_ports, run_cli
 from tests.parallel import batch_norm_job
-from tests.parallel.test_buffers import free_ports
 
 import scaletrain
 
@@ -41,28 +39,11 @@ WARNING = "warning: each of the 2 workers normalises its batch norms over its ow
 def run_job(out: Path, names: list[str], processes: int) -> dict[str, str]:
     """All processes of one job; what rank 0 printed during each training, by name."""
     ports = free_ports(len(names))
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "SCALETRAIN_OFFLINE": "1"}
-    job = [sys.executable, str(Path(batch_norm_job.__file__)), str(out), ",".join(map(str, ports)), ",".join(names)]
-    running = [
-        subprocess.Popen(
-            job,
-            env={**env, "RANK": str(rank), "WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(processes)
+    variables = [
+        {"RANK": str(rank), "WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1"} for rank in range(processes)
     ]
-    outputs = []
-    for process in running:
-        try:
-            outputs.append(process.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for other in running:
-                other.kill()
-            raise
-    failed = [(rank, text[-3000:]) for rank, (p, text) in enumerate(zip(running, outputs, strict=True)) if p.returncode]
-    assert not failed, failed
+    args = [str(out), ",".join(map(str, ports)), ",".join(names)]
+    outputs = helpers.run_job(batch_norm_job.__name__, args, variables, out=out / f"job-{processes}")
     sections = outputs[0].split("=== ")[1:]
     return {section.split("\n", 1)[0]: section.split("\n", 1)[1] for section in sections}
 

@@ -24,16 +24,12 @@ torchrun variables. What the saved model must hold:
 from __future__ import annotations
 
 import json
-import os
-import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, run_cli
+from tests import helpers
+from tests.helpers import free_ports, run_cli
 from tests.parallel import buffers_job
 
 from scaletrain.parallel.strategies import all_specs
@@ -47,52 +43,18 @@ LEGS = ["uninterrupted", "steps", "resumed-steps", "resumed-epochs"]
 NETWORKS = ["buffers-plain", "buffers-bn"]
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` ports free now, below the kernel's range for outgoing connections, so that no other
-    process's connection takes one before the job's later trainings bind it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports: list[int] = []
-    for port in random.sample(range(max(low - 12000, 1024), low), 200):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-        if len(ports) == count:
-            return ports
-    raise RuntimeError(f"fewer than {count} free ports below {low}")
-
-
 def run_job(spec: str, out: Path) -> None:
     """All processes of ``spec``'s job (2 workers, and a central server's process)."""
     processes = 3 if "central" in spec else 1 if spec.startswith("local") else 2
     ports = free_ports(8)
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "SCALETRAIN_OFFLINE": "1"}
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
-        env.pop(name, None)
-    job = [sys.executable, str(Path(buffers_job.__file__)), spec, str(out), ",".join(map(str, ports))]
-    variables = lambda rank: (  # noqa: E731
+    variables = [
         {"RANK": str(rank), "WORLD_SIZE": str(processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ports[0])}
         if processes > 1
         else {}
-    )
-    running = [
-        subprocess.Popen(
-            job, env={**env, **variables(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
         for rank in range(processes)
     ]
-    outputs = []
-    for process in running:
-        try:
-            outputs.append(process.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for other in running:
-                other.kill()
-            raise
-    failed = [(rank, text[-3000:]) for rank, (p, text) in enumerate(zip(running, outputs, strict=True)) if p.returncode]
-    assert not failed, failed
+    args = [spec, str(out), ",".join(map(str, ports))]
+    helpers.run_job(buffers_job.__name__, args, variables, out=out.with_name(f"{out.name}-job"))
 
 
 @pytest.fixture(scope="module")

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, assert_same_weights, make_fashion_mnist
+from tests import helpers
+from tests.helpers import REPO, assert_same_weights, free_ports, make_fashion_mnist
 from tests.helpers import model_weights as weights
 from tests.parallel import datasets_job
 from tests.parallel.lazy_fashion import BATCH, ENV_READERS, LOADER_WORKERS, PLUGIN_MODULE, workload
-from tests.parallel.test_buffers import free_ports
 
 import scaletrain
 from scaletrain.data.sampler import epoch_permutation
@@ -55,30 +55,12 @@ def lazy_data(folder: Path) -> Path:
     return data
 
 
-def run_job(data: Path, out: Path, legs: list[str]) -> list[subprocess.Popen]:
+def run_job(data: Path, out: Path, legs: list[str]) -> None:
     """The job's 3 processes with the torchrun variables, each training ``legs`` in turn."""
     ports = free_ports(len(legs))
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}", "SCALETRAIN_OFFLINE": "1"}
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", ENV_READERS):
-        env.pop(name, None)
-    job = [
-        sys.executable,
-        str(Path(datasets_job.__file__)),
-        str(data),
-        str(out),
-        ",".join(map(str, ports)),
-        ",".join(legs),
-    ]
-    return [
-        subprocess.Popen(
-            job,
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(3)
-    ]
+    variables = [{"RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1"} for rank in range(3)]
+    args = [str(data), str(out), ",".join(map(str, ports)), ",".join(legs)]
+    helpers.run_job(datasets_job.__name__, args, variables, out=out / "job", unset=(ENV_READERS,))
 
 
 @pytest.fixture(scope="module")
@@ -88,17 +70,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     data = lazy_data(root / "data")
     # the central server's legs first: they need the third process, which then leaves
     legs = sorted(SPECS, key=lambda spec: not spec.startswith("ps-central"))
-    running = run_job(data, root, [*legs, f"{RESUMED}:steps", f"{RESUMED}:resumed"])
-    outputs = []
-    for process in running:
-        try:
-            outputs.append(process.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for other in running:
-                other.kill()
-            raise
-    failed = [text[-3000:] for process, text in zip(running, outputs, strict=True) if process.returncode]
-    assert not failed, failed
+    run_job(data, root, [*legs, f"{RESUMED}:steps", f"{RESUMED}:resumed"])
     return root, data
 
 

@@ -79,16 +79,18 @@ def test_exit_codes_and_signals_are_those_of_a_process(probe, tmp_path: Path) ->
 def test_a_changed_startup_setting_or_exec_starts_python_m(probe, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preloaded, "_server_environment", preloaded._startup(probe))
     assert can_fork({**probe, "PROBE_SETTING": "another rank"})  # read at run time: the fork sets it
+    assert can_fork({**probe, "PYTHONPATH": "/elsewhere"})  # the fork sets sys.path from it
     assert not can_fork({**probe, "OMP_NUM_THREADS": "7"})  # read when OpenMP loads: a fresh process
     assert not can_fork({**probe, "PYTHONHASHSEED": "3"})
     assert not can_fork({**probe, ENV_WORKER_START: "exec"})
 
 
-def test_a_script_of_the_users_is_not_imported_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("", encoding="utf-8")
+def test_a_script_of_the_users_is_not_imported_again(probe, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "train.py"  # a script without a main guard: importing it would start its run again
+    script.write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n", encoding="utf-8")
     main = type(sys)("__main__")
-    main.__file__ = str(script)
-    main.__spec__ = None
+    main.__file__, main.__spec__ = str(script), None
     monkeypatch.setitem(sys.modules, "__main__", main)
-    assert not can_fork(dict(os.environ))  # multiprocessing would run train.py again in every process
+    assert can_fork(probe)
+    code, _, _ = forked(probe, tmp_path)
+    assert code == 0 and not (tmp_path / "imported").exists() and sys.modules["__main__"] is main

@@ -15,7 +15,6 @@ has been frozen for the run's ``--timeout``. Children die with the launcher
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -32,7 +31,7 @@ from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.handover import remove_handover, send_workload
-from scaletrain.parallel.preloaded import PreloadedProcess, can_fork, start_forked
+from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -181,15 +180,14 @@ def spawn_rank(
         "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
         **(network.environment(rank) if network else {}),
     }
-    if network is None and can_fork(environment):
-        return start_forked(module_args, environment, stdout=stdout, stderr=stderr)
-    prefix = network.command_prefix(rank) if network else []
+    if network is None:
+        return start_module(module_args, environment, stdout=stdout, stderr=stderr)
     return subprocess.Popen(
-        [*prefix, sys.executable, "-m", *module_args],
+        [*network.command_prefix(rank), sys.executable, "-m", *module_args],
         env=environment,
         stdout=stdout,
         stderr=stderr,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -355,9 +353,3 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the launcher dies, so no process is orphaned."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -5,20 +5,21 @@ importing torch, then ``torch._dynamo`` (which every ``torch.optim`` optimizer i
 then scaletrain. The local launcher pays that once per launching process instead: it starts Python's
 ``forkserver`` (:mod:`multiprocessing`) with those modules preloaded, and each rank is a fork of it.
 The forked process is set up as the ``python -m`` one would be: the rank's environment, the
-launcher's working folder, ``PYTHONPATH`` and the working folder at the front of ``sys.path``, its
-output on the files given, death with the launcher (``PR_SET_PDEATHSIG`` on the fork server, which
-exits with the launcher), and the same exit codes.
+launcher's working folder, the ``sys.path`` of ``python -m`` (the working folder, ``PYTHONPATH``, the
+interpreter's own folders; not the launcher's), its output on the files given, death with the
+launcher (``PR_SET_PDEATHSIG`` on the fork server, which exits with the launcher), the same exit
+codes, and no import of the launcher's ``__main__`` (a user's script).
 
 The launcher falls back to ``python -m`` where a fork would not be the same process:
 ``SCALETRAIN_WORKER_START=exec``, a process that must start in another network namespace, a launcher
 whose environment changed since the fork server started in a variable read when torch or Python
-starts (``PYTHON*``, ``LD_*``, ``OMP_*``, thread and allocator settings), a launcher run from a
-script file (multiprocessing would import the user's script again in each process), and a launcher
-that is itself a daemonic :mod:`multiprocessing` process (which may not have children).
+starts (``PYTHON*``, ``LD_*``, ``OMP_*``, thread and allocator settings), and a launcher that is
+itself a daemonic :mod:`multiprocessing` process (which may not have children).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -28,12 +29,12 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
+import types
+from collections.abc import Iterator
 from multiprocessing import reduction
-from pathlib import Path
 from typing import IO
 
-__all__ = ["ENV_WORKER_START", "PreloadedProcess", "can_fork", "start_forked"]
+__all__ = ["ENV_WORKER_START", "PreloadedProcess", "can_fork", "die_with_parent", "start_forked", "start_module"]
 
 #: ``exec`` makes the launcher start every process with ``python -m`` (the behaviour before forking).
 ENV_WORKER_START = "SCALETRAIN_WORKER_START"
@@ -42,12 +43,14 @@ PRELOAD = ["torch", "torch._dynamo", "scaletrain.parallel.worker"]
 #: Environment variables read when Python, glibc, OpenMP or torch start: a change needs a fresh process.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TORCH", "PYTORCH", "CUDA")
 
+PR_SET_PDEATHSIG = 1
+
 _server_environment: dict[str, str] | None = None  # the startup variables the fork server began with
 
 
 def can_fork(environment: dict[str, str]) -> bool:
     """Whether a process with ``environment`` may be a fork of this launcher's preloaded server."""
-    if environment.get(ENV_WORKER_START, "fork") == "exec" or not _main_is_safe():
+    if environment.get(ENV_WORKER_START, "fork") == "exec":
         return False
     if multiprocessing.current_process().daemon:  # multiprocessing lets a daemonic process have no children
         return False
@@ -55,6 +58,27 @@ def can_fork(environment: dict[str, str]) -> bool:
         return False
     startup = _startup(environment)
     return _server_environment is None or _server_environment == startup
+
+
+def start_module(
+    module_args: list[str],
+    environment: dict[str, str],
+    *,
+    stdout: IO[bytes] | int | None,
+    stderr: IO[bytes] | int | None,
+) -> PreloadedProcess | subprocess.Popen:
+    """``python -m MODULE ARGS`` with ``environment``, dying with this process: a fork of the preloaded
+    server where it can be (:func:`can_fork`), a process of its own otherwise."""
+    if can_fork(environment):
+        return start_forked(module_args, environment, stdout=stdout, stderr=stderr)
+    return subprocess.Popen(
+        [sys.executable, "-m", *module_args], env=environment, stdout=stdout, stderr=stderr, preexec_fn=die_with_parent
+    )
+
+
+def die_with_parent() -> None:
+    """In a child before exec: get SIGKILL when the launcher dies, so no process is orphaned."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def start_forked(
@@ -72,8 +96,7 @@ def start_forked(
     global _server_environment
     context = multiprocessing.get_context("forkserver")
     if _server_environment is None:
-        # An installed console script as ``__main__`` is imported once there, not again in each process.
-        context.set_forkserver_preload([*PRELOAD, *(["__main__"] if _main_is_console_script() else [])])
+        context.set_forkserver_preload(PRELOAD)
         _server_environment = _startup(environment)
     read_end = None
     out_fd = _descriptor(stdout, 1)
@@ -97,7 +120,8 @@ def start_forked(
         name=f"scaletrain:{' '.join(module_args[:1])}",
     )
     try:
-        process.start()
+        with _main_hidden():
+            process.start()
     finally:
         if read_end is not None:
             os.close(err_fd)  # the child holds its own copy; the reader sees EOF when the child ends
@@ -183,9 +207,21 @@ def _run_module(
 def _die_with_server() -> None:
     """Get SIGKILL when the fork server dies: it exits when the launcher does, so no process is orphaned."""
     parent = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the server died before the request took effect
         os._exit(1)
+
+
+@contextlib.contextmanager
+def _main_hidden() -> Iterator[None]:
+    """Send the request without this process's ``__main__``: multiprocessing would import it again in the
+    child (a user's script, which may start a run at import), and ``python -m MODULE`` never does."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")  # no file and no spec: nothing to import
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _descriptor(stream: IO[bytes] | int | None, default: int) -> int:
@@ -214,26 +250,6 @@ def _interpreter_path() -> tuple[str, ...]:
 
 
 def _startup(environment: dict[str, str]) -> dict[str, str]:
-    return {key: value for key, value in environment.items() if key.startswith(STARTUP_PREFIXES)} | {
-        "executable": sys.executable
-    }
-
-
-def _main_is_safe() -> bool:
-    """Whether multiprocessing's children may import this process's ``__main__`` without running a user's script.
-
-    ``python -m PACKAGE`` (``scaletrain``, ``pytest``) is named ``PACKAGE.__main__``, which
-    multiprocessing does not import again; an installed console script and an interactive session are
-    safe too. A script of the user's may start a run at import: its processes start with ``python -m``.
-    """
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if spec is not None:
-        return spec.name.endswith(".__main__")
-    return getattr(main, "__file__", None) is None or _main_is_console_script()
-
-
-def _main_is_console_script() -> bool:
-    """Whether ``__main__`` is an installed console script (``scaletrain``, ``pytest``): guarded, quick to import."""
-    path = getattr(sys.modules.get("__main__"), "__file__", None)
-    return path is not None and Path(path).resolve().parent == Path(sysconfig.get_path("scripts")).resolve()
+    """The variables a fork cannot take over from ``environment`` (``PYTHONPATH`` it can: it sets ``sys.path``)."""
+    read_at_start = {key: value for key, value in environment.items() if key.startswith(STARTUP_PREFIXES)}
+    return {**read_at_start, "PYTHONPATH": "", "executable": sys.executable}
