@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers import REPO
 
 from scaletrain.parallel import preloaded
 from scaletrain.parallel.preloaded import ENV_WORKER_START, can_fork, start_forked
@@ -72,8 +73,11 @@ def test_exit_codes_and_signals_are_those_of_a_process(probe, tmp_path: Path) ->
     assert process.poll() is None
     process.send_signal(signal.SIGKILL)
     assert process.wait(30) == -signal.SIGKILL and process.returncode == -signal.SIGKILL
+    waited = start_forked(["sleeper"], probe, stdout=None, stderr=None)
     with pytest.raises(subprocess.TimeoutExpired):
-        start_forked(["sleeper"], probe, stdout=None, stderr=None).wait(0.2)
+        waited.wait(0.2)
+    waited.kill()
+    assert waited.wait(30) == -signal.SIGKILL
 
 
 def test_a_changed_startup_setting_or_exec_starts_python_m(probe, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,3 +98,35 @@ def test_a_script_of_the_users_is_not_imported_again(probe, tmp_path: Path, monk
     assert can_fork(probe)
     code, _, _ = forked(probe, tmp_path)
     assert code == 0 and not (tmp_path / "imported").exists() and sys.modules["__main__"] is main
+
+
+LAUNCHER = """
+import subprocess, sys, time
+from scaletrain.parallel import preloaded
+preloaded.PRELOAD = []  # a server that starts at once: the test is about how it ends
+environment = {**__import__("os").environ, "PYTHONPATH": sys.argv[1]}
+with open(sys.argv[2], "wb") as out:
+    process = preloaded.start_forked(["sleeper"], environment, stdout=out, stderr=subprocess.STDOUT)
+print(process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_forks_die_with_their_launcher(probe, tmp_path: Path) -> None:
+    (tmp_path / "modules" / "sleeper.py").write_text("import time\ntime.sleep(120)\n", encoding="utf-8")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, probe["PYTHONPATH"], str(tmp_path / "sleeper.log")],
+        env={**probe, "PYTHONPATH": str(REPO / "src")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        fork = int(launcher.stdout.readline())
+        assert Path(f"/proc/{fork}").exists()
+    finally:
+        launcher.kill()
+        launcher.wait(30)
+    deadline = time.monotonic() + 20
+    while Path(f"/proc/{fork}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{fork}").exists()  # the server saw its launcher go, and its forks went with it

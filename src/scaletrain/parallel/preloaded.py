@@ -25,6 +25,7 @@ import functools
 import importlib
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -178,13 +179,15 @@ def _received(duplicate) -> int:
 def _run_module(
     module_args: list[str], environment: dict[str, str], cwd: str, search_path: list[str], stdout: int, stderr: int
 ) -> None:
-    """In the forked process: become ``python -m MODULE ARGS`` and run it to its exit.
+    """In the forked process: become ``python -m MODULE ARGS`` and run it to its exit (``os._exit``: the
+    interpreter's exit handlers do not run, as in scaletrain's own processes, which leave that way).
 
     ``search_path``: the ``sys.path`` that ``python -m`` would have (the working folder, then
     ``PYTHONPATH``, then the interpreter's own), not the launcher's: what the launcher alone can
     import, a process started elsewhere could not import either.
     """
     _die_with_server()
+    _release_server()
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
     for fd in {stdout, stderr} - {1, 2}:
@@ -222,6 +225,21 @@ def _main_hidden() -> Iterator[None]:
         yield
     finally:
         sys.modules["__main__"] = main
+
+
+def _release_server() -> None:
+    """Close the fork server's lifeline that multiprocessing hands every fork.
+
+    The server exits when the write ends of that pipe are closed: its launcher's, and each fork's
+    (given so that a fork could ask the server for processes of its own). A fork holding it would keep
+    the server, and through ``PR_SET_PDEATHSIG`` itself and every other fork, alive after the launcher
+    died; tests/parallel/test_preloaded.py checks that they die.
+    """
+    server = getattr(multiprocessing.forkserver, "_forkserver", None)
+    lifeline = getattr(server, "_forkserver_alive_fd", None)
+    if lifeline is not None:
+        os.close(lifeline)
+        server._forkserver_alive_fd = None
 
 
 def _descriptor(stream: IO[bytes] | int | None, default: int) -> int:
