@@ -24,6 +24,7 @@ from typing import Any
 
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
+from scaletrain.parallel.preloaded import start_fresh
 from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec
 from scaletrain.plugins import load_plugins
@@ -236,17 +237,15 @@ def _warm_up(config: SweepConfig, run: Run, settings: dict[str, Any], say: Calla
 
 
 def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """``scaletrain.train`` in a new interpreter, so every run of a sweep starts alike.
+    """``scaletrain.train`` in a fresh process, so every run of a sweep starts alike.
 
     A one-process run would otherwise train inside this long-lived process, measured 10–20 % slower
     per step here than a fresh process, which made one-worker references look slow next to
-    multi-process runs (whose processes are always fresh).
+    multi-process runs (whose processes are always fresh). The process is a fork of the preloaded
+    server, which has imported but never trained (:func:`~scaletrain.parallel.preloaded.start_fresh`).
     """
-    context = multiprocessing.get_context("spawn")
-    receiver, sender = context.Pipe(duplex=False)
-    # Not daemonic: a daemonic process may not have children, and the run's processes are forked (preloaded).
-    child = context.Process(target=_train_child, args=(workload, settings, sender))
-    child.start()
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    child = start_fresh(_train_child, (workload, settings, sender))
     sender.close()
     try:
         while not receiver.poll(CHILD_POLL_SECONDS):

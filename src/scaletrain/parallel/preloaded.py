@@ -31,11 +31,19 @@ import signal
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import reduction
 from typing import IO
 
-__all__ = ["ENV_WORKER_START", "PreloadedProcess", "can_fork", "die_with_parent", "start_forked", "start_module"]
+__all__ = [
+    "ENV_WORKER_START",
+    "PreloadedProcess",
+    "can_fork",
+    "die_with_parent",
+    "start_forked",
+    "start_fresh",
+    "start_module",
+]
 
 #: ``exec`` makes the launcher start every process with ``python -m`` (the behaviour before forking).
 ENV_WORKER_START = "SCALETRAIN_WORKER_START"
@@ -77,6 +85,24 @@ def start_module(
     )
 
 
+def start_fresh(target: Callable[..., object], args: tuple) -> multiprocessing.process.BaseProcess:
+    """Start ``target(*args)`` in a process as fresh as a new interpreter, and return it.
+
+    A fork of the preloaded server (this process's environment and working folder applied; it dies
+    with this process) where it can be (:func:`can_fork`), a spawned interpreter otherwise. ``target``
+    and ``args`` must pickle.
+    """
+    environment = dict(os.environ)
+    if not can_fork(environment):
+        process = multiprocessing.get_context("spawn").Process(target=target, args=args)
+        process.start()
+        return process
+    process = _server(environment).Process(target=_call_fresh, args=(environment, os.getcwd(), target, args))
+    with _main_hidden():
+        process.start()
+    return process
+
+
 def die_with_parent() -> None:
     """In a child before exec: get SIGKILL when the launcher dies, so no process is orphaned."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -94,11 +120,7 @@ def start_forked(
     ``stdout``/``stderr`` as for :class:`subprocess.Popen`: a file, a descriptor, ``None`` (this
     process's), ``subprocess.PIPE`` (read from ``.stderr``) or, for ``stderr``, ``subprocess.STDOUT``.
     """
-    global _server_environment
-    context = multiprocessing.get_context("forkserver")
-    if _server_environment is None:
-        context.set_forkserver_preload(PRELOAD)
-        _server_environment = _startup(environment)
+    context = _server(environment)
     read_end = None
     out_fd = _descriptor(stdout, 1)
     if stderr == subprocess.PIPE:
@@ -127,6 +149,16 @@ def start_forked(
         if read_end is not None:
             os.close(err_fd)  # the child holds its own copy; the reader sees EOF when the child ends
     return PreloadedProcess(process, os.fdopen(read_end, "rb") if read_end is not None else None)
+
+
+def _server(environment: dict[str, str]) -> multiprocessing.context.BaseContext:
+    """The fork server's context, its preload set before it first starts."""
+    global _server_environment
+    context = multiprocessing.get_context("forkserver")
+    if _server_environment is None:
+        context.set_forkserver_preload(PRELOAD)
+        _server_environment = _startup(environment)
+    return context
 
 
 class PreloadedProcess:
@@ -205,6 +237,16 @@ def _run_module(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # a module that returns without exiting ends as ``python -m`` would: code 0
+
+
+def _call_fresh(environment: dict[str, str], cwd: str, target: Callable[..., object], args: tuple) -> None:
+    """In the forked process: take over the requester's environment and folder, then call ``target``."""
+    _die_with_server()
+    _release_server()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environment)
+    target(*args)
 
 
 def _die_with_server() -> None:
