@@ -179,6 +179,14 @@ class WireCodec:
         """Forget what is carried between messages (the network changed shape)."""
         self._residuals.clear()
 
+    def state_dict(self) -> dict[str, object]:
+        """What is carried between messages, for a checkpoint (each worker's own: its residuals)."""
+        return {"residuals": {stream: r.detach().cpu().clone() for stream, r in self._residuals.items()}}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Carry on from :meth:`state_dict`: a resumed run then sends what the interrupted one would have."""
+        self._residuals = dict(state["residuals"])  # type: ignore[call-overload]
+
     # -- helpers every codec may use -----------------------------------------------------------------
     def payload_bytes(self, layout: TensorLayout) -> int:
         """Bytes of one gradient message of ``layout`` as it travels."""

@@ -203,13 +203,14 @@ class PowerSGD(WireCodec):
         return torch.randn(m, r, generator=generator).to(device)
 
     def state_dict(self) -> dict[str, object]:
-        """What a resumed run needs to go on exactly: the residuals, the Qs and the step count."""
-        return {"steps": self._steps, "q": dict(self._q), "residuals": dict(self._residuals), "layout": self._layout_id}
+        """The residuals, every matrix's last Q and the steps done: a resumed run goes on exactly."""
+        q = {index: value.detach().cpu().clone() for index, value in self._q.items()}
+        return {**super().state_dict(), "steps": self._steps, "q": q, "layout": self._layout_id}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self._steps = int(state["steps"])  # type: ignore[arg-type]
-        self._q = dict(state["q"])  # type: ignore[arg-type]
-        self._residuals = dict(state["residuals"])  # type: ignore[arg-type]
+        super().load_state_dict(state)
+        self._steps = int(state["steps"])  # type: ignore[call-overload]
+        self._q = dict(state["q"])  # type: ignore[call-overload]
         self._layout_id = state["layout"]  # type: ignore[assignment]
 
 

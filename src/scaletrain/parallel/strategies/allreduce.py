@@ -97,6 +97,12 @@ class AllReduceExchange(GradientExchange):
         if self.workers > 1:
             check_same_layout(list(model.parameters()))
 
+    def state_dict(self) -> dict | None:
+        return self.codec.state_dict() if self.workers > 1 else None
+
+    def load_state_dict(self, state: dict) -> None:
+        self.codec.load_state_dict(state)
+
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:
             return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
