@@ -192,6 +192,11 @@ class WireCodec:
         """Bytes of one gradient message of ``layout`` as it travels."""
         return _offsets(self.payload_spec(layout))[-1]
 
+    def steady_payload_bytes(self, layout: TensorLayout) -> int:
+        """Bytes of a gradient message of ``layout`` once the codec compresses (a codec that sends its
+        first steps dense says the later ones' here): what the estimator predicts a step with."""
+        return self.payload_bytes(layout)
+
     def to_message(self, payload: list[torch.Tensor], layout: TensorLayout) -> torch.Tensor:
         """A payload as one message body: the tensor itself when there is one, else its tensors' bytes
         back to back (each at a multiple of its element size); refused unless it is what

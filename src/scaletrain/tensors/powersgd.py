@@ -134,6 +134,12 @@ class PowerSGD(WireCodec):
         ``start``."""
         if self._steps <= self.start or not layout.shapes:
             return [(layout.numel, torch.float32)]
+        return self._factored_spec(layout)
+
+    def steady_payload_bytes(self, layout: TensorLayout) -> int:
+        return sum(count * dtype.itemsize for count, dtype in self._factored_spec(layout))
+
+    def _factored_spec(self, layout: TensorLayout) -> list[tuple[int, torch.dtype]]:
         plan = self._plan(layout)
         factored = sum(n * m for _, _, n, m, _ in plan)
         return [
