@@ -142,3 +142,25 @@ def test_bad_compression_settings_are_one_line_before_any_process_starts(
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"scaletrain: error: {message}"]
     assert not out.exists()
+
+
+def test_powersgd_goes_on_through_a_reconfiguration(data: Path, tmp_path: Path) -> None:
+    """``narrow`` halves LeNet's hidden layer after the first epoch: the codec drops its residuals and Qs
+    (sized for the old network) and the second epoch trains with factors of the new shapes, every worker
+    alike."""
+    narrow = {"technique": "narrow", "technique_options": {"layer": "classifier.1", "fraction": "0.5", "epoch": "1"}}
+    run = scaletrain.train(
+        "lenet",
+        out=tmp_path / "run",
+        data_dir=data,
+        epochs=2,
+        wire="powersgd",
+        wire_options={"rank": 2},
+        error_feedback=True,
+        **narrow,
+        **SETTINGS,
+    )
+    assert run["parameters"] < run["parameters_initial"]
+    assert run["steps"] == 2 * STEPS
+    assert len({w["weights_digest"] for w in run["per_worker"]}) == 1
+    assert all(w["last_step_loss"] < w["first_step_loss"] for w in run["per_worker"])
