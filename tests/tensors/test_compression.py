@@ -97,3 +97,18 @@ def test_a_vector_and_a_narrow_matrix_go_dense() -> None:
     codec._steps = 1
     # 100 × 3 at rank 3 would send 309 values for 300; 64 × 64 at rank 4 sends 512 for 4,096
     assert codec.payload_spec(layout) == [(300 + 64 * 4 + 64, torch.float32), (64 * 4, torch.float32)]
+
+
+def test_a_codec_takes_only_its_own_saved_state() -> None:
+    """What a worker saves beside a checkpoint; a run resumed with another ``--wire`` starts afresh."""
+    from scaletrain.tensors.powersgd import PowerSGD
+    from scaletrain.tensors.topk import TopK
+
+    layout = TensorLayout.of([torch.zeros(8)])
+    topk = TopK(error_feedback=True, ratio=0.25)
+    topk.compress(torch.arange(8.0), layout, stream=1)
+    state = topk.state_dict()
+    again = TopK(error_feedback=True, ratio=0.25)
+    assert again.load_state_dict(state) and torch.equal(again._residuals[1], torch.tensor([0, 1, 2, 3, 4, 5, 0, 0.0]))
+    other = PowerSGD(error_feedback=True)
+    assert not other.load_state_dict(state) and other._residuals == {}

@@ -181,11 +181,16 @@ class WireCodec:
 
     def state_dict(self) -> dict[str, object]:
         """What is carried between messages, for a checkpoint (each worker's own: its residuals)."""
-        return {"residuals": {stream: r.detach().cpu().clone() for stream, r in self._residuals.items()}}
+        residuals = {stream: r.detach().cpu().clone() for stream, r in self._residuals.items()}
+        return {"codec": self.name, "residuals": residuals}
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Carry on from :meth:`state_dict`: a resumed run then sends what the interrupted one would have."""
+    def load_state_dict(self, state: dict[str, object]) -> bool:
+        """Carry on from :meth:`state_dict`: a resumed run then sends what the interrupted one would have.
+        Another codec's state (the run resumed with another ``--wire``) is not taken: False."""
+        if state.get("codec") != self.name:
+            return False
         self._residuals = dict(state["residuals"])  # type: ignore[call-overload]
+        return True
 
     # -- helpers every codec may use -----------------------------------------------------------------
     def payload_bytes(self, layout: TensorLayout) -> int:

@@ -213,11 +213,13 @@ class PowerSGD(WireCodec):
         q = {index: value.detach().cpu().clone() for index, value in self._q.items()}
         return {**super().state_dict(), "steps": self._steps, "q": q, "layout": self._layout_id}
 
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict[str, object]) -> bool:
+        if not super().load_state_dict(state):
+            return False
         self._steps = int(state["steps"])  # type: ignore[call-overload]
         self._q = dict(state["q"])  # type: ignore[call-overload]
         self._layout_id = state["layout"]  # type: ignore[assignment]
+        return True
 
 
 def _orthonormal(matrix: torch.Tensor) -> torch.Tensor:
