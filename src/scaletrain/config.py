@@ -76,7 +76,8 @@ class TrainConfig:
     is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
     (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
     ``bf16``, ``fp16`` or a codec of one's own) is what gradients, and a parameter server's weights,
-    travel as (:mod:`scaletrain.tensors.codec`); ``error_feedback`` carries what each message lost
+    travel as (:mod:`scaletrain.tensors.codec`; ``powersgd``, ``topk`` compress gradients), with the codec's
+    ``wire_options`` (``-W rank=2``); ``error_feedback`` carries what each message lost
     into the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
     is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
     ``channels_last``): the layout of the convolutions' activations in the training forward pass
@@ -129,6 +130,7 @@ class TrainConfig:
     precision: str = "fp32"
     loss_scale: str | float | None = None
     wire: str = "fp32"
+    wire_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
     device: str = "auto"
     memory_format: str = "auto"
@@ -216,8 +218,16 @@ class TrainConfig:
         check_techniques(vars(self))
         if self.wire not in CODECS:
             raise ConfigError(f"wire must be one of {', '.join(CODECS)}, got {self.wire!r}")
+        if not isinstance(self.wire_options, dict):
+            raise ConfigError("wire_options must be a table of the codec's options, e.g. [wire_options] rank = 2")
+        CODECS[self.wire].parse_options(self.wire_options)
         if self.error_feedback and self.wire == "fp32":
             raise ConfigError("--error-feedback corrects a narrower wire's rounding; add --wire bf16 or --wire fp16")
+        if CODECS[self.wire].all_reduce_only and self.strategy not in ("allreduce", "local"):
+            raise ConfigError(
+                f"--wire {self.wire} needs all-reduce (its factors add up only there), not --strategy {self.strategy}; "
+                "use --strategy allreduce, or --wire topk with a parameter server"
+            )
 
 
 def _divergence_factor(value: Any) -> float | str:
@@ -277,7 +287,7 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            if key in ("options", "technique_options"):
+            if key in ("options", "technique_options", "wire_options"):
                 merged[key] = {**merged.get(key, {}), **value}
             else:
                 merged[key] = value

@@ -24,7 +24,7 @@ __all__ = ["TopK"]
 class TopK(WireCodec):
     """The largest ``1/keep_one_in`` of a gradient's values by magnitude and their indices."""
 
-    name = "topk"
+    name = "top16"
     keep_one_in = 16
 
     def kept(self, numel: int) -> int:

@@ -38,7 +38,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_one_registry_line_makes_a_codec_whose_payload_is_an_eighth_of_float32() -> None:
-    assert CODECS["topk"] is TopK
+    assert CODECS["top16"] is TopK
     gradient = torch.randn(1000)
     layout = TensorLayout.of([gradient.view(10, 100)])
     codec = TopK()
@@ -83,8 +83,8 @@ def test_the_command_offers_the_plugin_codec() -> None:
     env = {"SCALETRAIN_PLUGINS": PLUGIN, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
     result = run_cli("train", "--help", env=env)
     assert result.returncode == 0, result.stderr
-    assert "topk" in result.stdout
-    assert "topk" not in run_cli("train", "--help").stdout
+    assert "top16" in result.stdout
+    assert "top16" not in run_cli("train", "--help").stdout
 
 
 @pytest.mark.multiprocess
@@ -93,9 +93,9 @@ def test_a_size_changing_codec_trains_two_workers_and_sends_an_eighth_of_the_byt
     strategy: str, data: Path, plugin: None, tmp_path: Path
 ) -> None:
     settings = dict(data_dir=data, steps=STEPS, batch_size=16, momentum=0.9, seed=5, workers=2, strategy=strategy)
-    topk = scaletrain.train("lenet", out=tmp_path / "topk", wire="topk", error_feedback=True, **settings, **COMMON)
+    topk = scaletrain.train("lenet", out=tmp_path / "topk", wire="top16", error_feedback=True, **settings, **COMMON)
     fp32 = scaletrain.train("lenet", out=tmp_path / "fp32", **settings, **COMMON)
-    assert topk["wire"] == "topk" and topk["steps"] == fp32["steps"] == STEPS
+    assert topk["wire"] == "top16" and topk["steps"] == fp32["steps"] == STEPS
 
     # What the float32 wire sends per step: the whole gradient (4 bytes a value), to the other owner only
     # when the server is sharded; top-k sends 8 bytes for each sixteenth value of the same gradient.
@@ -177,6 +177,6 @@ def test_a_worker_and_a_server_of_different_codecs_stop_naming_both_before_a_gra
         "server's wire codec 'fp32' in 40; every process must use the same wire codec"
     ), server
     assert worker[0].strip() == (
-        "WireMismatch: worker rank 1's wire codec 'topk' encodes a gradient of layout #2020ff89 (10 elements) in 8 "
+        "WireMismatch: worker rank 1's wire codec 'top16' encodes a gradient of layout #2020ff89 (10 elements) in 8 "
         "bytes but the server at rank 0's in 40; every process must use the same wire codec"
     ), worker

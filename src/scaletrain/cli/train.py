@@ -143,6 +143,14 @@ def add_device_flags(parser: argparse.ArgumentParser) -> None:
         "--wire", choices=sorted(CODECS), help="what gradients (and a parameter server's weights) travel as"
     )
     group.add_argument(
+        "-W",
+        "--wire-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="wire codec option, e.g. -W rank=2 -W start=50 for powersgd, -W ratio=0.01 for topk",
+    )
+    group.add_argument(
         "--device",
         metavar="auto|cpu|cuda|cuda:K",
         help="where workers compute (auto: the process's GPU when torch sees one — cuda:LOCAL_RANK under a "
@@ -152,7 +160,7 @@ def add_device_flags(parser: argparse.ArgumentParser) -> None:
         "--error-feedback",
         action="store_true",
         default=None,
-        help="add each message's rounding error to the next gradient (with --wire bf16 or fp16)",
+        help="add what each gradient message lost to the next one (with --wire bf16, fp16, powersgd, topk)",
     )
 
 
@@ -281,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
         for f in fields(TrainConfig)
         if f.name not in ("workload", "options") and hasattr(args, f.name)
     }
+    wire_options = parse_options(getattr(args, "wire_option", []), what="wire option", example="-W rank=2")
+    settings["wire_options"] = wire_options or None
     options = workload_options(args)
     summary = train(
         args.workload, config_file=args.config, options=options or None, **{**settings, **technique_settings(args)}

@@ -38,6 +38,7 @@ class Profile:
     latency: float = 0.0
     bandwidth: float | None = None  # None: weight_bytes / t_comm
     weight_bytes: int | None = None
+    gradient_bytes: int | None = None  # one worker's gradient message as its wire codec sends it; None: weight_bytes
     tensor_bytes: tuple[int, ...] = ()
     contention: dict[int, float] = field(default_factory=dict)  # k processes → t_grad factor
     cores: int | None = None

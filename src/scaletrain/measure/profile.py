@@ -43,7 +43,7 @@ from scaletrain.estimate.profile import Profile
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.launch import Process, free_port, spawn_rank, stop_processes
-from scaletrain.tensors.codec import WireCodec
+from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
@@ -131,9 +131,13 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     # Load the data here first: a missing dataset is one clear error before any process starts.
     workload.load_data(config.data_dir, download=config.download)
     codec = WireCodec.of(config.wire)
-    values = [p.numel() for p in network(workload, config.architecture).parameters() if p.requires_grad]
+    trained = [p for p in network(workload, config.architecture).parameters() if p.requires_grad]
+    values = [p.numel() for p in trained]
     tensors = [n * codec.bytes_per_value for n in values]  # as they travel
     weight_bytes = sum(tensors)
+    # a codec that compresses gradients (powersgd, topk; their default options) sends fewer bytes than the weights'
+    compressed = codec.steady_payload_bytes(TensorLayout.of(trained))
+    gradient_bytes = compressed if compressed != weight_bytes else None
     job = {
         "workload": config.workload,
         "options": config.options,
@@ -187,6 +191,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         latency=latency,
         bandwidth=weight_bytes / (t_comm - latency) if t_comm > 2 * latency else None,
         weight_bytes=weight_bytes,
+        gradient_bytes=gradient_bytes,
         tensor_bytes=tuple(tensors),
         contention=contention,
         cores=cores,

@@ -15,6 +15,7 @@ from scaletrain.data.loading import Loading
 from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
+from scaletrain.tensors.codec import WireCodec, wire_codec
 from scaletrain.train.checkpoint import (
     CHECKPOINT_NAME,
     check_compatible,
@@ -51,6 +52,9 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
         )
     if config.sync_batchnorm:  # a network without batch norm is refused before any process starts
         sync_batch_norm(workload.build_model())
+    codec = wire_codec(config)
+    if type(codec).check_network is not WireCodec.check_network:  # a rank the network's matrices cannot hold
+        codec.check_network([p.shape for p in workload.build_model().parameters()])
     if config.network is not None and layout.world_size == 1:
         raise ConfigError(
             "--network emulates the links between processes, and this run has one process; "

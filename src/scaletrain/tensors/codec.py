@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from scaletrain.errors import ScaletrainError
+from scaletrain.errors import ConfigError, ScaletrainError
 
 __all__ = [
     "CODECS",
@@ -117,10 +117,25 @@ class WireCodec:
 
     name = "fp32"
     dtype = torch.float32
+    #: True for a codec whose payloads only add up under all-reduce (PowerSGD's factors): refused with
+    #: the parameter servers before any process starts.
+    all_reduce_only = False
 
     def __init__(self, error_feedback: bool = False) -> None:
         self.error_feedback = error_feedback
         self._residuals: dict[object, torch.Tensor] = {}
+
+    @classmethod
+    def parse_options(cls, options: dict[str, object]) -> dict[str, object]:
+        """The codec's ``-W key=value`` options (``wire_options``) as keyword arguments of its
+        constructor; one line naming the fix for a bad one. This codec takes none."""
+        if options:
+            raise ConfigError(f"wire codec {cls.name!r} takes no options (-W), got {', '.join(options)}")
+        return {}
+
+    def check_network(self, shapes: list[torch.Size]) -> None:
+        """Refuse a network this codec cannot encode (one line naming the fix); checked before any
+        process starts, and only for a codec that overrides it."""
 
     @property
     def bytes_per_value(self) -> int:
@@ -164,10 +179,28 @@ class WireCodec:
         """Forget what is carried between messages (the network changed shape)."""
         self._residuals.clear()
 
+    def state_dict(self) -> dict[str, object]:
+        """What is carried between messages, for a checkpoint (each worker's own: its residuals)."""
+        residuals = {stream: r.detach().cpu().clone() for stream, r in self._residuals.items()}
+        return {"codec": self.name, "residuals": residuals}
+
+    def load_state_dict(self, state: dict[str, object]) -> bool:
+        """Carry on from :meth:`state_dict`: a resumed run then sends what the interrupted one would have.
+        Another codec's state (the run resumed with another ``--wire``) is not taken: False."""
+        if state.get("codec") != self.name:
+            return False
+        self._residuals = dict(state["residuals"])  # type: ignore[call-overload]
+        return True
+
     # -- helpers every codec may use -----------------------------------------------------------------
     def payload_bytes(self, layout: TensorLayout) -> int:
         """Bytes of one gradient message of ``layout`` as it travels."""
         return _offsets(self.payload_spec(layout))[-1]
+
+    def steady_payload_bytes(self, layout: TensorLayout) -> int:
+        """Bytes of a gradient message of ``layout`` once the codec compresses (a codec that sends its
+        first steps dense says the later ones' here): what the estimator predicts a step with."""
+        return self.payload_bytes(layout)
 
     def to_message(self, payload: list[torch.Tensor], layout: TensorLayout) -> torch.Tensor:
         """A payload as one message body: the tensor itself when there is one, else its tensors' bytes
@@ -255,11 +288,14 @@ class WireCodec:
         return out
 
     @classmethod
-    def of(cls, name: str = "fp32", *, error_feedback: bool = False) -> WireCodec:
+    def of(
+        cls, name: str = "fp32", *, error_feedback: bool = False, options: dict[str, object] | None = None
+    ) -> WireCodec:
         try:
-            return CODECS[name](error_feedback)
+            kind = CODECS[name]
         except KeyError:
             raise ScaletrainError(f"unknown wire codec {name!r}; choose one of {', '.join(CODECS)}") from None
+        return kind(error_feedback, **kind.parse_options(dict(options or {})))
 
 
 class BFloat16Codec(WireCodec):
@@ -293,8 +329,10 @@ def _offsets(spec: list[tuple[int, torch.dtype]]) -> list[int]:
 
 
 def wire_codec(config: object) -> WireCodec:
-    """The codec a run's ``wire`` and ``error_feedback`` settings name (a fresh one per exchange)."""
-    return WireCodec.of(config.wire, error_feedback=config.error_feedback)
+    """The codec a run's ``wire``, ``wire_options`` and ``error_feedback`` settings name (a fresh one per
+    exchange)."""
+    options = getattr(config, "wire_options", None)
+    return WireCodec.of(config.wire, error_feedback=config.error_feedback, options=options)
 
 
 #: Codecs by name: a class above (or in a module of one's own, see :mod:`scaletrain.plugins`) and a line here.

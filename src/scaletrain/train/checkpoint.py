@@ -31,6 +31,7 @@ StrategyLabel = Callable[[str, str, str, int], str]
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_NAME",
+    "EXCHANGE_NAME",
     "StrategyLabel",
     "atomic_save",
     "check_compatible",
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
+#: Each worker's exchange state (a wire codec's residuals and factors) at the checkpoint's step.
+EXCHANGE_NAME = "exchange-rank{rank}.pt"
 
 
 def atomic_save(obj: Any, path: Path) -> None:

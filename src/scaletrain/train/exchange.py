@@ -61,6 +61,14 @@ class GradientExchange(ABC):
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """The network in ``model`` changed shape: re-make whatever was sized for the old one."""
 
+    def state_dict(self) -> dict | None:
+        """What this worker's exchange carries from step to step (a wire codec's residuals and factors),
+        saved beside each checkpoint so that a resumed run goes on exactly; None: nothing."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 - optional hook
+        """Carry on from :meth:`state_dict` when the run is resumed."""
+
 
 def clip_and_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None, skip_nonfinite: bool = False

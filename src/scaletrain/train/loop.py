@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 from scaletrain.efficient import EpochEnd, Reconfiguration, stacked
 from scaletrain.errors import ScaletrainError
 from scaletrain.tensors.device import synchronize, to_device
-from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload
+from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import loss_bound
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
@@ -76,6 +77,7 @@ class Trainer:
 
     def train(self) -> None:
         self.role.exchange.start(self.model, self.optimizer)
+        self._resume_exchange()
         self._start_techniques()
         schedule = self.schedule
         while schedule.first_step(self.position.epoch) < schedule.total_steps:
@@ -220,8 +222,10 @@ class Trainer:
             step, self.position.epoch, self.last_loss, self.meter.batches_per_second(), periodic=periodic
         )
         # an epoch's last step is saved by _end_epoch, after the technique's decision
-        if self.role.checkpoints and checkpoint_due(self.prepared, step) and not self.schedule.epoch_ends_at(step):
-            self.save_checkpoint()
+        if checkpoint_due(self.prepared, step) and not self.schedule.epoch_ends_at(step):
+            self._save_exchange()
+            if self.role.checkpoints:
+                self.save_checkpoint()
 
     def _end_epoch(self) -> None:
         epoch = self.position.epoch
@@ -236,6 +240,7 @@ class Trainer:
         technique = self.technique.state_dict() if self.technique is not None else None
         # a central parameter server writes the checkpoints and sees no loss: it keeps the deciding worker's
         self.role.agreement.share({"technique": technique, "first_losses": list(self.prepared.first_losses)})
+        self._save_exchange()
         if self.role.checkpoints:  # after the decision: a resumed run rebuilds the network it made
             self.save_checkpoint()
 
@@ -305,6 +310,26 @@ class Trainer:
         state = self.state if self.role.plan == WorkerPlan() else None
         payload = checkpoint_payload(self.prepared, self.model, self.optimizer, self.position, state)
         atomic_save(payload, self.config.out / CHECKPOINT_NAME)
+
+    def _exchange_file(self) -> Path:
+        return self.config.out / EXCHANGE_NAME.format(rank=self.role.rank)
+
+    def _save_exchange(self) -> None:
+        """Every worker's own exchange state (its wire codec's residuals differ from the others'), beside
+        the checkpoint the coordinator writes at the same step."""
+        state = self.role.exchange.state_dict()
+        if state is not None and self.config.out.is_dir():  # a node without the run folder keeps none
+            atomic_save({"step": self.position.step, "state": state}, self._exchange_file())
+
+    def _resume_exchange(self) -> None:
+        """A resumed run's exchange goes on from the state saved at the checkpoint's step (none saved, or
+        saved at another step: it starts afresh, as an older run's checkpoint does)."""
+        path = self._exchange_file()
+        if self.prepared.resumed_from is None or not path.exists():
+            return
+        saved = torch.load(path, weights_only=False)
+        if saved["step"] == self.prepared.resumed_from:
+            self.role.exchange.load_state_dict(saved["state"])
 
     def stats(self) -> WorkerStats:
         """This worker's measurements, for the summary."""

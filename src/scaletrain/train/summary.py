@@ -155,6 +155,7 @@ def write_summary(
         # precision, memory_format, ghost_batch, batch_budget and batch_searches: each technique's own account
         **summary_fields(vars(config), prepared.device.type, prepared.technique, prepared.layout),
         "wire": config.wire,
+        "wire_options": config.wire_options,
         "error_feedback": config.error_feedback,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),
         "seed": config.seed,

@@ -78,6 +78,12 @@ class PSExchange(GradientExchange):
         self._headers: dict[int, torch.Tensor] = {}  # each owner's reply header, received in place
         self._wires: dict[int, torch.Tensor] = {}  # each owner's weights as they travel (the weights for fp32)
 
+    def state_dict(self) -> dict | None:
+        return self.codec.state_dict()  # error feedback's residual per owner
+
+    def load_state_dict(self, state: dict) -> None:
+        self.codec.load_state_dict(state)
+
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         parameters = list(model.parameters())
         self._device = parameters[0].device if parameters else torch.device("cpu")

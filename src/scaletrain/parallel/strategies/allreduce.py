@@ -21,7 +21,7 @@ from torch import nn
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, weight_bytes
+from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
@@ -33,9 +33,10 @@ __all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
 
 
 def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
-    """A synchronous step besides the gradient: the ring all-reduce, then every worker's optimizer step."""
+    """A synchronous step besides the gradient: the ring all-reduce of the gradient message as the wire
+    codec sends it, then every worker's optimizer step."""
     profile = inputs.profile
-    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * weight_bytes(profile) / profile.bytes_per_second
+    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * gradient_bytes(profile) / profile.bytes_per_second
     return np.where(n == 1, 0.0, ring) + profile.t_update
 
 
@@ -96,6 +97,12 @@ class AllReduceExchange(GradientExchange):
         self.codec.reset()
         if self.workers > 1:
             check_same_layout(list(model.parameters()))
+
+    def state_dict(self) -> dict | None:
+        return self.codec.state_dict() if self.workers > 1 else None
+
+    def load_state_dict(self, state: dict) -> None:
+        self.codec.load_state_dict(state)
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:

@@ -19,6 +19,7 @@ from scaletrain.parallel.strategies.terms import (
     EstimatorTerms,
     Network,
     StepInputs,
+    gradient_bytes,
     queue_demands,
     transfer_seconds,
     weight_bytes,
@@ -30,7 +31,8 @@ __all__ = ["CENTRAL", "SHARDED"]
 def central_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     """N workers push at once through the server's downlink, then N replies share its uplink; the server steps."""
     profile = inputs.profile
-    return 2 * transfer_seconds(profile, n * weight_bytes(profile)) + profile.t_update
+    pushes, replies = n * gradient_bytes(profile), n * weight_bytes(profile)
+    return transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update
 
 
 def shares(inputs: StepInputs, n: np.ndarray) -> list[dict[float, int]]:
@@ -51,17 +53,17 @@ def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     largest = np.array([max(share) for share in held])
     update = largest * profile.t_update
     busiest = np.maximum(1 - smallest, (n - 1) * largest)
-    phase = (n - 1) * profile.latency + busiest * weight_bytes(profile) / profile.bytes_per_second
-    return np.where(n == 1, update, 2 * phase + update)
+    both = (gradient_bytes(profile) + weight_bytes(profile)) * busiest / profile.bytes_per_second
+    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update)
 
 
 def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     """Queues: the server's downlink (gradients), its update lock, its uplink (weights)."""
     profile = inputs.profile
     gradients = inputs.gradient("async", workers).tolist()
-    size = weight_bytes(profile)
     bandwidth = profile.bytes_per_second
-    queues = queue_demands([(size / bandwidth, 1), (profile.t_update, 1), (size / bandwidth, 1)])
+    pushes, replies = gradient_bytes(profile) / bandwidth, weight_bytes(profile) / bandwidth
+    queues = queue_demands([(pushes, 1), (profile.t_update, 1), (replies, 1)])
     return [(n, gradient + 2 * profile.latency, queues)
             for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
 
@@ -70,7 +72,7 @@ def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     """Queues: every process's uplink and downlink, and its owner's update."""
     profile = inputs.profile
     gradients = inputs.gradient("async", workers).tolist()
-    size = weight_bytes(profile)
+    size = (gradient_bytes(profile) + weight_bytes(profile)) / 2  # a link carries pushes and pulls alike
     bandwidth = profile.bytes_per_second
     networks = []
     for n, gradient, held in zip(workers.tolist(), gradients, shares(inputs, workers), strict=True):

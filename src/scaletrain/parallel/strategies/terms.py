@@ -36,6 +36,7 @@ __all__ = [
     "Networks",
     "ProfileNumbers",
     "StepInputs",
+    "gradient_bytes",
     "queue_demands",
     "transfer_seconds",
     "weight_bytes",
@@ -111,6 +112,12 @@ def transfer_seconds(profile: ProfileNumbers, size: np.ndarray) -> np.ndarray:
 def weight_bytes(profile: ProfileNumbers) -> float:
     """The bytes of all weights: measured, else t_comm × bandwidth."""
     return profile.weight_bytes or profile.t_comm * profile.bytes_per_second
+
+
+def gradient_bytes(profile: ProfileNumbers) -> float:
+    """The bytes of one worker's gradient message: as its wire codec compresses it where the profile says
+    (``--wire powersgd``, ``topk``), else the weights'."""
+    return getattr(profile, "gradient_bytes", None) or weight_bytes(profile)
 
 
 def queue_demands(queues: list[tuple[float, int]]) -> dict[float, int]:

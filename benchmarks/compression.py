@@ -1,0 +1,121 @@
+"""What compressed gradients buy on a slow link: ResNet-20 on Fashion-MNIST, one process against 2
+all-reduce workers whose links are emulated (``--network``, default 50mbit; namespaces + veth + tc, root).
+
+The 2-worker runs (``--sync split``: every run sees the same global batch) go once per wire: fp32, bf16,
+PowerSGD rank 1, 2 and 4 (``--wire powersgd -W rank=R``) and top-k 1 % (``--wire topk -W ratio=0.01``),
+the compressed ones with ``--error-feedback``. Every run is a fresh ``scaletrain train`` process tree; they
+run one after another. Read from each run: the gradient bytes a worker sent per step (``summary.json``'s
+``gradient_bytes_sent`` over its steps), the median seconds per step of the epoch records
+(``metrics.jsonl``), the speedup (one process's median over the run's), and the test accuracy after the
+same epochs. ``--network none`` runs the same on loopback, where compression must not cost more than its
+compute.
+
+Goals (issue 27): PowerSGD's speedup at least 1.7 on 50mbit (the dense fp32 all-reduce: 0.64), and every
+compressed run's test accuracy within 1 point of the fp32 run's.
+
+Run (root): ``PYTHONPATH=src .venv/bin/python benchmarks/compression.py [--epochs 2 --train-samples 12800
+--network 50mbit --json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
+
+GOAL_SPEEDUP = 1.7
+ACCURACY_POINTS = 0.01
+WIRES = {
+    "fp32": [],
+    "bf16": ["--wire", "bf16"],
+    "powersgd rank 1": ["--wire", "powersgd", "-W", "rank=1", "--error-feedback"],
+    "powersgd rank 2": ["--wire", "powersgd", "-W", "rank=2", "--error-feedback"],
+    "powersgd rank 4": ["--wire", "powersgd", "-W", "rank=4", "--error-feedback"],
+    "topk 1 %": ["--wire", "topk", "-W", "ratio=0.01", "--error-feedback"],
+}
+
+
+def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """One fresh training run; its figures."""
+    flags = [
+        *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
+        *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", "1e-4"),
+        *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
+    ]
+    wall = train_run("resnet20", out, flags, timeout=6 * 3600)
+    records, summary = run_records(out)
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    workers = summary["per_worker"]
+    return {
+        "out": str(out),
+        "wall_seconds": wall,
+        "test_accuracy": summary["test_accuracy"],
+        "seconds_per_step": statistics.median(r["seconds_per_step"] for r in epochs),
+        "bytes_per_step": max(w["gradient_bytes_sent"] / max(w["steps"], 1) for w in workers),
+        "digests": len({w["weights_digest"] for w in workers}),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--train-samples", type=int, default=12_800, help="first N training images")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--network", default="50mbit", help="the 2-worker links' rate, or none for loopback")
+    parser.add_argument("--wires", default=",".join(WIRES), help=f"which of {', '.join(WIRES)}")
+    add_run_flags(parser)
+    args = parser.parse_args(argv)
+    data_dir = fashion_mnist(parser, args.data_dir)
+    wires = args.wires.split(",")
+    unknown = [w for w in wires if w not in WIRES]
+    if unknown or "fp32" not in wires:
+        parser.error(f"--wires must name fp32 and any of {', '.join(WIRES)}; got {', '.join(unknown) or args.wires}")
+    network = [] if args.network == "none" else ["--network", args.network]
+    folder = Path(tempfile.mkdtemp(prefix="st-compression-"))
+    print(
+        f"resnet20 on the first {args.train_samples} Fashion-MNIST images: {args.epochs} epochs, batch "
+        f"{args.batch_size} (split over the workers), {args.threads} threads per process; links: {args.network}",
+        flush=True,
+    )
+    alone = train(args, data_dir, folder / "one-process", [])
+    print(f"  one process: {alone['seconds_per_step']:.3f} s a step, accuracy {alone['test_accuracy']:.4f}", flush=True)
+    runs: dict[str, dict[str, Any]] = {}
+    for wire in wires:
+        layout = ["--workers", "2", "--strategy", "allreduce", "--sync", "split", *network]
+        name = wire.replace(" ", "-").replace("%", "pc")
+        run = runs[wire] = train(args, data_dir, folder / name, layout + WIRES[wire])
+        run["speedup"] = alone["seconds_per_step"] / run["seconds_per_step"]
+        print(
+            f"  {wire}: {run['bytes_per_step']:,.0f} bytes a step, {run['seconds_per_step']:.3f} s a step, speedup "
+            f"{run['speedup']:.2f}, accuracy {run['test_accuracy']:.4f}",
+            flush=True,
+        )
+    dense = runs["fp32"]
+    print(f"\n{'wire':<16} {'bytes/step':>12} {'× fewer':>8} {'s/step':>8} {'speedup':>8} {'accuracy':>9}")
+    checks: dict[str, bool] = {}
+    for wire, run in runs.items():
+        fewer = dense["bytes_per_step"] / run["bytes_per_step"]
+        print(
+            f"{wire:<16} {run['bytes_per_step']:>12,.0f} {fewer:>8.1f} {run['seconds_per_step']:>8.3f} "
+            f"{run['speedup']:>8.2f} {run['test_accuracy']:>9.4f}"
+        )
+        checks[f"{wire}: every worker ends with the same weights"] = run["digests"] == 1
+        if wire != "fp32":
+            checks[f"{wire}: accuracy {run['test_accuracy']:.4f} within 1 point of fp32's"] = (
+                run["test_accuracy"] >= dense["test_accuracy"] - ACCURACY_POINTS
+            )
+        if wire.startswith("powersgd") and args.network != "none":
+            checks[f"{wire}: speedup {run['speedup']:.2f} ≥ {GOAL_SPEEDUP}"] = run["speedup"] >= GOAL_SPEEDUP
+    for text, passed in checks.items():
+        print(f"{'PASS' if passed else 'FAIL'}: {text}")
+    print(f"runs in {folder}")
+    return finish(args, {"one_process": alone, "runs": runs, "checks": checks}, all(checks.values()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""The estimator sees a wire codec that compresses gradients: a profile's ``gradient_bytes`` (what
+``scaletrain profile --wire powersgd|topk`` records from the codec's payload) is what the all-reduce and
+the workers' pushes to a parameter server carry, while a server's replies stay the weights' bytes."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from scaletrain.estimate.profile import Profile
+from scaletrain.parallel.strategies.allreduce import ring_allreduce_seconds
+from scaletrain.parallel.strategies.ps_terms import central_exchange
+from scaletrain.tensors.codec import TensorLayout, WireCodec
+
+WEIGHTS = 10**6
+
+
+def inputs(gradient_bytes: int | None) -> SimpleNamespace:
+    profile = Profile(
+        "toy",
+        8,
+        t_grad=0.1,
+        t_comm=1.0,
+        latency=0.001,
+        bandwidth=1e6,
+        weight_bytes=WEIGHTS,
+        gradient_bytes=gradient_bytes,
+    )
+    return SimpleNamespace(profile=profile)
+
+
+def test_the_all_reduce_carries_the_compressed_gradient() -> None:
+    two = np.array([2])
+    # 2 (N−1) latencies + 2 (N−1)/N · bytes / bandwidth, N = 2
+    assert ring_allreduce_seconds(inputs(None), two)[0] == pytest.approx(0.002 + 1.0)
+    assert ring_allreduce_seconds(inputs(WEIGHTS // 10), two)[0] == pytest.approx(0.002 + 0.1)
+
+
+def test_a_central_server_receives_compressed_pushes_and_replies_with_the_weights() -> None:
+    two = np.array([2])
+    assert central_exchange(inputs(None), two)[0] == pytest.approx(2 * (0.001 + 2.0))
+    assert central_exchange(inputs(WEIGHTS // 10), two)[0] == pytest.approx((0.001 + 0.2) + (0.001 + 2.0))
+
+
+def test_a_profile_records_the_codecs_steady_bytes() -> None:
+    """What measure/profile.py stores as gradient_bytes: PowerSGD's factored message (its dense first
+    steps left out), top-k's kept values and indices; a cast's is the weights' own (stored as None)."""
+    shapes = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,)]  # LeNet
+    layout = TensorLayout.of([torch.zeros(s) for s in shapes])
+    powersgd = WireCodec.of("powersgd", options={"rank": "2", "start": "10"})
+    matrices = [(20, 25), (50, 500), (500, 800), (10, 500)]
+    vectors = 20 + 50 + 500 + 10
+    assert powersgd.steady_payload_bytes(layout) == 4 * (vectors + sum(2 * (n + m) for n, m in matrices))
+    assert powersgd.payload_bytes(layout) == 4 * layout.numel  # before its first step: dense
+    topk = WireCodec.of("topk", options={"ratio": "0.01"})
+    assert topk.steady_payload_bytes(layout) == 8 * math.ceil(0.01 * layout.numel)
+    assert WireCodec.of("bf16").steady_payload_bytes(layout) == 2 * layout.numel
