@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from scaletrain.tensors.codec import TensorLayout, WireCodec
+from scaletrain.tensors.codec import CODECS, TensorLayout
 
 #: A linear layer's weight, a convolution's (read as 5 × 12), a bias: one flat gradient.
 SHAPES = [torch.Size([6, 4]), torch.Size([5, 3, 2, 2]), torch.Size([6])]
@@ -48,7 +48,8 @@ def main(rank: int, port: int, out: Path) -> None:
     layout = TensorLayout.of([torch.zeros(s) for s in SHAPES])
     results = {}
     for name, (wire, options, feedback, steps) in cases().items():
-        codec = WireCodec.of(wire, error_feedback=feedback, options=options)
+        kind = CODECS[wire]  # built directly: WireCodec.of turns feedback on for codecs published with it
+        codec = kind(feedback, **kind.parse_options(dict(options)))
         sent, dense = [], []
         for gradient in gradients(rank, steps):
             total = gradient.clone()

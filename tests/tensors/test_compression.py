@@ -17,7 +17,7 @@ import torch
 from tests.helpers import REPO
 from tests.tensors import compression_job as job
 
-from scaletrain.tensors.codec import TensorLayout
+from scaletrain.tensors.codec import TensorLayout, WireCodec
 
 pytestmark = pytest.mark.multiprocess
 
@@ -112,3 +112,8 @@ def test_a_codec_takes_only_its_own_saved_state() -> None:
     assert again.load_state_dict(state) and torch.equal(again._residuals[1], torch.tensor([0, 1, 2, 3, 4, 5, 0, 0.0]))
     other = PowerSGD(error_feedback=True)
     assert not other.load_state_dict(state) and other._residuals == {}
+
+
+def test_the_compressing_codecs_carry_error_feedback_without_being_asked() -> None:
+    assert WireCodec.of("powersgd").error_feedback and WireCodec.of("topk", options={"ratio": "0.5"}).error_feedback
+    assert not WireCodec.of("bf16").error_feedback and WireCodec.of("bf16", error_feedback=True).error_feedback

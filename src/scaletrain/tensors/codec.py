@@ -120,6 +120,9 @@ class WireCodec:
     #: True for a codec whose payloads only add up under all-reduce (PowerSGD's factors): refused with
     #: the parameter servers before any process starts.
     all_reduce_only = False
+    #: True for a codec published with error feedback as part of it (PowerSGD, top-k): on without
+    #: ``--error-feedback`` (a codec built directly still takes ``error_feedback=False``).
+    feedback_by_default = False
 
     def __init__(self, error_feedback: bool = False) -> None:
         self.error_feedback = error_feedback
@@ -295,7 +298,7 @@ class WireCodec:
             kind = CODECS[name]
         except KeyError:
             raise ScaletrainError(f"unknown wire codec {name!r}; choose one of {', '.join(CODECS)}") from None
-        return kind(error_feedback, **kind.parse_options(dict(options or {})))
+        return kind(error_feedback or kind.feedback_by_default, **kind.parse_options(dict(options or {})))
 
 
 class BFloat16Codec(WireCodec):

@@ -47,6 +47,7 @@ class PowerSGD(WireCodec):
 
     name = "powersgd"
     all_reduce_only = True
+    feedback_by_default = True
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ class TopK(WireCodec):
     """The largest ``ratio`` of a gradient's values by magnitude and their indices."""
 
     name = "topk"
+    feedback_by_default = True
 
     def __init__(self, error_feedback: bool = False, *, ratio: float = 0.01) -> None:
         super().__init__(error_feedback)

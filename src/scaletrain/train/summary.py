@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from scaletrain.efficient import summary_fields
+from scaletrain.tensors.codec import CODECS
 from scaletrain.train.logs import METRICS_NAME, write_json
 from scaletrain.train.pictures import PRUNING_PICTURE, plot_reconfigurations
 from scaletrain.workloads.base import count_parameters
@@ -156,7 +157,7 @@ def write_summary(
         **summary_fields(vars(config), prepared.device.type, prepared.technique, prepared.layout),
         "wire": config.wire,
         "wire_options": config.wire_options,
-        "error_feedback": config.error_feedback,
+        "error_feedback": config.error_feedback or CODECS[config.wire].feedback_by_default,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),
         "seed": config.seed,
         "threads": prepared.process.threads,
