@@ -57,6 +57,18 @@ def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
     assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.9 - 1 / 3 + 0.5) / 2)
 
 
+def test_momentum_compensation_lowers_the_rate_of_plain_sgd() -> None:
+    # Three workers, momentum 0: nothing to lower but the rate. The estimate starts at staleness 2 and
+    # sees 0 → 1 (rate · 1/2), then 2 → 4/3 (rate · 3/7).
+    ps = server("momentum", contributors=3, momentum=0.0)
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)
+    torch.testing.assert_close(weights, torch.full((3,), -0.25))
+    ps.contribute(torch.ones(3), version=0)  # staleness 1: estimate (2 + 0 + 1) / 3 = 1
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 2: estimate 5 / 4, rate · 4/9
+    torch.testing.assert_close(weights, torch.full((3,), -0.25 - 0.25 - 0.5 * 4 / 9))
+    assert ps.optimizer.param_groups[0]["momentum"] == 0.0
+
+
 def test_no_compensation_keeps_the_requested_momentum() -> None:
     ps = server("none", contributors=2, momentum=0.9)
     ps.optimizer.param_groups[0]["momentum"] = 0.5  # as a checkpoint saved by a compensated run would hold
