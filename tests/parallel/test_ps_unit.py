@@ -58,15 +58,14 @@ def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
 
 
 def test_momentum_compensation_lowers_the_rate_of_plain_sgd() -> None:
-    # Three workers, momentum 0: nothing to lower but the rate. The estimate starts at staleness 2 and
-    # sees 0 → 1 (rate · 1/2), then 2 → 4/3 (rate · 3/7).
+    # Three workers, momentum 0: nothing to lower but the rate, by each gradient's staleness (≥ 1).
     ps = server("momentum", contributors=3, momentum=0.0)
-    _, weights, _ = ps.contribute(torch.ones(3), version=0)
-    torch.testing.assert_close(weights, torch.full((3,), -0.25))
-    ps.contribute(torch.ones(3), version=0)  # staleness 1: estimate (2 + 0 + 1) / 3 = 1
-    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 2: estimate 5 / 4, rate · 4/9
-    torch.testing.assert_close(weights, torch.full((3,), -0.25 - 0.25 - 0.5 * 4 / 9))
+    ps.contribute(torch.ones(3), version=0)  # fresh: lr 0.5
+    ps.contribute(torch.ones(3), version=0)  # staleness 1: lr 0.5
+    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 2: lr 0.25
+    torch.testing.assert_close(weights, torch.full((3,), -1.25))
     assert ps.optimizer.param_groups[0]["momentum"] == 0.0
+    assert ps.compensation.summary()["mean_rate_factor"] == pytest.approx(2.5 / 3)
 
 
 def test_no_compensation_keeps_the_requested_momentum() -> None:

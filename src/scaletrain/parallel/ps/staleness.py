@@ -30,20 +30,21 @@ form ``1 − μ = (1 − μ')(1 − μ_a)`` (0.8 at ``τ̄ = 1``) gave 0.845. Th
 without compensation trains more slowly with it (LeNet at lr 0.01, batch 32: 0.853 instead of 0.884).
 
 **Past zero: the rate (also ``momentum``).** Once ``μ' = 0`` the run carries the momentum ``μ_a > μ``
-and nothing explicit is left to lower (plain SGD, ``μ = 0``, is there from ``τ̄ > 0``). A heavy ball of
-momentum ``m`` and rate ``η`` moves, along a steady gradient, ``η / (1 − m)`` per update in the long run;
-the local run moves ``η / (1 − μ)``. Keeping that step with the momentum ``μ' + μ_a`` the run has gives
-the factor on the rate::
+and nothing explicit is left to lower (plain SGD, ``μ = 0``, is there from ``τ̄ > 0``); the rate has to
+take the rest. The requested momentum already averages each gradient over about ``1 / (1 − μ)`` updates,
+so a gradient that old is no staler than the local run makes it; past that, the rate is divided as Zhang
+et al. (2016, below) divide it, by the staleness left over::
 
-    s = (1 − μ' − μ_a) / (1 − μ)    ⇒    s = min(1, (1 − μ_a) / (1 − μ)) = min(1, 1 / ((τ̄ + 1)(1 − μ))),
+    s = min(1, 1 / ((1 − μ) · max(1, τ)))        (τ: this gradient's staleness)
 
-1 while ``μ' > 0`` (the sum is ``μ`` there), continuous where ``μ'`` reaches 0, and ``1 / (τ̄ + 1)`` for
-plain SGD: the rate divided by the mean number of updates in flight. Five asynchronous workers of plain
-SGD (``τ̄ ≈ 4``) get ``η / 5``; the thesis (SPEC §1) had to quarter its rate by hand at that count. A
-check from the other side: gradient steps delayed by ``τ`` on a quadratic of curvature ``h`` are stable
-for ``η h < 2 sin(π / (2(2τ + 1)))`` (2 undelayed), so the largest stable rate shrinks by 1/2 at
-``τ = 1`` (as here) and by 0.31 at ``τ = 2`` (here 1/3). Unlike
-``lr`` it uses the mean staleness, so a gradient that happens to be fresh is not favoured over the rest.
+1 for every ``τ ≤ 1 / (1 − μ)`` (for 0.9: up to 10, where the lowered momentum reaches 0 at ``τ̄ = 9``),
+and ``η / τ`` for plain SGD. Tried first and measured worse: the factor that keeps the long-run step
+``η / (1 − m)`` of the momentum ``m = μ' + μ_a`` the run carries, ``min(1, 1 / ((τ̄ + 1)(1 − μ)))``
+(plain SGD: ``η / (τ̄ + 1)``; it matches the largest stable rate of a step delayed by ``τ`` on a quadratic,
+``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``). It trained too slowly: LeNet at the thesis's
+setting (plain SGD, lr 0.1, batch 512, 5 async workers, 4 epochs) 0.752 against 0.844 in one process and
+0.836 with ``none``; the PTB LSTM (3 workers) 650 central / 625 sharded against 639 / 671 with ``none``
+and 611 / 542 with ``lr`` (docs/distributed.md has the table and the commands).
 
 **The alternative (``lr``).** Zhang, Gupta, Lian and Liu (2016, "Staleness-aware async-SGD for
 distributed deep learning", IJCAI) divide the rate of each gradient by its staleness, ``η / τ``
@@ -106,15 +107,14 @@ def compensated_momentum(requested: float, staleness: float) -> float:
     return min(requested, max(0.0, requested - implicit_momentum(staleness)))
 
 
-def compensated_rate(requested: float, staleness: float) -> float:
-    """The factor on the rate that keeps the long-run step ``η / (1 − μ)`` when asynchrony's momentum exceeds
-    ``requested``: ``min(1, (1 − τ̄ / (τ̄ + 1)) / (1 − requested)) = min(1, 1 / ((τ̄ + 1)(1 − requested)))``.
-
-    1 while lowering the explicit momentum absorbs the implicit one (see the module's method card).
+def compensated_rate(requested: float, staleness: int) -> float:
+    """The factor on the rate of a gradient ``staleness`` updates old: Zhang et al.'s ``1 / τ`` for the staleness
+    that the requested momentum's averaging over ``1 / (1 − μ)`` updates does not cover,
+    ``min(1, 1 / ((1 − requested) · max(1, τ)))`` (see the module's method card).
     """
     if not 0.0 <= requested < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {requested!r}")
-    return min(1.0, (1.0 - implicit_momentum(staleness)) / (1.0 - requested))
+    return min(1.0, 1.0 / ((1.0 - requested) * max(1, staleness)))
 
 
 def staleness_rate_scale(staleness: int) -> float:
@@ -208,7 +208,7 @@ class Compensation:
         scale, momentum = 1.0, self.momentum
         if self.mode == "momentum":
             momentum = compensated_momentum(self.momentum, mean)
-            scale = compensated_rate(self.momentum, mean)
+            scale = compensated_rate(self.momentum, staleness)
         elif self.mode == "lr":
             scale = staleness_rate_scale(staleness)
         self.applied, self.applied_scale = momentum, scale
