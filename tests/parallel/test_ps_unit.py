@@ -57,17 +57,6 @@ def test_momentum_compensation_steps_with_the_lowered_momentum() -> None:
     assert ps.compensation.summary()["mean_explicit_momentum"] == pytest.approx((0.9 - 1 / 3 + 0.5) / 2)
 
 
-def test_momentum_compensation_lowers_the_rate_of_plain_sgd() -> None:
-    # Three workers, momentum 0: nothing to lower but the rate, by each gradient's staleness (≥ 1).
-    ps = server("momentum", contributors=3, momentum=0.0)
-    ps.contribute(torch.ones(3), version=0)  # fresh: lr 0.5
-    ps.contribute(torch.ones(3), version=0)  # staleness 1: lr 0.5
-    _, weights, _ = ps.contribute(torch.ones(3), version=0)  # staleness 2: lr 0.25
-    torch.testing.assert_close(weights, torch.full((3,), -1.25))
-    assert ps.optimizer.param_groups[0]["momentum"] == 0.0
-    assert ps.compensation.summary()["mean_rate_factor"] == pytest.approx(2.5 / 3)
-
-
 def test_no_compensation_keeps_the_requested_momentum() -> None:
     ps = server("none", contributors=2, momentum=0.9)
     ps.optimizer.param_groups[0]["momentum"] = 0.5  # as a checkpoint saved by a compensated run would hold

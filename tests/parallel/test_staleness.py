@@ -13,7 +13,6 @@ from scaletrain.parallel.ps.staleness import (
     Compensation,
     StalenessEstimate,
     compensated_momentum,
-    compensated_rate,
     delay_compensate,
     implicit_momentum,
     staleness_rate_scale,
@@ -53,26 +52,6 @@ def test_two_workers_turn_point_nine_into_point_four() -> None:
     assert implicit_momentum(1.0) == 0.5 and implicit_momentum(0.0) == 0.0
 
 
-@pytest.mark.parametrize("momentum", MOMENTA)
-def test_the_rate_falls_only_past_the_staleness_the_momentum_covers(momentum: float) -> None:
-    covered = 1 / (1 - momentum)  # updates the requested momentum already averages over
-    scales = [compensated_rate(momentum, staleness) for staleness in range(200)]
-    assert all(0.0 < scale <= 1.0 for scale in scales)
-    assert all(later <= earlier for earlier, later in itertools.pairwise(scales))
-    for staleness, scale in enumerate(scales):
-        if staleness <= covered:
-            assert scale == pytest.approx(1.0)
-        else:
-            assert scale == pytest.approx(covered / staleness)  # Zhang et al.'s 1/τ for what is left
-
-
-def test_plain_sgd_gets_the_staleness_aware_rate() -> None:
-    assert [compensated_rate(0.0, s) for s in (0, 1, 2, 4)] == [staleness_rate_scale(s) for s in (0, 1, 2, 4)]
-    assert [compensated_rate(0.0, s) for s in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]
-    # with momentum 0.9 the rate stays up to τ = 10 (the lowered momentum reaches 0 at τ̄ = 9)
-    assert compensated_rate(0.9, 10) == pytest.approx(1.0) and compensated_rate(0.9, 20) == pytest.approx(0.5)
-
-
 def test_delay_compensation_adds_the_taylor_term() -> None:
     gradient, square = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([1.0, 4.0, 1.0])
     stale, now = torch.zeros(3), torch.tensor([0.5, 0.25, 3.0])
@@ -90,8 +69,6 @@ def test_bad_arguments_are_refused() -> None:
         compensated_momentum(1.0, 0.0)
     with pytest.raises(ValueError, match="staleness"):
         compensated_momentum(0.9, -1.0)
-    with pytest.raises(ValueError, match="momentum"):
-        compensated_rate(1.5, 0)
 
 
 def test_staleness_aware_rate_scale() -> None:
@@ -120,8 +97,8 @@ def test_modes_return_rate_factor_and_momentum() -> None:
     plain = Compensation("momentum", momentum=0.0, workers=3)
     for _ in range(500):
         scale, explicit = plain.step(2)
-    assert explicit == 0.0 and scale == 0.5  # nothing to lower: the rate, by the staleness
-    assert plain.summary()["mean_rate_factor"] == 0.5
+    assert explicit == 0.0 and scale == 1.0  # nothing to lower, and the rate stays (see the method card)
+    assert plain.summary()["mean_rate_factor"] == 1.0
     with pytest.raises(ValueError, match="momentum, lr, delay, none"):
         Compensation("fast", momentum=0.9)
 

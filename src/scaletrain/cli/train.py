@@ -115,8 +115,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--async-compensation",
         choices=ASYNC_COMPENSATIONS,
         help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
-        "asynchrony's own momentum it stays --momentum, and divide the rate by the staleness that 1/(1-momentum) "
-        "updates do not cover (plain SGD: as lr); "
+        "asynchrony's own momentum it stays --momentum; "
         "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
     )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")

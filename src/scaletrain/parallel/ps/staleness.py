@@ -1,4 +1,4 @@
-"""Compensating asynchronous SGD for stale gradients: lower the explicit momentum, then the rate.
+"""Compensating asynchronous SGD for stale gradients: lower the explicit momentum, or the rate.
 
 **What.** An asynchronous parameter server applies gradients computed on weights that are ``τ``
 updates old (the staleness: the server's version when the gradient arrives minus the version the
@@ -29,22 +29,19 @@ form ``1 − μ = (1 − μ')(1 − μ_a)`` (0.8 at ``τ̄ = 1``) gave 0.845. Th
 ``η / (1 − μ')`` is smaller than the local ``η / (1 − μ)``, so a rate that is small enough to be stable
 without compensation trains more slowly with it (LeNet at lr 0.01, batch 32: 0.853 instead of 0.884).
 
-**Past zero: the rate (also ``momentum``).** Once ``μ' = 0`` the run carries the momentum ``μ_a > μ``
-and nothing explicit is left to lower (plain SGD, ``μ = 0``, is there from ``τ̄ > 0``); the rate has to
-take the rest. The requested momentum already averages each gradient over about ``1 / (1 − μ)`` updates,
-so a gradient that old is no staler than the local run makes it; past that, the rate is divided as Zhang
-et al. (2016, below) divide it, by the staleness left over::
-
-    s = min(1, 1 / ((1 − μ) · max(1, τ)))        (τ: this gradient's staleness)
-
-1 for every ``τ ≤ 1 / (1 − μ)`` (for 0.9: up to 10, where the lowered momentum reaches 0 at ``τ̄ = 9``),
-and ``η / τ`` for plain SGD. Tried first and measured worse: the factor that keeps the long-run step
-``η / (1 − m)`` of the momentum ``m = μ' + μ_a`` the run carries, ``min(1, 1 / ((τ̄ + 1)(1 − μ)))``
-(plain SGD: ``η / (τ̄ + 1)``; it matches the largest stable rate of a step delayed by ``τ`` on a quadratic,
-``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``). It trained too slowly: LeNet at the thesis's
-setting (plain SGD, lr 0.1, batch 512, 5 async workers, 4 epochs) 0.752 against 0.844 in one process and
-0.836 with ``none``; the PTB LSTM (3 workers) 650 central / 625 sharded against 639 / 671 with ``none``
-and 611 / 542 with ``lr`` (docs/distributed.md has the table and the commands).
+**Past zero (plain SGD).** Once ``μ' = 0`` the run carries the momentum ``μ_a > μ`` and nothing explicit
+is left to lower (plain SGD is there from ``τ̄ > 0``); only the rate could take the rest. Two rate rules
+were built into this mode and measured (issue 31; docs/distributed.md has the table and the commands), and
+neither is the default, because each lost more on one workload than it won on the other:
+``η / (τ̄ + 1)`` (it keeps the long-run step ``η / (1 − m)`` of the momentum ``m = μ' + μ_a`` the run
+carries; it also matches the largest stable rate of a step delayed by ``τ`` on a quadratic,
+``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``), and Zhang's ``1 / τ`` for the staleness that
+``1 / (1 − μ)`` updates of requested momentum do not cover. LeNet at the thesis's setting (plain SGD,
+lr 0.1, batch 512, 5 async workers, 4 epochs): one process 0.844, ``none`` 0.836 and 0.839, the first
+rule 0.752, the second 0.780. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
+``none`` 639 / 671, the first rule 650 / 625, the second 603 / 568 (``lr``, the same updates for plain
+SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given; ``lr`` is the choice for a
+workload like the LSTM.
 
 **The alternative (``lr``).** Zhang, Gupta, Lian and Liu (2016, "Staleness-aware async-SGD for
 distributed deep learning", IJCAI) divide the rate of each gradient by its staleness, ``η / τ``
@@ -77,7 +74,6 @@ __all__ = [
     "Compensation",
     "StalenessEstimate",
     "compensated_momentum",
-    "compensated_rate",
     "delay_compensate",
     "implicit_momentum",
     "staleness_rate_scale",
@@ -105,16 +101,6 @@ def compensated_momentum(requested: float, staleness: float) -> float:
     if not 0.0 <= requested < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {requested!r}")
     return min(requested, max(0.0, requested - implicit_momentum(staleness)))
-
-
-def compensated_rate(requested: float, staleness: int) -> float:
-    """The factor on the rate of a gradient ``staleness`` updates old: Zhang et al.'s ``1 / τ`` for the staleness
-    that the requested momentum's averaging over ``1 / (1 − μ)`` updates does not cover,
-    ``min(1, 1 / ((1 − requested) · max(1, τ)))`` (see the module's method card).
-    """
-    if not 0.0 <= requested < 1.0:
-        raise ValueError(f"momentum must be in [0, 1), got {requested!r}")
-    return min(1.0, 1.0 / ((1.0 - requested) * max(1, staleness)))
 
 
 def staleness_rate_scale(staleness: int) -> float:
@@ -208,7 +194,6 @@ class Compensation:
         scale, momentum = 1.0, self.momentum
         if self.mode == "momentum":
             momentum = compensated_momentum(self.momentum, mean)
-            scale = compensated_rate(self.momentum, staleness)
         elif self.mode == "lr":
             scale = staleness_rate_scale(staleness)
         self.applied, self.applied_scale = momentum, scale
