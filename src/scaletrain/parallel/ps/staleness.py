@@ -38,7 +38,7 @@ carries; it also matches the largest stable rate of a step delayed by ``τ`` on 
 ``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``), and Zhang's ``1 / τ`` for the staleness that
 ``1 / (1 − μ)`` updates of requested momentum do not cover. LeNet at the thesis's setting (plain SGD,
 lr 0.1, batch 512, 5 async workers, 4 epochs): one process 0.844, ``none`` 0.836 and 0.839, the first
-rule 0.752, the second 0.780. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
+rule 0.752, the second 0.780 and 0.778. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
 ``none`` 639 / 671, the first rule 650 / 625, the second 603 / 568 (``lr``, the same updates for plain
 SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given; ``lr`` is the choice for a
 workload like the LSTM.
