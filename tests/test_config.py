@@ -102,6 +102,7 @@ def test_divergence_in_a_config_file(tmp_path: Path) -> None:
         ({"workers": 2, "strategy": "allreduce-split", "ps_admission": "exclusive"}, "--ps-admission exclusive is"),
         ({"workers": 2, "strategy": "ps", "async_compensation": "lr"}, r"synchronous \(--sync join\); add"),
         ({"workers": 2, "strategy": "ps-central-split", "async_compensation": "none"}, r"\(--sync split\)"),
+        ({"workers": 2, "strategy": "ps-sharded-join", "async_compensation": "delay"}, r"delay compensates .*join"),
         ({"lr_decay_start": 3}, "add --lr-decay FACTOR"),
     ],
 )
@@ -115,6 +116,7 @@ def test_a_setting_the_run_would_not_read_is_refused(settings: dict, message: st
     [
         {"workers": 2, "strategy": "ps", "server": "sharded", "ps_admission": "exclusive"},
         {"workers": 2, "strategy": "ps-central-async", "async_compensation": "lr"},
+        {"workers": 2, "strategy": "ps-sharded-async", "async_compensation": "delay"},
         {"workers": 2, "strategy": "ps", "sync": "none", "async_compensation": "none"},  # none: async's alias
         {"lr_decay": 0.5, "lr_decay_start": 3},
         {"workers": 2, "strategy": "allreduce", "server": "central", "ps_admission": "none"},  # defaults: no ask

@@ -34,7 +34,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 #: ``divergence``'s default: a loss ten thousand times its first values has left training behind.
 DIVERGENCE_FACTOR = 1e4
 #: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.ps.staleness`).
-ASYNC_COMPENSATIONS = ("momentum", "lr", "none")
+ASYNC_COMPENSATIONS = ("momentum", "lr", "delay", "none")
 
 
 @dataclass(frozen=True)

@@ -120,3 +120,24 @@ def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, t
         out = tmp_path / f"{strategy}-{server}"
         scaletrain.train("ptb-lstm", out=out, workers=2, strategy=strategy, server=server, sync="split", **settings)
         assert_same_weights(weights(out), weights(tmp_path / "local"))
+
+
+def test_lstm_async_carries_the_hidden_state_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
+    # One asynchronous worker computes every window in order on the newest weights: with its hidden
+    # state carried from window to window (and reset at each epoch) it must end where one process ends.
+    settings = dict(
+        data_dir=tiny_ptb,
+        batch_size=4,
+        epochs=2,
+        progress="off",
+        tensorboard=False,
+        threads=1,
+        lr=0.5,
+        options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
+    )
+    scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
+    out = tmp_path / "async"
+    layout = dict(workers=1, strategy="ps", server="central", sync="async")
+    summary = scaletrain.train("ptb-lstm", out=out, **layout, **settings)
+    assert summary["staleness"]["max"] == 0
+    assert_same_weights(weights(out), weights(tmp_path / "local"))

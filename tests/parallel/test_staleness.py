@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
@@ -12,6 +13,7 @@ from scaletrain.parallel.ps.staleness import (
     Compensation,
     StalenessEstimate,
     compensated_momentum,
+    delay_compensate,
     implicit_momentum,
     staleness_rate_scale,
 )
@@ -50,6 +52,18 @@ def test_two_workers_turn_point_nine_into_point_four() -> None:
     assert implicit_momentum(1.0) == 0.5 and implicit_momentum(0.0) == 0.0
 
 
+def test_delay_compensation_adds_the_taylor_term() -> None:
+    gradient, square = torch.tensor([1.0, -2.0, 0.0]), torch.tensor([1.0, 4.0, 1.0])
+    stale, now = torch.zeros(3), torch.tensor([0.5, 0.25, 3.0])
+    delay_compensate(gradient, now, stale, square, lambda0=1.0)
+    square_after = 0.95 * torch.tensor([1.0, 4.0, 1.0]) + 0.05 * torch.tensor([1.0, 4.0, 0.0])
+    expected = torch.tensor([1.0, -2.0, 0.0]) + torch.tensor([0.5, 4 * 0.25, 0.0]) / square_after.sqrt()
+    assert torch.allclose(gradient, expected) and torch.allclose(square, square_after)
+    fresh = torch.tensor([1.0, -2.0, 0.0])
+    delay_compensate(fresh, now, now.clone(), square)  # no delay, no change
+    assert fresh.tolist() == [1.0, -2.0, 0.0]
+
+
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="momentum"):
         compensated_momentum(1.0, 0.0)
@@ -79,11 +93,17 @@ def test_modes_return_rate_factor_and_momentum() -> None:
         momentum.step(2)
     assert momentum.summary()["explicit_momentum"] == pytest.approx(0.9 - 2 / 3)
     assert momentum.summary()["staleness_estimate"] == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="momentum, lr, none"):
+    assert momentum.summary()["rate_factor"] == 1.0  # 0.9 absorbs three workers' momentum
+    plain = Compensation("momentum", momentum=0.0, workers=3)
+    for _ in range(500):
+        scale, explicit = plain.step(2)
+    assert explicit == 0.0 and scale == 1.0  # nothing to lower, and the rate stays (see the method card)
+    assert plain.summary()["mean_rate_factor"] == 1.0
+    with pytest.raises(ValueError, match="momentum, lr, delay, none"):
         Compensation("fast", momentum=0.9)
 
 
 def test_config_validates_the_mode() -> None:
     assert TrainConfig("lenet").async_compensation == "momentum"
-    with pytest.raises(ConfigError, match="async_compensation must be one of momentum, lr, none"):
+    with pytest.raises(ConfigError, match="async_compensation must be one of momentum, lr, delay, none"):
         TrainConfig("lenet", async_compensation="staleness")

@@ -1,9 +1,11 @@
+import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
 from scaletrain.errors import ConfigError
+from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
 from scaletrain.workloads.base import Part, count_parameters
 
@@ -26,6 +28,22 @@ def test_windows_carry_on_and_targets_are_shifted(tiny_ptb: Path) -> None:
     assert torch.equal(second[0][:, 0], first[1][:, -1])  # the next window continues each row
     rows = list(workload.train_batches(data, epoch=0, batch_size=4, seed=0, part=Part(1, 2)))
     assert torch.equal(rows[0][0], first[0][2:])  # a worker's part is a slice of the rows
+
+
+def test_an_async_workers_chunk_continues_its_own_rows(tiny_ptb: Path) -> None:
+    # Asynchronous workers take whole batches (every row) from a contiguous chunk of the epoch's windows,
+    # so the state each carries from one window to its next belongs to the same rows of the same text.
+    workload = create_workload("ptb-lstm", {"num_steps": "3", "vocab_size": "100"})
+    data = workload.load_data(tiny_ptb)
+    count = workload.batches_per_epoch(data, 4)
+    everything = list(workload.train_batches(data, epoch=0, batch_size=4, seed=0))
+    for index in range(3):
+        numbers = WorkerPlan(chunk=Part(index, 3)).numbers(0, count)
+        mine = list(workload.train_batches(data, epoch=0, batch_size=4, seed=0, numbers=numbers))
+        assert len(mine) == len(numbers) > 1
+        for (_, targets), following in itertools.pairwise(mine):
+            assert torch.equal(following[0][:, 0], targets[:, -1])  # the next window continues each row
+        assert all(torch.equal(a[0], everything[n][0]) for a, n in zip(mine, numbers, strict=True))
 
 
 def test_hidden_state_is_carried_and_detached(tiny_ptb: Path) -> None:

@@ -72,7 +72,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--async-compensation",
         choices=ASYNC_COMPENSATIONS,
-        help="async runs: momentum (default), lr or none; see scaletrain train --help",
+        help="async runs: momentum (default), lr, delay or none; see scaletrain train --help",
     )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")

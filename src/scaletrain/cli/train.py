@@ -115,7 +115,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--async-compensation",
         choices=ASYNC_COMPENSATIONS,
         help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
-        "asynchrony's own momentum it stays --momentum; lr: lr / staleness per gradient; none",
+        "asynchrony's own momentum it stays --momentum; "
+        "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
     )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")

@@ -95,6 +95,8 @@ class ShardServer:
         self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
         self.on_update, self.after_step, self.timeout = on_update, after_step, timeout
         self.version = version
+        # without a schedule the optimizer's rate as given: the group's own is overwritten by each scaled update
+        self._base_rate = optimizer.param_groups[0]["lr"]
         self.stats = stats or ServerStats()  # a server rebuilt after a reconfiguration goes on counting
         self.layout = TensorLayout.of(master)
         self.codec = codec or WireCodec()
@@ -118,6 +120,7 @@ class ShardServer:
         self._arrived = 0
         self._round = 0
         self._snapshot = self._flat if synchronous else self._flat.clone()
+        self._own_sent: torch.Tensor | None = None  # the owner's worker's weights, as the last update left them
         self._failure: tuple[int, str] | None = None
         self._mismatch: ScaletrainError | None = None  # a worker's network or codec differs
         self._receiving = threading.Semaphore(1) if exclusive else None
@@ -137,7 +140,10 @@ class ShardServer:
     def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor, bool]:
         """The owner's own worker adds its gradient; returns the new version, the weights and whether
         the update was skipped."""
-        return self._apply(gradient, views_of(gradient, self.master), version)
+        new_version, self._own_sent, skipped = self._apply(
+            gradient, views_of(gradient, self.master), version, self._own_sent
+        )
+        return new_version, self._own_sent, skipped
 
     def join(self, deadline_seconds: float | None = None) -> ServerStats:
         """Wait for every peer to finish or to reach a reconfiguration; in synchronous mode a lost peer
@@ -163,7 +169,8 @@ class ShardServer:
         wire = self.codec.message_buffer(self.layout, gradient)  # the gradient itself for float32
         gradient_views = views_of(gradient, self.master)
         try:
-            self._reply(peer, group, self.version, self.weights())
+            sent = self.weights()  # what this peer computes its next gradient on (DC-ASGD reads it)
+            self._reply(peer, group, self.version, sent)
             while True:
                 with _held(self._receiving):
                     if self._receiving is not None:
@@ -189,8 +196,8 @@ class ShardServer:
                     with self._condition:
                         self.reconfiguring[peer] = version
                     return
-                new_version, weights, skipped = self._apply(gradient, gradient_views, version)
-                self._reply(peer, group, new_version, weights, skipped)
+                new_version, sent, skipped = self._apply(gradient, gradient_views, version, sent)
+                self._reply(peer, group, new_version, sent, skipped)
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
@@ -232,11 +239,16 @@ class ShardServer:
             send_message(self._reply_header(version, skipped), self.codec.encode(weights), peer, group, REPLY)
 
     # -- updates --------------------------------------------------------------------------------
-    def _apply(self, gradient: torch.Tensor, views: list[torch.Tensor], version: int) -> tuple[int, torch.Tensor, bool]:
+    def _apply(
+        self, gradient: torch.Tensor, views: list[torch.Tensor], version: int, stale: torch.Tensor | None = None
+    ) -> tuple[int, torch.Tensor, bool]:
+        """``stale``: the weights the gradient was computed on, when known (async replies are snapshots)."""
         with self._condition:
             if not self.synchronous:
                 staleness = self.version - version
                 self.stats.staleness[staleness] += 1
+                if self.compensation is not None and self.compensation.corrects_delay and stale is not None:
+                    self.compensation.correct(gradient, self._flat, stale)
                 scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
                 self._update(views, scale, momentum)
                 return self.version, self._snapshot, self._skipped
@@ -280,7 +292,7 @@ class ShardServer:
             parameter.grad = gradient
         if self.clip_norm:
             nn.utils.clip_grad_norm_(self.master, self.clip_norm)
-        rate = self.learning_rate(self.version) if self.learning_rate else self.optimizer.param_groups[0]["lr"]
+        rate = self.learning_rate(self.version) if self.learning_rate else self._base_rate
         for group in self.optimizer.param_groups:
             group["lr"] = rate * scale
             if momentum is not None:

@@ -21,17 +21,38 @@ Why the sum: in expectation over a geometric staleness the server's update obeys
 implicit momentum); its coefficient on the last step, ``μ' + μ_a``, is the one the local run has as
 ``μ``. ``τ̄ = 0`` leaves ``μ`` unchanged; ``τ̄ = 1`` (two workers) turns 0.9 into 0.4; ``μ'`` reaches 0 at
 ``τ̄ = μ / (1 − μ)`` (9 for 0.9), past which asynchrony alone carries more momentum than asked for
-(the paper would go negative; this stops at 0). ``τ̄`` is the server's running mean of the staleness
-it measures (:class:`StalenessEstimate`). Measured (one run each, the setting above): this rule 0.865
+(the paper would go negative; this stops at 0, see the next paragraph). ``τ̄`` is the server's running
+mean of the staleness it measures (:class:`StalenessEstimate`). Measured (one run each, the setting
+above): this rule 0.865
 (mean explicit momentum 0.41), momentum 0.4 fixed 0.877, against 0.874 locally; the milder product
 form ``1 − μ = (1 − μ')(1 − μ_a)`` (0.8 at ``τ̄ = 1``) gave 0.845. The price: the long-run step
 ``η / (1 − μ')`` is smaller than the local ``η / (1 − μ)``, so a rate that is small enough to be stable
 without compensation trains more slowly with it (LeNet at lr 0.01, batch 32: 0.853 instead of 0.884).
 
+**Past zero (plain SGD).** Once ``μ' = 0`` the run carries the momentum ``μ_a > μ`` and nothing explicit
+is left to lower (plain SGD is there from ``τ̄ > 0``); only the rate could take the rest. Two rate rules
+were built into this mode and measured (issue 31; docs/distributed.md has the table and the commands), and
+neither is the default, because each lost more on one workload than it won on the other:
+``η / (τ̄ + 1)`` (it keeps the long-run step ``η / (1 − m)`` of the momentum ``m = μ' + μ_a`` the run
+carries; it also matches the largest stable rate of a step delayed by ``τ`` on a quadratic,
+``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``), and Zhang's ``1 / τ`` for the staleness that
+``1 / (1 − μ)`` updates of requested momentum do not cover. LeNet at the thesis's setting (plain SGD,
+lr 0.1, batch 512, 5 async workers, 4 epochs): one process 0.844, ``none`` 0.836 and 0.839, the first
+rule 0.752, the second 0.780 and 0.778. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
+``none`` 639 / 671, the first rule 650 / 625, the second 603 / 568 (``lr``, the same updates for plain
+SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given; ``lr`` is the choice for a
+workload like the LSTM.
+
 **The alternative (``lr``).** Zhang, Gupta, Lian and Liu (2016, "Staleness-aware async-SGD for
 distributed deep learning", IJCAI) divide the rate of each gradient by its staleness, ``η / τ``
 (``τ`` counted from 1, so fresh gradients keep ``η``); the momentum stays ``μ``. With two workers
 almost every gradient has ``τ ≤ 1``, so this leaves such runs as they were (0.723 above).
+
+**Delay compensation (``delay``).** Zheng, Meng, Wang, Chen, Yu, Ma and Liu (2017, "Asynchronous
+stochastic gradient descent with delay compensation", ICML, the adaptive variant DC-ASGD-a) correct the
+stale gradient by a first-order Taylor term with ``g ⊙ g`` standing in for the Hessian's diagonal:
+``g + λ g ⊙ g ⊙ (w_now − w_stale)``, ``λ = λ0 / sqrt(running mean of g ⊙ g)``, ``λ0 = 2`` (not tuned
+here). The server knows ``w_stale``: it is the snapshot it last sent that worker. Rate and momentum stay.
 
 **When it helps.** Asynchronous runs with momentum, more than one worker, and a rate tuned locally.
 ``none`` applies every gradient with the user's rate and momentum (Downpour SGD as in Dean et al. 2012).
@@ -44,6 +65,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from scaletrain.config import ASYNC_COMPENSATIONS
 
 __all__ = [
@@ -51,9 +74,13 @@ __all__ = [
     "Compensation",
     "StalenessEstimate",
     "compensated_momentum",
+    "delay_compensate",
     "implicit_momentum",
     "staleness_rate_scale",
 ]
+
+#: DC-ASGD's adaptive factor (Zheng et al. 2017, "DC-ASGD-a"): ``λ = λ0 / sqrt(mean square of g)``.
+DELAY_LAMBDA0, DELAY_DECAY = 2.0, 0.95
 
 #: The values of ``--async-compensation``.
 COMPENSATIONS = ASYNC_COMPENSATIONS
@@ -79,6 +106,21 @@ def compensated_momentum(requested: float, staleness: float) -> float:
 def staleness_rate_scale(staleness: int) -> float:
     """Zhang et al. (2016): the factor on the rate of a gradient ``staleness`` updates old, ``1 / max(1, τ)``."""
     return 1.0 / max(1, staleness)
+
+
+def delay_compensate(
+    gradient: torch.Tensor, now: torch.Tensor, stale: torch.Tensor, square: torch.Tensor, lambda0: float = DELAY_LAMBDA0
+) -> None:
+    """DC-ASGD in place: ``g += λ g ⊙ g ⊙ (w_now − w_stale)``, ``λ = λ0 / sqrt(square)`` elementwise, where
+    ``square`` (updated here) is the running mean of ``g ⊙ g`` (Zheng et al. 2017, the adaptive variant).
+
+    >>> g = torch.tensor([1.0, -2.0]); square = torch.zeros(2)
+    >>> delay_compensate(g, torch.tensor([0.5, 0.0]), torch.zeros(2), square); [round(v, 3) for v in g.tolist()]
+    [5.472, -2.0]
+    """
+    square.mul_(DELAY_DECAY).addcmul_(gradient, gradient, value=1.0 - DELAY_DECAY)
+    correction = gradient * gradient * (now - stale)
+    gradient.add_(correction.mul_(lambda0).div_(square.sqrt().clamp_min_(1e-12)))
 
 
 class StalenessEstimate:
@@ -123,8 +165,22 @@ class Compensation:
     horizon: int = 100
     estimate: StalenessEstimate = field(init=False)
     applied: float = field(init=False)
+    applied_scale: float = field(init=False, default=1.0)
     _sum: float = field(init=False, default=0.0)
+    _scale_sum: float = field(init=False, default=0.0)
     _updates: int = field(init=False, default=0)
+    _square: torch.Tensor | None = field(init=False, default=None)
+
+    @property
+    def corrects_delay(self) -> bool:
+        """Whether the server must pass each gradient through :meth:`correct` with the sender's weights."""
+        return self.mode == "delay"
+
+    def correct(self, gradient: torch.Tensor, now: torch.Tensor, stale: torch.Tensor) -> None:
+        """DC-ASGD's correction of a flat gradient computed on ``stale`` weights, the server's being ``now``."""
+        if self._square is None or self._square.shape != gradient.shape:
+            self._square = gradient * gradient
+        delay_compensate(gradient, now, stale, self._square)
 
     def __post_init__(self) -> None:
         if self.mode not in COMPENSATIONS:
@@ -140,8 +196,9 @@ class Compensation:
             momentum = compensated_momentum(self.momentum, mean)
         elif self.mode == "lr":
             scale = staleness_rate_scale(staleness)
-        self.applied = momentum
+        self.applied, self.applied_scale = momentum, scale
         self._sum += momentum
+        self._scale_sum += scale
         self._updates += 1
         return scale, momentum
 
@@ -152,5 +209,7 @@ class Compensation:
             "requested_momentum": self.momentum,
             "explicit_momentum": self.applied,
             "mean_explicit_momentum": self._sum / self._updates if self._updates else self.momentum,
+            "rate_factor": self.applied_scale,
+            "mean_rate_factor": self._scale_sum / self._updates if self._updates else 1.0,
             "staleness_estimate": self.estimate.mean,
         }
