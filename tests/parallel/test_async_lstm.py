@@ -17,7 +17,7 @@ import pytest
 
 import scaletrain
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.alone]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 BOUND = 1.4
 
