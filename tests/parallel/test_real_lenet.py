@@ -19,11 +19,23 @@ from tests.helpers import REAL_ASYNC, REAL_LENET, TrainedOnce
 
 from scaletrain.train.divergence import REFERENCE_STEPS
 
-# alone: the staleness of the asynchronous run, hence its momentum and accuracy, follow how the
-# processes share the cores; the local runs use both cores anyway
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.alone]
+# The asynchronous tests run alone: the staleness of the asynchronous run, hence its momentum and
+# accuracy, follow how the processes share the cores. The local runs (one thread each) do not depend
+# on it; the bf16 test comes first so that they train beside other tests.
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
+def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnist(
+    real_fmnist: Path, trained: TrainedOnce
+) -> None:
+    fp32, _ = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
+    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **REAL_LENET)
+    assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
+    assert fp32["test_accuracy"] > 0.8
+    assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
+
+
+@pytest.mark.alone
 def test_compensated_async_with_two_workers_is_within_two_points_of_local(
     real_fmnist: Path, trained: TrainedOnce
 ) -> None:
@@ -45,6 +57,7 @@ def test_compensated_async_with_two_workers_is_within_two_points_of_local(
     assert asynchronous["test_accuracy"] >= local["test_accuracy"] - 0.02
 
 
+@pytest.mark.alone
 def test_async_lenet_with_two_workers_reaches_80_percent_in_two_epochs(real_fmnist: Path, trained: TrainedOnce) -> None:
     summary, _ = trained("lenet", data_dir=real_fmnist, **REAL_ASYNC, **REAL_LENET)
     assert summary["steps"] == 2 * (60_000 // REAL_LENET["batch_size"])  # every batch of both epochs applied once
@@ -52,6 +65,7 @@ def test_async_lenet_with_two_workers_reaches_80_percent_in_two_epochs(real_fmni
     assert summary["test_accuracy"] >= 0.80
 
 
+@pytest.mark.alone
 def test_its_central_server_keeps_the_workers_divergence_reference(real_fmnist: Path, trained: TrainedOnce) -> None:
     """The server sees no loss; the deciding worker shares its first losses at each epoch's end."""
     _, out = trained("lenet", data_dir=real_fmnist, **REAL_ASYNC, **REAL_LENET)
@@ -59,13 +73,3 @@ def test_its_central_server_keeps_the_workers_divergence_reference(real_fmnist: 
     # the first near ln 10 (10 classes, weights as initialised); the loss falls fast: 1.46 by the fifth step
     assert len(first_losses) == REFERENCE_STEPS and 2.0 < first_losses[0] < 2.6, first_losses
     assert all(0.5 < loss < 3.0 for loss in first_losses), first_losses
-
-
-def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnist(
-    real_fmnist: Path, trained: TrainedOnce
-) -> None:
-    fp32, _ = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
-    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **REAL_LENET)
-    assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
-    assert fp32["test_accuracy"] > 0.8
-    assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
