@@ -13,7 +13,8 @@ by side, alternating the two in every repeat:
   the test suite): the wall seconds of each run after the first.
 
 Run: ``PYTHONPATH=src .venv/bin/python benchmarks/worker_start.py [--workers 4 --steps 4 --repeats 3]``
-(needs Fashion-MNIST; about 3 minutes here).
+(needs Fashion-MNIST; 4 minutes here). Measured here with nothing else running: command 11.4 s
+``exec`` against 8.9 s forked (CPU 16.8 s against 10.2 s), a later run in one process 9.1 s against 4.0 s.
 """
 
 from __future__ import annotations
