@@ -104,17 +104,20 @@ def test_async_with_one_worker_is_sequential_training(data: Path, local_runs: di
     assert_same_weights(weights(tmp_path / "run"), local_runs[12])
 
 
+#: A tiny PTB LSTM trained by one process and by workers that must end with its weights.
+TINY_LSTM = dict(
+    batch_size=4,
+    epochs=2,
+    progress="off",
+    tensorboard=False,
+    threads=1,
+    lr=0.5,
+    options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
+)
+
+
 def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
-    settings = dict(
-        data_dir=tiny_ptb,
-        batch_size=4,
-        epochs=2,
-        progress="off",
-        tensorboard=False,
-        threads=1,
-        lr=0.5,
-        options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
-    )
+    settings = dict(data_dir=tiny_ptb, **TINY_LSTM)
     scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
     for strategy, server in (("allreduce", "central"), ("ps", "central")):
         out = tmp_path / f"{strategy}-{server}"
@@ -125,16 +128,7 @@ def test_lstm_split_carries_each_workers_rows_like_one_process(tiny_ptb: Path, t
 def test_lstm_async_carries_the_hidden_state_like_one_process(tiny_ptb: Path, tmp_path: Path) -> None:
     # One asynchronous worker computes every window in order on the newest weights: with its hidden
     # state carried from window to window (and reset at each epoch) it must end where one process ends.
-    settings = dict(
-        data_dir=tiny_ptb,
-        batch_size=4,
-        epochs=2,
-        progress="off",
-        tensorboard=False,
-        threads=1,
-        lr=0.5,
-        options={"num_steps": "5", "vocab_size": "100", "hidden_size": "16"},
-    )
+    settings = dict(data_dir=tiny_ptb, **TINY_LSTM)
     scaletrain.train("ptb-lstm", out=tmp_path / "local", **settings)
     out = tmp_path / "async"
     layout = dict(workers=1, strategy="ps", server="central", sync="async")
