@@ -233,6 +233,9 @@ def _run_module(
     sys.argv = [module, *arguments]
     import runpy
 
+    # ``python -m`` runs the module as ``__main__`` only; the server preloaded it under its own name, which
+    # runpy would warn about on the terminal (the package and its other modules stay imported).
+    sys.modules.pop(module, None)
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     sys.stdout.flush()
     sys.stderr.flush()
