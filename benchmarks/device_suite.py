@@ -60,7 +60,7 @@ class Budget:
 
 DEVICE = Budget(
     suite=450, machine=60, scaling=430,
-    parts={"gpu-tests": 170, "precision": 60, "gpu-vs-cpu": 40, "prunetrain": 90, "adaptive-batch": 60},
+    parts={"gpu-tests": 120, "precision": 60, "gpu-vs-cpu": 45, "prunetrain": 100, "adaptive-batch": 120},
 )  # fmt: skip
 DRY = Budget(
     suite=170, machine=30, scaling=150,
