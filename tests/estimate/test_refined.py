@@ -7,6 +7,8 @@ computing at once are 1.1× slower. The sequential reference is t_grad + t_updat
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scaletrain.errors import ConfigError
@@ -38,6 +40,23 @@ def speedup(strategy, sync, workers, server="central", cores=None):
 def test_allreduce_ring_cost():
     # 2 workers: 2(N−1) latencies + 2(N−1)/N of the bytes = 0.002 + 0.1; step = 0.1 + 0.102 + 0.01.
     assert speedup("allreduce", "join", 2) == pytest.approx(2 / 0.212 * SEQUENTIAL)
+
+
+def test_a_measured_all_reduce_replaces_the_ring_formula_and_corrects_it_between_and_beyond():
+    # The profile timed the all-reduce among 2 processes at 0.204 s, twice the ring formula's 0.102 s.
+    measured = dataclasses.replace(PROFILE, allreduce={2: 0.204})
+    two = predict(measured, strategy="allreduce", sync="join", workers=2)
+    assert two.speedup == pytest.approx(2 / (0.1 + 0.204 + 0.01) * SEQUENTIAL)
+    # Four workers: the formula's 3 latencies × 2 + 1.5 × 0.1 s of bytes = 0.156 s, times the same factor 2.
+    four = predict(measured, strategy="allreduce", sync="join", workers=4)
+    assert four.speedup == pytest.approx(4 / (0.1 + 2 * 0.156 + 0.01) * SEQUENTIAL)
+    # One worker sends nothing, measured or not; and the thesis model keeps its own formula.
+    assert predict(measured, strategy="allreduce", sync="join", workers=1).speedup == pytest.approx(
+        predict(PROFILE, strategy="allreduce", sync="join", workers=1).speedup
+    )
+    allreduce = Configuration.parse("allreduce-join")
+    thesis = [predicted_speedup("thesis", p, allreduce, 2, batches=128) for p in (measured, PROFILE)]
+    assert thesis[0] == thesis[1]
 
 
 def test_split_uses_measured_half_batch_gradient_and_contention():

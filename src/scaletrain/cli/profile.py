@@ -28,6 +28,9 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
     group.add_argument("--contention-at", type=number_list, metavar="N,N",
                        help="measure contention only at these process counts (default: each from 2)")  # fmt: skip
+    group.add_argument("--allreduce-at", type=number_list, metavar="N,N",
+                       help="also time the all-reduce exchange among N processes, e.g. 2,4 (corrects the "
+                            "refined model's all-reduce)")  # fmt: skip
     group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
     group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
     group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")
@@ -56,6 +59,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "split_workers": args.split_workers or (),
         "concurrency": args.concurrency,
         "contention_counts": tuple(args.contention_at or ()),
+        "allreduce_counts": tuple(args.allreduce_at or ()),
         "threads": args.threads,
         "repeats": args.repeats,
         "round_trips": args.round_trips,
@@ -97,6 +101,7 @@ def describe(result: Profile) -> str:
     """The profile in a few lines a person reads."""
     parts = ", ".join(f"batch/{n}: {t * 1000:.2f} ms" for n, t in sorted(result.t_grad_parts.items()))
     contention = ", ".join(f"{k} processes ×{v:.3f}" for k, v in sorted(result.contention.items()) if k > 1)
+    allreduce = ", ".join(f"{k} processes {v * 1000:.2f} ms" for k, v in sorted(result.allreduce.items()))
     return "\n".join(
         [
             f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
@@ -109,6 +114,7 @@ def describe(result: Profile) -> str:
             f"bandwidth {result.bytes_per_second * 8 / 1e6:,.0f} Mbit/s",
         ]
         + ([f"contention: {contention}"] if contention else [])
+        + ([f"all-reduce: {allreduce}"] if allreduce else [])
     )
 
 

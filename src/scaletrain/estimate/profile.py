@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ class Profile:
     gradient_bytes: int | None = None  # one worker's gradient message as its wire codec sends it; None: weight_bytes
     tensor_bytes: tuple[int, ...] = ()
     contention: dict[int, float] = field(default_factory=dict)  # k processes → t_grad factor
+    #: N processes → seconds of one all-reduce of the gradient message among them, timed as the all-reduce
+    #: exchange times its communication (``--allreduce-at``); empty: not measured
+    allreduce: dict[int, float] = field(default_factory=dict)
     cores: int | None = None
     threads: int = 1
     network: str | None = None
@@ -93,6 +97,28 @@ class Profile:
         base = self.contention.get(known, 1.0)
         return base * max(1.0, processes / max(known, cores))
 
+    def calibrated(self, measured: dict[int, float], processes: int, modelled: Callable[[int], float]) -> float:
+        """``modelled(processes)`` corrected by what was ``measured`` at some process counts: times the ratio
+        measured ÷ modelled at a measured count, on the line between the two nearest measured counts,
+        and the nearest one's beyond them. Nothing measured: the model as it is.
+
+        >>> toy = Profile("toy", 8, t_grad=1.0, t_comm=0.1)
+        >>> round(toy.calibrated({2: 0.2, 4: 0.6}, 3, lambda n: 0.1 * n), 3)  # 0.3 × (1 + 1.5) / 2
+        0.375
+        """
+        counts = sorted(k for k in measured if k >= 2 and modelled(k) > 0)
+        if not counts or processes < 2:
+            return modelled(processes)
+        factors = {k: measured[k] / modelled(k) for k in counts}
+        if processes <= counts[0] or processes >= counts[-1]:
+            factor = factors[counts[0] if processes <= counts[0] else counts[-1]]
+        else:
+            above = min(k for k in counts if k >= processes)
+            below = max(k for k in counts if k <= processes)
+            share = (processes - below) / (above - below) if above != below else 0.0
+            factor = factors[below] + share * (factors[above] - factors[below])
+        return modelled(processes) * factor
+
     @property
     def bytes_per_second(self) -> float:
         if self.bandwidth:
@@ -112,7 +138,7 @@ class Profile:
         if unknown:
             raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
         given = dict(data)
-        for key in ("t_grad_parts", "contention"):
+        for key in ("t_grad_parts", "contention", "allreduce"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
         if "tensor_bytes" in given:

@@ -9,6 +9,9 @@
   with the same calls and message shapes the parameter server uses (``[header]`` then one flat
   buffer of the wire codec's type, tags per direction): round trips of push(gradient) + pull(weights)
   per size in bytes.
+- ``allreduce``: every rank runs the all-reduce exchange's step (:class:`AllReduceExchange`, the class
+  training uses) on gradients of the network's shapes, and keeps the communication time it reports
+  (the wire codec's collective, after the one-number all-reduce that absorbs the waiting).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
 from scaletrain.parallel.ps.protocol import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.strategies.allreduce import AllReduceExchange
 from scaletrain.plugins import load_plugins
 from scaletrain.tensors.codec import WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device
@@ -34,7 +38,7 @@ from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
 
-__all__ = ["main", "time_gradient", "time_transfers"]
+__all__ = ["main", "time_allreduce", "time_gradient", "time_transfers"]
 
 SMALL_LIMIT = 65536  # bytes
 
@@ -119,6 +123,26 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
     return results
 
 
+def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Communication seconds of ``job['repeats']`` all-reduce exchange steps among ``world_size`` ranks, after
+    ``job['warmup']`` untimed ones: gradients of the network's shapes, the run's wire codec."""
+    configure_process(job["threads"])
+    workload = create_workload(job["workload"], job["options"])
+    torch.manual_seed(dist.get_rank())
+    model = network(workload, job.get("architecture") or {})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    exchange = AllReduceExchange(world_size, WireCodec.of(job.get("wire", "fp32")))
+    exchange.start(model, optimizer)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    samples = []
+    for round_number in range(job["warmup"] + job["repeats"]):
+        times = exchange.step(model, optimizer, None)
+        if round_number >= job["warmup"]:
+            samples.append(times.communication)
+    return {"allreduce": samples}
+
+
 def main(argv: list[str] | None = None) -> int:
     job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text(encoding="utf-8"))
@@ -127,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     connect(rendezvous, timeout=job["timeout"])
     if job["kind"] == "grad":
         result = time_gradient(job, barrier=dist.barrier if rendezvous.world_size > 1 else None)
+    elif job["kind"] == "allreduce":
+        result = time_allreduce(job, rendezvous.world_size)
     else:
         result = time_transfers(job, rendezvous.rank)
     dist.barrier()

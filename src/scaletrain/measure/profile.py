@@ -13,6 +13,10 @@
   ``precision`` t_grad is timed under that autocast. **latency**: the same for a 4-byte buffer; **bandwidth**: the
   weight bytes over (t_comm − latency). With ``network`` the two processes talk across an emulated
   link of that rate.
+- **allreduce** (``allreduce_counts``, ``--allreduce-at``): the all-reduce exchange's communication time
+  per step among N real processes (on the emulated link too), as a run's workers report it; the
+  refined model corrects its ring formula by it. Not measured for a compressing codec (its first
+  steps go dense, so the rounds would not time what a run sends).
 
 Every measurement runs in fresh processes started like training processes (torchrun variables,
 1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
@@ -71,6 +75,7 @@ class ProfileConfig:
     #: measure contention only at these process counts (≤ ``concurrency``), not at every count from 2:
     #: a launch per count costs seconds, and counts between them are interpolated
     contention_counts: tuple[int, ...] = ()
+    allreduce_counts: tuple[int, ...] = ()  # time the all-reduce exchange among this many processes
     network: str | None = None
     threads: int = 1
     repeats: int = 10
@@ -107,6 +112,8 @@ class ProfileConfig:
             raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
         if any(n < 2 for n in self.contention_counts):
             raise ConfigError(f"--contention-at counts must be ≥ 2 processes, got {self.contention_counts}")
+        if any(n < 2 for n in self.allreduce_counts):
+            raise ConfigError(f"--allreduce-at counts must be ≥ 2 processes, got {self.allreduce_counts}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if not 0 < self.timeout < math.inf:
@@ -181,6 +188,11 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     worker = _run_probes(transfer_job, 2, config.network, config.timeout)[1]
     latency = statistics.median(worker[str(SMALL_BYTES)]["round_trip"]) / 2
     t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
+    allreduce: dict[int, float] = {}
+    collective_job = {**transfer_job, "kind": "allreduce"}
+    for processes in sorted(set(config.allreduce_counts)) if gradient_bytes is None else ():
+        ranks = _run_probes(collective_job, processes, config.network, config.timeout)
+        allreduce[processes] = statistics.median(x for rank in ranks for x in rank["allreduce"])
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -194,6 +206,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         gradient_bytes=gradient_bytes,
         tensor_bytes=tuple(tensors),
         contention=contention,
+        allreduce=allreduce,
         cores=cores,
         threads=config.threads,
         network=config.network,

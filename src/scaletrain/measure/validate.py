@@ -105,6 +105,8 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             batch_size=config.batch_size,
             options=dict(config.options),
             split_workers=splits,
+            # the all-reduce among as many processes as the runs have, for the refined model's all-reduce
+            allreduce_counts=splits if any(s.startswith("allreduce") for s in config.strategies) else (),
             concurrency=min(max(config.workers), cores),
             network=config.network,
             threads=config.threads_per_worker,

@@ -33,11 +33,25 @@ __all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
 
 
 def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
-    """A synchronous step besides the gradient: the ring all-reduce of the gradient message as the wire
-    codec sends it, then every worker's optimizer step."""
+    """A synchronous step besides the gradient: the all-reduce of the gradient message as the wire codec
+    sends it, then every worker's optimizer step.
+
+    The all-reduce is the ring's formula from the point-to-point latency and bandwidth, corrected by
+    the all-reduce itself where the profile timed it among N processes (``--allreduce-at``): gloo's
+    collective among many processes sharing cores costs more than the formula (×10 at 14 processes of
+    an H100 machine's CPU, docs/results/h100-2026-11-26).
+    """
     profile = inputs.profile
-    ring = 2 * (n - 1) * profile.latency + 2 * (n - 1) / n * gradient_bytes(profile) / profile.bytes_per_second
-    return np.where(n == 1, 0.0, ring) + profile.t_update
+
+    def ring(workers: int) -> float:
+        if workers <= 1:
+            return 0.0
+        transfer = 2 * (workers - 1) / workers * gradient_bytes(profile) / profile.bytes_per_second
+        return 2 * (workers - 1) * profile.latency + transfer
+
+    counts = np.asarray(n)
+    seconds = [profile.calibrated(profile.allreduce, int(k), ring) for k in counts.ravel().tolist()]
+    return np.asarray(seconds, dtype=float).reshape(counts.shape) + profile.t_update
 
 
 class AllReduce(Strategy):

@@ -65,6 +65,12 @@ class ProfileNumbers(Protocol):
     def tensor_bytes(self) -> tuple[int, ...]: ...
     @property
     def bytes_per_second(self) -> float: ...
+    @property
+    def allreduce(self) -> dict[int, float]: ...  # N processes → a measured all-reduce's seconds
+
+    def calibrated(self, measured: dict[int, float], processes: int, modelled: Callable[[int], float]) -> float:
+        """``modelled(processes)`` corrected by the ratio measured ÷ modelled at the measured counts."""
+        ...
 
 
 class StepInputs(Protocol):
