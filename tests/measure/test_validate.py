@@ -37,6 +37,27 @@ def test_measured_speedup_is_against_the_median_local_run():
     assert mean_errors(table)["thesis"] == pytest.approx(table[0]["thesis_error_percent"])
 
 
+def test_a_synchronous_step_s_parts_are_set_beside_the_refined_model_s():
+    split = {"compute_seconds_per_step": 0.12, "wait_seconds_per_step": 0.02, "communication_seconds_per_step": 0.05}
+    results = [
+        *rows("local", 1, [10.0]),
+        *({**row, **split, "compute_seconds_per_step": compute}
+          for row, compute in zip(rows("allreduce-join", 2, [18.0, 19.0, 17.0]), (0.12, 0.14, 0.10), strict=True)),
+        *rows("ps-central-async", 2, [15.0]),
+    ]  # fmt: skip
+    table = {row["strategy"]: row for row in compare(PROFILE, results, steps=20, cores=2, network="loopback")}
+    synchronous = table["allreduce-join"]
+    assert synchronous["measured_compute_seconds"] == pytest.approx(0.12)  # the median of three runs
+    assert synchronous["measured_exchange_seconds"] == pytest.approx(0.05)
+    # Predicted: t_grad under the contention of 2 processes on 2 cores (none measured: ×1), no straggler
+    # samples (no wait), and the ring all-reduce of 1 MB at the profile's 100 MB/s: 0.01 s.
+    assert synchronous["refined_compute_seconds"] == pytest.approx(0.1)
+    assert synchronous["refined_wait_seconds"] == pytest.approx(0.0)
+    assert synchronous["refined_exchange_seconds"] == pytest.approx(0.01)
+    asynchronous = table["ps-central-async"]
+    assert asynchronous["refined_compute_seconds"] is None and asynchronous["measured_compute_seconds"] is None
+
+
 def test_no_local_run_means_no_reference():
     with pytest.raises(ConfigError, match="no successful local run"):
         compare(PROFILE, rows("allreduce-join", 2, [5.0]), steps=10, cores=None, network="loopback")
@@ -72,4 +93,5 @@ def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
     assert set(result["mean_absolute_percentage_error"]) == {"thesis", "refined"}
     assert (out / "validation.png").read_bytes()[:4] == b"\x89PNG"
     assert "Mean absolute percentage error" in (out / "validation.md").read_text()
+    assert "| allreduce-join | 2 |" in (out / "validation.md").read_text().split("A step's parts")[1]
     assert Profile.load(out / "profile.json").batch_size == 32

@@ -69,6 +69,7 @@ __all__ = [
     "modelled",
     "predict",
     "predict_many",
+    "step_split",
 ]
 
 
@@ -119,6 +120,31 @@ def predict_many(
     sequential = terms.sequential
     return [Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
             for rate in rates.tolist()]  # fmt: skip
+
+
+def step_split(
+    profile: Profile, *, strategy: str, sync: str, workers: int, server: str = "central", cores: int | None = None
+) -> dict[str, float] | None:
+    """A synchronous step's predicted seconds per part, as a run's workers report theirs: ``compute`` (the
+    gradient, under contention), ``wait`` (for the slowest of N: the straggler term), ``exchange`` (the
+    strategy's exchange, its optimizer step included) and their sum ``step``. None for asynchronous
+    training, whose queueing network gives a rate, not a split.
+
+    >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.01, latency=0.0, weight_bytes=1000, bandwidth=1e5)
+    >>> step_split(toy, strategy="allreduce", sync="join", workers=2)
+    {'compute': 0.1, 'wait': 0.0, 'exchange': 0.01, 'step': 0.11}
+    """
+    strategy, server, sync = modelled(strategy, server, sync)
+    if sync == "async":
+        return None
+    terms = Terms(profile, cores)
+    n = np.asarray([workers])
+    part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
+    compute = part * profile.contention_at(workers, cores=cores)
+    total = float(terms.gradient(sync, n)[0])
+    exchange = float(_declared(strategy, server, sync)(terms, n)[0])
+    split = {"compute": compute, "wait": max(total - compute, 0.0), "exchange": exchange}
+    return {key: round(value, 12) for key, value in {**split, "step": total + exchange}.items()}
 
 
 def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, workers: Sequence[int]) -> np.ndarray:

@@ -25,6 +25,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
+from scaletrain.estimate.refined import step_split
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
@@ -51,6 +52,7 @@ COLUMNS = (
     "refined_speedup",
     "thesis_error_percent",
     "refined_error_percent",
+    *(f"{source}_{part}_seconds" for part in ("compute", "wait", "exchange") for source in ("measured", "refined")),
 )
 
 
@@ -142,11 +144,14 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
 def compare(
     profile: Profile, results: list[dict[str, Any]], *, steps: int, cores: int | None, network: str
 ) -> list[dict[str, Any]]:
-    """Table rows: measured speedup (vs the median ``local`` run) beside both models' predictions."""
+    """Table rows: measured speedup (vs the median ``local`` run) beside both models' predictions, and a
+    synchronous step's parts (compute, waiting, communication) measured beside the refined model's."""
     rates: dict[tuple[str, int], list[float]] = defaultdict(list)
+    parts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in results:
         if row.get("status") == "ok":
             rates[(row["strategy"], int(row["workers"]))].append(float(row["batches_per_second"]))
+            parts[(row["strategy"], int(row["workers"]))].append(row)
     if not rates.get(("local", 1)):
         raise ConfigError("no successful local run to compare against; see the bench report for the failures")
     reference = statistics.median(rates[("local", 1)])
@@ -170,8 +175,31 @@ def compare(
             predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
             row[f"{model}_speedup"] = predicted
             row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
+        row.update(step_parts(profile, configuration, workers, parts[(label, workers)], cores=cores))
         table.append(row)
     return table
+
+
+#: a run's per-step figures (``summary.json``) → the refined model's part they are set beside
+MEASURED_PARTS = {"compute": "compute_seconds_per_step", "wait": "wait_seconds_per_step",
+                  "exchange": "communication_seconds_per_step"}  # fmt: skip
+
+
+def step_parts(
+    profile: Profile, configuration: Configuration, workers: int, runs: list[dict[str, Any]], *, cores: int | None
+) -> dict[str, float | None]:
+    """``measured_X_seconds`` (median over the runs) and ``refined_X_seconds`` for X in compute, wait,
+    exchange: a synchronous step's parts, so a wrong term shows, not only a wrong total. The measured
+    exchange is the communication alone; the predicted one holds the optimizer step too (under 1 %
+    of a step in every profile here). Asynchronous rows get None for the predicted parts."""
+    split = step_split(profile, strategy=configuration.strategy, server=configuration.server,
+                       sync=configuration.sync, workers=workers, cores=cores)  # fmt: skip
+    result: dict[str, float | None] = {}
+    for part, field_name in MEASURED_PARTS.items():
+        values = [float(run[field_name]) for run in runs if run.get(field_name) is not None]
+        result[f"measured_{part}_seconds"] = statistics.median(values) if values else None
+        result[f"refined_{part}_seconds"] = split[part] if split is not None else None
+    return result
 
 
 def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -239,4 +267,29 @@ def _markdown(profile: Profile, rows: list[dict[str, Any]], errors: dict[str, fl
         "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
         "",
     ]
+    split = _split_lines(rows)
+    lines += [*split, ""] if split else []
     return "\n".join(lines)
+
+
+def _split_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-step parts of the synchronous rows, measured against the refined model (milliseconds)."""
+    synchronous = [row for row in rows if row.get("refined_compute_seconds") is not None]
+    if not synchronous:
+        return []
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1000:.1f}"
+
+    lines = [
+        "A step's parts, measured / refined model, ms per step (the measured exchange is the communication;",
+        "the predicted one holds the optimizer step too):",
+        "",
+        "| strategy | workers | compute | wait | exchange |",
+        "|---|---|---|---|---|",
+    ]
+    for row in synchronous:
+        cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
+                 for part in ("compute", "wait", "exchange")]  # fmt: skip
+        lines.append(f"| {row['strategy']} | {row['workers']} | " + " | ".join(cells) + " |")
+    return lines
