@@ -247,19 +247,24 @@ def _sweep(name: str, sweep: dict[str, Any]) -> list[str]:
         for model, errors in sweep["errors"].items():
             lines.append(f"| {model} | " + " | ".join(_percent(value) for value in errors.values()) + " |")
     if sweep.get("ranking"):
-        lines += ["", "Strategies fastest first, measured against predicted:", ""]
+        lines += ["", "Strategies fastest first, measured against predicted (Kendall τ over the pairs whose "
+                  "measured speedups are more than 5 % apart):", ""]  # fmt: skip
         for workers, order in sweep["ranking"].items():
-            lines.append(
-                f"- {workers} workers: measured {' > '.join(order['measured'])}; refined "
-                f"{'the same order' if order['refined_same_order'] else ' > '.join(order['refined'])}; thesis "
-                f"{'the same order' if order['thesis_same_order'] else ' > '.join(order['thesis'])}"
+            taus = "; ".join(
+                f"{model} {' > '.join(order[model])} (τ {_tau(order.get(f'{model}_kendall_tau'))})"
+                for model in ("refined", "thesis")
             )
+            lines.append(f"- {workers} workers: measured {' > '.join(order['measured'])}; {taus}")
     if sweep.get("not_run"):
         missing = ", ".join(f"{item['strategy']} × {item['workers']}" for item in sweep["not_run"])
         lines += ["", f"Not run ({sweep['not_run'][0]['why']}): {missing}."]
     if sweep.get("profile_error") or sweep.get("error"):
         lines += ["", "```", str(sweep.get("profile_error") or sweep.get("error"))[-1500:], "```"]
     return [*lines, ""]
+
+
+def _tau(value: float | None) -> str:
+    return "—: no pair apart" if value is None else f"{value:+.2f}"
 
 
 def _percent(value: float | None) -> str:

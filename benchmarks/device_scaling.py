@@ -42,7 +42,7 @@ from scaletrain.estimate.models import MODELS
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.results import add_speedups, flag_outliers
 from scaletrain.measure.sweep import SweepConfig, run_sweep
-from scaletrain.measure.validate import compare
+from scaletrain.measure.validate import compare, rank_agreement
 
 STRATEGIES = ("allreduce-join", "ps-central-join", "ps-sharded-join", "ps-central-async")
 
@@ -168,7 +168,7 @@ def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Rec
         if profile is not None:
             entry["predictions"] = predictions(profile, sweep, entry["rows"], cores)
             entry["errors"] = error_summary(entry["predictions"])
-            entry["ranking"] = ranking(entry["predictions"])
+            entry["ranking"] = rank_agreement(entry["predictions"])
         recorder.save()
 
 
@@ -204,21 +204,6 @@ def error_summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         if table:
             summary[model]["all"] = statistics.mean(row[f"{model}_error_percent"] for row in table)
     return summary
-
-
-def ranking(table: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """At each worker count > 1: the strategies fastest first as measured and as each model predicts them."""
-    result = {}
-    for workers in sorted({row["workers"] for row in table if row["workers"] > 1}):
-        rows = [row for row in table if row["workers"] == workers]
-        measured = [row["strategy"] for row in sorted(rows, key=lambda row: -row["measured_speedup"])]
-        entry: dict[str, Any] = {"measured": measured}
-        for model in MODELS:
-            order = [row["strategy"] for row in sorted(rows, key=lambda row: -row[f"{model}_speedup"])]
-            entry[model] = order
-            entry[f"{model}_same_order"] = order == measured
-        result[str(workers)] = entry
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 
-__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "run_validation"]
+__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation"]
 
 DEFAULT_STRATEGIES = (
     "allreduce-join",
@@ -202,6 +202,51 @@ def step_parts(
     return result
 
 
+#: two configurations whose measured speedups differ by less than this fraction are within the noise of
+#: single runs here (±5–10 %), so their order says nothing and is not counted
+RANK_NOISE = 0.05
+
+
+def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> dict[str, dict[str, Any]]:
+    """At each worker count > 1 with two strategies or more: the strategies fastest first as measured
+    and as each model predicts them, and each model's Kendall τ against the measured order over the
+    pairs whose measured gap exceeds ``noise`` (1: every such pair in the measured order; −1: every one
+    reversed; None: no pair apart). ``X_same_order``: τ is 1 (or no pair is apart).
+
+    >>> rows = [{"workers": 2, "strategy": s, "measured_speedup": m, "thesis_speedup": t, "refined_speedup": r}
+    ...         for s, m, t, r in (("a", 1.8, 1.9, 1.7), ("b", 1.2, 1.95, 1.1), ("c", 1.19, 1.0, 1.2))]
+    >>> result = rank_agreement(rows)["2"]
+    >>> result["measured"], result["thesis_kendall_tau"], result["refined_kendall_tau"], result["pairs_apart"]
+    (['a', 'b', 'c'], 0.0, 1.0, 2)
+    """
+    result: dict[str, dict[str, Any]] = {}
+    for workers in sorted({int(row["workers"]) for row in rows if int(row["workers"]) > 1}):
+        group = [row for row in rows if int(row["workers"]) == workers]
+        if len(group) < 2:
+            continue
+        measured = [row["strategy"] for row in sorted(group, key=lambda row: -row["measured_speedup"])]
+        pairs = [
+            (first, second)
+            for index, first in enumerate(group)
+            for second in group[index + 1 :]
+            if abs(first["measured_speedup"] - second["measured_speedup"])
+            > noise * max(first["measured_speedup"], second["measured_speedup"])
+        ]
+        entry: dict[str, Any] = {"measured": measured, "pairs": len(group) * (len(group) - 1) // 2,
+                                 "pairs_apart": len(pairs)}  # fmt: skip
+        for model in MODELS:
+            entry[model] = [row["strategy"] for row in sorted(group, key=lambda row: -row[f"{model}_speedup"])]
+            signs = [
+                (a["measured_speedup"] - b["measured_speedup"]) * (a[f"{model}_speedup"] - b[f"{model}_speedup"])
+                for a, b in pairs
+            ]
+            tau = (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / len(signs) if signs else None
+            entry[f"{model}_kendall_tau"] = tau
+            entry[f"{model}_same_order"] = tau is None or tau == 1.0
+        result[str(workers)] = entry
+    return result
+
+
 def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """Mean absolute percentage error of each model over the rows."""
     return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
@@ -215,7 +260,9 @@ def write_validation(
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    result = {"rows": rows, "mean_absolute_percentage_error": errors, "profile": profile.to_json()}
+    ranking = rank_agreement(rows)
+    result = {"rows": rows, "mean_absolute_percentage_error": errors, "ranking": ranking,
+              "profile": profile.to_json()}  # fmt: skip
     (out / "validation.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
     measured = {(row["strategy"], row["workers"]): row["measured_speedup"] for row in rows}
     max_workers = max((row["workers"] for row in rows), default=1)
@@ -235,11 +282,13 @@ def write_validation(
         measured=measured,
         title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}: predicted vs measured",
     )
-    (out / "validation.md").write_text(_markdown(profile, rows, errors), encoding="utf-8")
+    (out / "validation.md").write_text(_markdown(profile, rows, errors, ranking), encoding="utf-8")
     return {**result, "picture": picture, "out": out}
 
 
-def _markdown(profile: Profile, rows: list[dict[str, Any]], errors: dict[str, float | None]) -> str:
+def _markdown(
+    profile: Profile, rows: list[dict[str, Any]], errors: dict[str, float | None], ranking: dict[str, dict[str, Any]]
+) -> str:
     lines = [
         f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
         f"{profile.network or 'loopback'}",
@@ -267,6 +316,18 @@ def _markdown(profile: Profile, rows: list[dict[str, Any]], errors: dict[str, fl
         "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
         "",
     ]
+    for workers, entry in ranking.items():
+        taus = ", ".join(
+            f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
+            else f"{model}: no pair apart"
+            for model in MODELS
+        )  # fmt: skip
+        lines.append(
+            f"{workers} workers, fastest first: measured {' > '.join(entry['measured'])}; "
+            f"refined {' > '.join(entry['refined'])}; {taus} "
+            f"(over the {entry['pairs_apart']} of {entry['pairs']} pairs more than {RANK_NOISE:.0%} apart)"
+        )
+    lines += [""] if ranking else []
     split = _split_lines(rows)
     lines += [*split, ""] if split else []
     return "\n".join(lines)
