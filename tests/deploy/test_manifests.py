@@ -267,6 +267,43 @@ def test_trainjob_names_the_runtime_and_leaves_its_variables_to_it() -> None:
     assert [box["name"] for box in node["template"]["spec"]["template"]["spec"]["containers"]] == ["node"]
 
 
+def test_trainjob_script_reads_the_runtime_variables(tmp_path: Path) -> None:
+    """The TrainJob's command under ``sh`` with what the runtime injects for numNodes=2, numProcPerNode=1: it
+    starts ``scaletrain train`` (a stand-in here, printing what it got) with the torchrun variables; without
+    the variables, or with more than one process per node, it stops with one line. The real run is in
+    ``tests/deploy/test_pods.py``."""
+    (job,) = [obj for obj in rendered("trainer", {"workers": 2}) if obj["kind"] == "TrainJob"]
+    trainer = job["spec"]["trainer"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "scaletrain"
+    stand_in.write_text('#!/bin/sh\necho "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $*"\n')
+    stand_in.chmod(0o755)
+    runtime = {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "fmnist-node-0-0.fmnist",
+        "PET_MASTER_PORT": "29500",
+    }
+
+    def start(env: dict[str, str]) -> subprocess.CompletedProcess:
+        command = [*trainer["command"], *trainer["args"]]
+        environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
+        return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=10)
+
+    started = start(runtime)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == "1 2 fmnist-node-0-0.fmnist 29500 train lenet --config /etc/scaletrain/run.toml\n"
+    for env, says in [
+        ({key: value for key, value in runtime.items() if key != "PET_NODE_RANK"}, "PET_NODE_RANK: not set"),
+        ({**runtime, "PET_NPROC_PER_NODE": "4"}, "numProcPerNode: 1"),
+    ]:
+        refused = start(env)
+        assert refused.returncode != 0 and refused.stdout == ""
+        assert len(refused.stderr.strip().splitlines()) == 1 and says in refused.stderr, refused.stderr
+
+
 @pytest.mark.parametrize(
     "break_it",
     [
@@ -394,10 +431,12 @@ def processes(obj: dict) -> int:
         return obj["spec"]["completions"]
     if obj["kind"] == "PyTorchJob":
         return sum(r["replicas"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
+    if obj["kind"] == "TrainJob":
+        return obj["spec"]["trainer"]["numNodes"] * obj["spec"]["trainer"]["numProcPerNode"]
     return sum(r["template"]["spec"]["completions"] for r in obj["spec"]["replicatedJobs"])
 
 
-@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+@pytest.mark.parametrize("operator", OPERATORS)
 def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
     objects = deploy_kubernetes_bench("lenet", image="scaletrain:cpu", name="fm", operator=operator, **GRID)
     for obj in objects:
@@ -408,7 +447,7 @@ def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
     (claim,) = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
     assert claim["metadata"]["name"] == "fm-runs"
     config_maps = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "ConfigMap"}
-    training = [obj for obj in objects if obj["kind"] in ("Job", "PyTorchJob", "JobSet")]
+    training = [obj for obj in objects if obj["kind"] in ("Job", "PyTorchJob", "JobSet", "TrainJob")]
     assert len(training) == len(config_maps) == len(CONFIGURATIONS)
     if operator == "none":
         services = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "Service"}
@@ -440,7 +479,7 @@ def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
         folders.add(folder)
         for spec in specs:
             env = {item["name"]: item["value"] for item in spec["containers"][0].get("env", [])}
-            if operator != "kubeflow":  # the training operator sets WORLD_SIZE itself
+            if operator not in ("kubeflow", "trainer"):  # the operator or runtime sets it itself
                 assert env["WORLD_SIZE"] == str(world)
             # Pod host names (<job>-<index>, <set>-<job>-0-<index>) must stay DNS labels.
             assert len(f"{obj['metadata']['name']}-worker-0-{world - 1}") <= 63

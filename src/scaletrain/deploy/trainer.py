@@ -45,7 +45,7 @@ RUNTIME_VARIABLES = {
 
 def _setup() -> tuple[str, ...]:
     """Shell lines that turn the runtime's ``PET_*`` variables into scaletrain's torchrun variables."""
-    missing = "is not set: run this pod from a TrainJob of the torch-distributed runtime"
+    missing = "not set; run this pod from a TrainJob of the torch-distributed runtime"
     lines = [f': "${{{name}:?{missing}}}"' for name in RUNTIME_VARIABLES]
     lines.append(
         'if [ "$PET_NPROC_PER_NODE" != 1 ]; then echo "PET_NPROC_PER_NODE is $PET_NPROC_PER_NODE: scaletrain '
