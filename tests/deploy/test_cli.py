@@ -88,7 +88,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--image", "x", "--resume"], "--resume"),
         (["--image", "x", "--name", "UPPER"], "--name"),
         (["--image", "x", "--operator", "kubeflow", "--min-workers", "3", "--max-workers", "2"], "--max-workers"),
-        (["--image", "x", "--operator", "trainer", "--port", "1234"], "--port"),
     ]:
         result = run_cli("deploy", "kubernetes", "lenet", "--workers", "2", *args, cwd=tmp_path)
         assert result.returncode == 2

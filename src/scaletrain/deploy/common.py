@@ -25,7 +25,6 @@ from scaletrain.parallel.strategies import Layout
 __all__ = [
     "CONFIG_DIR",
     "CONFIG_FILE",
-    "DEFAULT_PORT",
     "LONGEST_NAME",
     "OPERATORS",
     "PULL_POLICIES",
@@ -34,13 +33,11 @@ __all__ = [
     "Deployment",
     "config_map",
     "container",
-    "container_resources",
     "pod_spec",
     "pod_volumes",
     "run_toml",
     "to_yaml",
     "volume_claim",
-    "volume_mounts",
     "write_folder",
 ]
 
@@ -130,7 +127,8 @@ class DeployConfig:
             self._check_trainer()
 
     def _check_elastic(self) -> None:
-        """``--min-workers``/``--max-workers`` on their own; against ``--workers`` in :func:`check_elastic`."""
+        """``--min-workers``/``--max-workers`` on their own; :func:`scaletrain.deploy.plan` checks them against
+        ``--workers``."""
         if self.min_workers is None and self.max_workers is None:
             return
         if self.operator != "kubeflow":
@@ -324,15 +322,15 @@ def container(
         "args": args,
         "env": [{"name": key, "value": value} for key, value in {**env, "PYTHONUNBUFFERED": "1"}.items()],
         "ports": [{"name": "rendezvous", "containerPort": deploy.port, "protocol": "TCP"}],
-        "volumeMounts": volume_mounts(),
+        "volumeMounts": _volume_mounts(),
     }
-    resources = container_resources(deploy)
+    resources = _resources(deploy)
     if resources:
         spec["resources"] = resources
     return spec
 
 
-def container_resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
+def _resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
     """``--cpus``, ``--memory`` (request = limit) and ``--gpus`` of one process, in a container's shape."""
     resources: dict[str, dict[str, Any]] = {}
     if deploy.cpu_quantity:
@@ -346,7 +344,7 @@ def container_resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
     return resources
 
 
-def volume_mounts() -> list[dict[str, Any]]:
+def _volume_mounts() -> list[dict[str, Any]]:
     """The training container's mounts: the run folder's volume and the ConfigMap."""
     return [
         {"name": "runs", "mountPath": str(RUNS_DIR)},
