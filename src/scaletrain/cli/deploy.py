@@ -73,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "kubernetes-bench",
         parents=[_parser_of(bench, "bench")],
         conflict_handler="resolve",
-        help="a bench sweep: one training Job (or PyTorchJob, JobSet) per configuration, one shared volume",
+        help="a bench sweep: one training Job (or PyTorchJob, JobSet, TrainJob) per configuration, one shared volume",
         description="Render a `scaletrain bench` sweep as Kubernetes objects: one run per configuration "
         "(strategy, workers, batch size, repeat), each in its own folder /runs/NAME/runs/CONFIGURATION on "
         "one volume claim; the grid flags are those of `scaletrain bench`. Assemble the results afterwards "

@@ -33,7 +33,7 @@ __all__ = ["RUNTIME", "RUNTIME_VARIABLES", "render"]
 RUNTIME = "torch-distributed"
 #: The runtime's replicated job and its trainer container, both named ``node``.
 NODE = "node"
-#: What the runtime injects, and the torchrun variable scaletrain reads for each.
+#: What the runtime injects, and the torchrun variable scaletrain reads for each (None: only checked to be 1).
 RUNTIME_VARIABLES = {
     "PET_NODE_RANK": "RANK",
     "PET_NNODES": "WORLD_SIZE",
