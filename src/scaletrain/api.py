@@ -327,7 +327,8 @@ def deploy_kubernetes(
     """Kubernetes objects that run a training run on a cluster; written to ``out`` as a Kustomize base if given.
 
     ``settings`` are the cluster settings of :class:`scaletrain.deploy.DeployConfig` (``operator``:
-    ``none`` for an Indexed Job, ``kubeflow``, ``jobset``; ``name``, ``cpus``, ``memory``, ``gpus``,
+    ``none`` for an Indexed Job, ``kubeflow``, ``jobset``, ``trainer`` for a Kubeflow Trainer v2 TrainJob;
+    ``min_workers``/``max_workers`` for an elastic PyTorchJob; ``name``, ``cpus``, ``memory``, ``gpus``,
     ``namespace`` …) and :class:`TrainConfig` fields (``workers``, ``strategy``, ``steps`` …);
     ``None`` values count as not given. See :mod:`scaletrain.deploy`.
 

@@ -40,6 +40,21 @@ def test_stdout_is_the_api_result() -> None:
     assert objects == expected
 
 
+def test_elastic_pytorchjob_stdout_is_the_api_result() -> None:
+    result = run_cli(
+        "deploy", "kubernetes", "lenet", "--workers", "2", "--image", "scaletrain:cpu", "--operator", "kubeflow",
+        "--min-workers", "1", "--max-workers", "3", "--name", "fm",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    objects = list(yaml.safe_load_all(result.stdout))
+    expected = scaletrain.deploy_kubernetes(
+        "lenet", image="scaletrain:cpu", name="fm", operator="kubeflow", workers=2, min_workers=1, max_workers=3
+    )
+    assert objects == expected
+    (job,) = [obj for obj in objects if obj["kind"] == "PyTorchJob"]
+    assert (job["spec"]["elasticPolicy"]["minReplicas"], job["spec"]["elasticPolicy"]["maxReplicas"]) == (1, 3)
+
+
 def test_technique_options_and_flags_reach_the_pods() -> None:
     result = run_cli(
         "deploy", "kubernetes", "lenet", "--image", "scaletrain:cpu", "--technique", "prunetrain",
@@ -72,6 +87,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--image", "x", "--memory", "lots"], "--memory"),
         (["--image", "x", "--resume"], "--resume"),
         (["--image", "x", "--name", "UPPER"], "--name"),
+        (["--image", "x", "--operator", "kubeflow", "--min-workers", "3", "--max-workers", "2"], "--max-workers"),
     ]:
         result = run_cli("deploy", "kubernetes", "lenet", "--workers", "2", *args, cwd=tmp_path)
         assert result.returncode == 2

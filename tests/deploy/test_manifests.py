@@ -1,5 +1,6 @@
 """Rendered manifests: every core object validates strictly against Kubernetes 1.32's schemas, the
-PyTorchJob and JobSet against their CRDs' ``openAPIV3Schema`` (``../shared/deploy/crds``), the
+PyTorchJob (elastic too), JobSet and TrainJob against their CRDs' ``openAPIV3Schema`` (``../shared/deploy/crds``;
+the ``torch-distributed`` runtime a TrainJob names against the ClusterTrainingRuntime CRD), the
 written folder is a Kustomize base that ``kubectl kustomize`` renders, and a bench sweep renders one
 valid, uniquely named run per configuration."""
 
@@ -23,14 +24,19 @@ from tests.helpers import REPO
 from scaletrain.api import deploy_kubernetes_bench
 from scaletrain.config import load_toml
 from scaletrain.deploy import DeployConfig, plan, render, to_yaml, write_folder
+from scaletrain.deploy.trainer import RUNTIME_VARIABLES
 from scaletrain.errors import ConfigError
 
 KUBERNETES = "1.32.0"
 CRDS = REPO.parent / "shared" / "deploy" / "crds"
+RUNTIMES = REPO.parent / "shared" / "deploy" / "runtimes"
 CRD_FILES = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
     ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobset.x-k8s.io_jobsets.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
 }
+OPERATORS = ["none", "kubeflow", "jobset", "trainer"]
 #: (strategy settings, expected processes): every strategy maps onto every flavour.
 STRATEGIES = [
     ({"workers": 1}, 1),
@@ -49,6 +55,10 @@ FULL = dict(
     pull_policy="Always",
     storage_class="nfs",
 )
+
+
+def elastic(**bounds: int) -> DeployConfig:
+    return DeployConfig(name="ok", image="x", operator="kubeflow", **bounds)
 
 
 def strict(schema: Any) -> Any:
@@ -91,18 +101,27 @@ def rendered(operator: str, settings: dict, **deploy: Any) -> list[dict]:
     return render(plan("lenet", config, {"steps": 50, "batch_size": 16, **settings}))
 
 
+def trainjob_pod(obj: dict) -> dict:
+    """The pod spec a TrainJob patches into its runtime's replicated job ``node``."""
+    (patch,) = obj["spec"]["runtimePatches"]
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    return job["template"]["spec"]["template"]["spec"]
+
+
 def pod_specs(obj: dict) -> list[dict]:
-    """Every pod template's spec inside a Job, PyTorchJob, JobSet or Deployment."""
+    """Every pod template's spec inside a Job, PyTorchJob, JobSet or Deployment (a TrainJob's pod patch)."""
     if obj["kind"] in ("Job", "Deployment"):
         return [obj["spec"]["template"]["spec"]]
     if obj["kind"] == "PyTorchJob":
         return [r["template"]["spec"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
     if obj["kind"] == "JobSet":
         return [r["template"]["spec"]["template"]["spec"] for r in obj["spec"]["replicatedJobs"]]
+    if obj["kind"] == "TrainJob":
+        return [trainjob_pod(obj)]
     return []
 
 
-@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+@pytest.mark.parametrize("operator", OPERATORS)
 @pytest.mark.parametrize(
     ("settings", "processes"),
     STRATEGIES,
@@ -123,6 +142,8 @@ def test_every_object_validates(operator: str, settings: dict, processes: int) -
             counted += sum(r["replicas"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
         elif obj["kind"] == "JobSet":
             counted += sum(r["template"]["spec"]["completions"] for r in obj["spec"]["replicatedJobs"])
+        elif obj["kind"] == "TrainJob":
+            counted += obj["spec"]["trainer"]["numNodes"] * obj["spec"]["trainer"]["numProcPerNode"]
     assert counted == processes
 
 
@@ -205,6 +226,126 @@ def test_rendezvous_names() -> None:
         assert spec["containers"][0]["ports"][0]["name"] == "pytorchjob-port"
 
 
+def test_trainjob_names_the_runtime_and_leaves_its_variables_to_it() -> None:
+    """A TrainJob of the torch-distributed runtime: one node per process, the runtime's job and container
+    patched with the volume and placement, none of the variables the runtime reserves set here."""
+    placement = {key: value for key, value in FULL.items() if key != "pull_policy"}  # no TrainJob field for it
+    objects = rendered("trainer", {"workers": 2, "strategy": "ps", "server": "central", "sync": "join"}, **placement)
+    for obj in objects:
+        validate(obj)
+        assert obj["metadata"]["namespace"] == "ml"
+    (job,) = [obj for obj in objects if obj["kind"] == "TrainJob"]
+    spec = job["spec"]
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
+    trainer = spec["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (3, 1)  # 2 workers and the central server
+    assert trainer["image"] == "registry.example.com/scaletrain:0.1"
+    assert trainer["resourcesPerNode"] == {
+        "requests": {"cpu": "1500m", "memory": "3Gi"},
+        "limits": {"cpu": "1500m", "memory": "3Gi", "nvidia.com/gpu": 1},
+    }
+    assert trainer["args"] == ["lenet", "--config", "/etc/scaletrain/run.toml"]
+    # Trainer's torch plugin refuses a TrainJob that sets these (constants.TorchRunReservedEnvNames)
+    assert not {item["name"] for item in trainer["env"]} & set(RUNTIME_VARIABLES)
+    pod = trainjob_pod(job)
+    assert pod["nodeSelector"] == {"cloud.example.com/pool": "training"} and pod["serviceAccountName"] == "trainer"
+    assert {v["name"]: v for v in pod["volumes"]}["runs"]["persistentVolumeClaim"]["claimName"] == "fmnist-runs"
+    assert [box["name"] for box in pod["containers"]] == ["node"]
+
+    # The runtime it names validates against its own CRD and has the job and container the patch targets.
+    runtime = yaml.safe_load((RUNTIMES / "torch_distributed.yaml").read_text())
+    crd_validator(runtime["apiVersion"], runtime["kind"]).validate(runtime)
+    assert runtime["metadata"]["name"] == spec["runtimeRef"]["name"] and "torch" in runtime["spec"]["mlPolicy"]
+    (node,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node" and node["template"]["metadata"]["labels"] == {
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"  # the container the runtime gives PET_*
+    }
+    assert [box["name"] for box in node["template"]["spec"]["template"]["spec"]["containers"]] == ["node"]
+
+
+def test_trainjob_script_reads_the_runtime_variables(tmp_path: Path) -> None:
+    """The TrainJob's command under ``sh`` with what the runtime injects for numNodes=2, numProcPerNode=1: it
+    starts ``scaletrain train`` (a stand-in here, printing what it got) with the torchrun variables; without
+    the variables, or with more than one process per node, it stops with one line. The real run is in
+    ``tests/deploy/test_pods.py``."""
+    (job,) = [obj for obj in rendered("trainer", {"workers": 2}) if obj["kind"] == "TrainJob"]
+    trainer = job["spec"]["trainer"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "scaletrain"
+    stand_in.write_text('#!/bin/sh\necho "$RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $*"\n')
+    stand_in.chmod(0o755)
+    runtime = {
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "fmnist-node-0-0.fmnist",
+        "PET_MASTER_PORT": "29500",
+    }
+
+    def start(env: dict[str, str]) -> subprocess.CompletedProcess:
+        command = [*trainer["command"], *trainer["args"]]
+        environment = {"PATH": f"{bin_dir}:/usr/bin:/bin", **env}
+        return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=10)
+
+    started = start(runtime)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == "1 2 fmnist-node-0-0.fmnist 29500 train lenet --config /etc/scaletrain/run.toml\n"
+    for env, says in [
+        ({key: value for key, value in runtime.items() if key != "PET_NODE_RANK"}, "PET_NODE_RANK: not set"),
+        ({**runtime, "PET_NPROC_PER_NODE": "4"}, "numProcPerNode: 1"),
+    ]:
+        refused = start(env)
+        assert refused.returncode != 0 and refused.stdout == ""
+        assert len(refused.stderr.strip().splitlines()) == 1 and says in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize(
+    "break_it",
+    [
+        lambda spec: spec["runtimeRef"].pop("name"),
+        lambda spec: spec["runtimeRef"].update(name=""),
+        lambda spec: spec["trainer"].update(numNodes="2"),
+        lambda spec: spec["trainer"].update(numProcPerNode="auto"),
+        lambda spec: spec.pop("runtimeRef"),
+    ],
+    ids=["no-runtime-name", "empty-runtime-name", "numNodes-string", "numProcPerNode-auto", "no-runtimeRef"],
+)
+def test_validation_rejects_a_broken_trainjob(break_it) -> None:
+    (job,) = [obj for obj in rendered("trainer", {"workers": 2}) if obj["kind"] == "TrainJob"]
+    validate(job)
+    break_it(job["spec"])
+    with pytest.raises(jsonschema.ValidationError):
+        validate(job)
+
+
+def test_elastic_pytorchjob() -> None:
+    """``--min-workers``: Worker replicas only, started by torchrun, and the elasticPolicy the operator reads
+    (its bounds count the central server's pod too)."""
+    settings = {"workers": 3, "strategy": "ps", "server": "central", "sync": "async"}
+    objects = rendered("kubeflow", settings, min_workers=2, max_workers=4)
+    for obj in objects:
+        validate(obj)
+    (job,) = [obj for obj in objects if obj["kind"] == "PyTorchJob"]
+    spec = job["spec"]
+    assert spec["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 3, "maxReplicas": 5, "maxRestarts": 3}
+    assert spec["nprocPerNode"] == "1"
+    assert list(spec["pytorchReplicaSpecs"]) == ["Worker"] and spec["pytorchReplicaSpecs"]["Worker"]["replicas"] == 4
+    (box,) = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert box["command"][:4] == ["torchrun", "--no-python", "sh", "-c"]
+    assert box["ports"] == [{"name": "pytorchjob-port", "containerPort": 29500, "protocol": "TCP"}]
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR"} & {item["name"] for item in box["env"]}
+    (default,) = [obj for obj in rendered("kubeflow", {"workers": 2}, min_workers=1) if obj["kind"] == "PyTorchJob"]
+    assert default["spec"]["elasticPolicy"]["maxReplicas"] == 2  # --max-workers defaults to --workers
+    spec["elasticPolicy"]["minReplica"] = 2  # the check can fail: a misspelt field is refused
+    with pytest.raises(jsonschema.ValidationError):
+        validate(job)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -215,6 +356,21 @@ def test_rendezvous_names() -> None:
         (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"nodefile": Path("n")}), "nodefile"),
         (lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"workers": 2, "sync": "async"}), "is synchronous"),
         (lambda: plan("nope", DeployConfig(name="ok", image="x"), {}), "unknown workload"),
+        (lambda: DeployConfig(name="ok", image="x", min_workers=2), "add --operator kubeflow"),
+        (lambda: DeployConfig(name="ok", image="x", operator="kubeflow", min_workers=0), "--min-workers must be ≥ 1"),
+        (lambda: DeployConfig(name="ok", image="x", operator="kubeflow", max_workers=2), "needs --min-workers"),
+        (
+            lambda: DeployConfig(name="ok", image="x", operator="kubeflow", min_workers=3, max_workers=2),
+            "--max-workers 2 is below --min-workers 3",
+        ),
+        (lambda: plan("lenet", elastic(min_workers=3), {"workers": 2}), "--min-workers 3 is above --workers 2"),
+        (
+            lambda: plan("lenet", elastic(min_workers=1, max_workers=1), {"workers": 2}),
+            "--max-workers 1 is below --workers 2",
+        ),
+        (lambda: DeployConfig(name="ok", image="x", operator="trainer", port=1234), "--port cannot be set"),
+        (lambda: DeployConfig(name="ok", image="x", operator="trainer", pull_policy="Always"), "--pull-policy"),
+        (lambda: DeployConfig(name="ok", image="x", operator="trainer", max_restarts=5), "--max-restarts"),
     ],
 )
 def test_bad_input_names_the_fix(change, message: str) -> None:
@@ -236,7 +392,7 @@ def test_folder_is_a_kustomize_base(tmp_path: Path) -> None:
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
-@pytest.mark.parametrize("operator", ["none", "jobset", "kubeflow"])
+@pytest.mark.parametrize("operator", OPERATORS)
 def test_validation_catches_a_misspelt_field(operator: str) -> None:
     """The checks above can fail: a field the schema does not know is refused, in core objects and in CRDs."""
     objects = rendered(operator, {"workers": 2})
@@ -275,10 +431,12 @@ def processes(obj: dict) -> int:
         return obj["spec"]["completions"]
     if obj["kind"] == "PyTorchJob":
         return sum(r["replicas"] for r in obj["spec"]["pytorchReplicaSpecs"].values())
+    if obj["kind"] == "TrainJob":
+        return obj["spec"]["trainer"]["numNodes"] * obj["spec"]["trainer"]["numProcPerNode"]
     return sum(r["template"]["spec"]["completions"] for r in obj["spec"]["replicatedJobs"])
 
 
-@pytest.mark.parametrize("operator", ["none", "kubeflow", "jobset"])
+@pytest.mark.parametrize("operator", OPERATORS)
 def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
     objects = deploy_kubernetes_bench("lenet", image="scaletrain:cpu", name="fm", operator=operator, **GRID)
     for obj in objects:
@@ -289,7 +447,7 @@ def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
     (claim,) = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
     assert claim["metadata"]["name"] == "fm-runs"
     config_maps = {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == "ConfigMap"}
-    training = [obj for obj in objects if obj["kind"] in ("Job", "PyTorchJob", "JobSet")]
+    training = [obj for obj in objects if obj["kind"] in ("Job", "PyTorchJob", "JobSet", "TrainJob")]
     assert len(training) == len(config_maps) == len(CONFIGURATIONS)
     if operator == "none":
         services = {obj["metadata"]["name"] for obj in objects if obj["kind"] == "Service"}
@@ -321,7 +479,7 @@ def test_sweep_is_one_valid_run_per_configuration(operator: str) -> None:
         folders.add(folder)
         for spec in specs:
             env = {item["name"]: item["value"] for item in spec["containers"][0].get("env", [])}
-            if operator != "kubeflow":  # the training operator sets WORLD_SIZE itself
+            if operator not in ("kubeflow", "trainer"):  # the operator or runtime sets it itself
                 assert env["WORLD_SIZE"] == str(world)
             # Pod host names (<job>-<index>, <set>-<job>-0-<index>) must stay DNS labels.
             assert len(f"{obj['metadata']['name']}-worker-0-{world - 1}") <= 63

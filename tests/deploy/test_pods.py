@@ -1,8 +1,8 @@
 """The pods' contract, for real: the rendered pods run as containers of the image that
 ``scripts/build-image.sh`` builds, each with exactly its pod spec's command, args, environment and
 mounts plus what Kubernetes or the operator injects (``JOB_COMPLETION_INDEX``; the PyTorchJob
-operator's ``MASTER_ADDR``, ``RANK`` …; host names and DNS names on a podman network; restarts for
-``restartPolicy: OnFailure``).
+operator's ``MASTER_ADDR``, ``RANK`` …; the Kubeflow Trainer ``torch-distributed`` runtime's ``PET_*``;
+host names and DNS names on a podman network; restarts for ``restartPolicy: OnFailure``).
 
 The volume claim is a host folder (the tests put the tiny dataset on it, as a user would on theirs)
 and the ConfigMap's files a read-only folder. Needs root, podman, runc and mmdebstrap; CI installs them.
@@ -174,6 +174,44 @@ def kubeflow_pods(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], d
     return pods
 
 
+def trainjob_pods(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The TrainJob's pods as Kubeflow Trainer v2.3.0 builds them from the ``torch-distributed`` runtime: a
+    JobSet named after the TrainJob with the replicated job ``node`` (pods ``<job>-node-0-<i>`` under the
+    subdomain ``<job>``, restartPolicy defaulted to OnFailure by JobSet), the trainer's command, args, env
+    and resourcesPerNode in container ``node``, the runtime patch's volumes and mounts, and the variables
+    the torch plugin injects (``pkg/runtime/framework/plugins/torch/torch.go``): ``PET_NNODES`` = numNodes,
+    ``PET_NPROC_PER_NODE`` = numProcPerNode, ``PET_NODE_RANK`` = the completion index, ``PET_MASTER_ADDR`` =
+    ``<job>-node-0-0.<job>``, ``PET_MASTER_PORT`` = 29500 (``constants.ContainerTrainerPort``)."""
+    (job,) = [obj for obj in objects if obj["kind"] == "TrainJob"]
+    name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
+    (patch,) = job["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    patched = node["template"]["spec"]["template"]["spec"]
+    (mounts,) = patched["containers"]
+    box = {
+        "name": "node",
+        "command": trainer["command"],
+        "args": trainer["args"],
+        "env": trainer.get("env", []),
+        "resources": trainer.get("resourcesPerNode", {}),
+        "volumeMounts": mounts["volumeMounts"],
+    }
+    spec = {"restartPolicy": "OnFailure", "containers": [box], "volumes": patched["volumes"]}
+    pods = []
+    for index in range(trainer["numNodes"]):
+        host = f"{name}-node-0-{index}"
+        injected = {
+            "JOB_COMPLETION_INDEX": str(index),
+            "PET_NNODES": str(trainer["numNodes"]),
+            "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
+            "PET_MASTER_PORT": "29500",
+        }
+        pods.append((spec, {"hostname": host, "dns_name": f"{host}.{name}", "injected": injected}))
+    return pods
+
+
 def job_pods(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], int, str]:
     (job,) = [obj for obj in objects if obj["kind"] == "Job"]
     return job["spec"]["template"]["spec"], job["spec"]["completions"], job["metadata"]["name"]
@@ -236,6 +274,21 @@ def test_indexed_job_allreduce_equals_a_local_run_and_survives_a_killed_pod(
     finally:
         cluster.remove()
     assert_same_weights(volume / "fm-kf" / "model.pt", run / "model.pt")
+
+    # And as a Kubeflow Trainer v2 TrainJob, with what the torch-distributed runtime injects (numNodes=2,
+    # numProcPerNode=1): the same weights again.
+    objects = deploy_kubernetes(
+        "lenet", image=image, name="fm-tj", operator="trainer", cpus=1, workers=2, steps=steps, **TRAINING
+    )
+    cluster = Cluster(image, network, volume, objects, tmp_path / "tj")
+    try:
+        pods = trainjob_pods(objects)
+        assert [pod["injected"]["PET_NNODES"] for _, pod in pods] == ["2", "2"]
+        names = [cluster.run_pod(spec, **pod) for spec, pod in pods]
+        cluster.wait(names, deadline=240)
+    finally:
+        cluster.remove()
+    assert_same_weights(volume / "fm-tj" / "model.pt", run / "model.pt")
 
     # Kill one pod after a checkpoint: the restarted pods resume from the volume and end with the same weights.
     cluster, names = run_job(image, network, volume, tmp_path / "b", "fm-kill", workers=2, steps=steps)

@@ -40,11 +40,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         parents=[_parser_of(train, "train")],
         conflict_handler="resolve",  # --out names the manifests' folder here
         argument_default=None,
-        help="Indexed Job, Kubeflow PyTorchJob or JobSet, with volume, ConfigMap and TensorBoard",
+        help="Indexed Job, Kubeflow PyTorchJob, JobSet or Kubeflow Trainer TrainJob, with volume, ConfigMap and "
+        "TensorBoard",
         description="Render a training run as Kubernetes objects; the training flags are those of "
-        "`scaletrain train`. Apply with `kubectl apply -f -` (stdout) or `kubectl apply -k OUT`.",
+        "`scaletrain train`. Apply with `kubectl apply -f -` (stdout) or `kubectl apply -k OUT`. "
+        "--operator: none = Indexed Job + headless Service; kubeflow = PyTorchJob (kubeflow.org/v1, the "
+        "training operator); jobset = JobSet; trainer = Kubeflow Trainer v2 TrainJob naming the "
+        "torch-distributed ClusterTrainingRuntime (its PET_* variables give each pod its rank). "
+        "See docs/deployment.md.",
     )
     cluster = _add_cluster_flags(kube, default_name="scaletrain-WORKLOAD")
+    cluster.add_argument(
+        "--min-workers",
+        type=int,
+        help="with --operator kubeflow: an elastic PyTorchJob (elasticPolicy minReplicas, torchrun's c10d "
+        "rendezvous; pods start under torchrun). scaletrain still trains with exactly --workers: a lost "
+        "worker makes torchrun restart every process from the last checkpoint; training on with fewer "
+        "is not built",
+    )
+    cluster.add_argument(
+        "--max-workers", type=int, help="with --min-workers: the elasticPolicy's maxReplicas (default --workers)"
+    )
     cluster.add_argument(
         "--no-tensorboard-deployment",
         dest="tensorboard_deployment",
@@ -57,7 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "kubernetes-bench",
         parents=[_parser_of(bench, "bench")],
         conflict_handler="resolve",
-        help="a bench sweep: one training Job (or PyTorchJob, JobSet) per configuration, one shared volume",
+        help="a bench sweep: one training Job (or PyTorchJob, JobSet, TrainJob) per configuration, one shared volume",
         description="Render a `scaletrain bench` sweep as Kubernetes objects: one run per configuration "
         "(strategy, workers, batch size, repeat), each in its own folder /runs/NAME/runs/CONFIGURATION on "
         "one volume claim; the grid flags are those of `scaletrain bench`. Assemble the results afterwards "
@@ -72,7 +88,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _add_cluster_flags(parser: argparse.ArgumentParser, *, default_name: str) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("cluster")
     group.add_argument("--image", required=True, help="container image with scaletrain (scripts/build-image.sh)")
-    group.add_argument("--operator", choices=OPERATORS, default="none", help="none: Indexed Job (default)")
+    group.add_argument(
+        "--operator",
+        choices=OPERATORS,
+        default="none",
+        help="none: Indexed Job (default); kubeflow: PyTorchJob; jobset: JobSet; trainer: Kubeflow Trainer v2 TrainJob",
+    )
     group.add_argument("--name", help=f"name of the objects and of the run folder /runs/NAME (default {default_name})")
     group.add_argument(
         "--out", type=Path, help="write one file per object and kustomization.yaml here (default stdout)"
@@ -89,9 +110,11 @@ def _add_cluster_flags(parser: argparse.ArgumentParser, *, default_name: str) ->
     group.add_argument("--volume-size", help="size of the run folder's volume claim (default 5Gi)")
     group.add_argument("--storage-class", help="storage class of the volume claim")
     group.add_argument("--access-mode", help="volume access mode (default ReadWriteMany: pods on many nodes)")
-    group.add_argument("--port", type=int, help="rendezvous port (default 29500)")
+    group.add_argument("--port", type=int, help="rendezvous port (default 29500; a TrainJob's runtime fixes it)")
     group.add_argument(
-        "--max-restarts", type=int, help="restarts from the last checkpoint before giving up (default 3)"
+        "--max-restarts",
+        type=int,
+        help="restarts from the last checkpoint before giving up (default 3; a TrainJob's runtime decides its own)",
     )
     return group
 
@@ -145,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
         config_file=args.config,
         out=args.out,
         tensorboard_deployment=args.tensorboard_deployment,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
         **_placement(args),
         **training,
     )

@@ -1,5 +1,5 @@
-"""Deploying a training run to Kubernetes: manifests in three flavours (see :mod:`.job`, :mod:`.kubeflow`,
-:mod:`.jobset`), sharing the run folder's volume claim, the run configuration as a ConfigMap and
+"""Deploying a training run to Kubernetes: manifests in four flavours (see :mod:`.job`, :mod:`.kubeflow`,
+:mod:`.jobset`, :mod:`.trainer`), sharing the run folder's volume claim, the run configuration as a ConfigMap and
 TensorBoard (:mod:`.common`); a bench sweep as one run per configuration on one volume (:mod:`.sweep`).
 
     >>> from scaletrain.deploy import DeployConfig, plan, render
@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from scaletrain.config import TrainConfig, load_toml, merge
-from scaletrain.deploy import job, jobset, kubeflow
+from scaletrain.deploy import job, jobset, kubeflow, trainer
 from scaletrain.deploy.common import (
     OPERATORS,
     DeployConfig,
@@ -33,7 +33,7 @@ from scaletrain.workloads import create_workload, workload_label
 
 __all__ = ["OPERATORS", "DeployConfig", "Deployment", "kubernetes", "plan", "render", "to_yaml", "write_folder"]
 
-FLAVOURS = {"none": job, "kubeflow": kubeflow, "jobset": jobset}
+FLAVOURS = {"none": job, "kubeflow": kubeflow, "jobset": jobset, "trainer": trainer}
 #: Training settings that make no sense in pods: the deployment decides them.
 _DECIDED_HERE = {
     "out": "the run folder is /runs/NAME on the volume claim",
@@ -79,7 +79,21 @@ def plan(
     refuse_unread(expand_spec(given))  # the pods' own check, before anything is written
     train = TrainConfig(workload=workload, **expand_spec(given))
     layout = Layout(train.strategy, train.workers, train.server, train.sync)
+    _check_elastic(deploy, train.workers)
     return Deployment(deploy, train, given, layout, sweep=sweep, folder=folder)
+
+
+def _check_elastic(deploy: DeployConfig, workers: int) -> None:
+    """``--min-workers`` ≤ ``--workers`` ≤ ``--max-workers``: the job starts ``--workers`` pods."""
+    if deploy.min_workers is not None and deploy.min_workers > workers:
+        raise ConfigError(
+            f"--min-workers {deploy.min_workers} is above --workers {workers}, the pods the job starts; "
+            f"give MIN ≤ {workers} or more --workers"
+        )
+    if deploy.max_workers is not None and deploy.max_workers < workers:
+        raise ConfigError(
+            f"--max-workers {deploy.max_workers} is below --workers {workers}; give MAX ≥ {workers} or leave it out"
+        )
 
 
 def render(run: Deployment) -> list[dict[str, Any]]:

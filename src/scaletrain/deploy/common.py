@@ -34,13 +34,14 @@ __all__ = [
     "config_map",
     "container",
     "pod_spec",
+    "pod_volumes",
     "run_toml",
     "to_yaml",
     "volume_claim",
     "write_folder",
 ]
 
-OPERATORS = ("none", "kubeflow", "jobset")
+OPERATORS = ("none", "kubeflow", "jobset", "trainer")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 #: Where the run folder's volume is mounted in every pod; the run itself is ``RUNS_DIR/<name>``.
 RUNS_DIR = PurePosixPath("/runs")
@@ -48,6 +49,7 @@ CONFIG_DIR = PurePosixPath("/etc/scaletrain")
 CONFIG_FILE = "run.toml"
 #: Where the image's virtual environment puts ``scaletrain`` and ``tensorboard`` (see Dockerfile).
 DEFAULT_PORT = 29500
+DEFAULT_MAX_RESTARTS = 3
 TENSORBOARD_PORT = 6006
 #: The longest ``--name``: ``<name>-tensorboard`` must still be a DNS label (63 characters).
 LONGEST_NAME = 63 - len("-tensorboard")
@@ -63,7 +65,8 @@ class DeployConfig:
 
     ``name`` names every object (the Job, Service, ConfigMap, volume claim …) and the run folder
     ``/runs/<name>`` on the volume. ``max_restarts`` bounds how often a failed run is restarted
-    from its last checkpoint.
+    from its last checkpoint. ``min_workers`` (and ``max_workers``, default ``--workers``) ask the
+    Kubeflow training operator for an elastic PyTorchJob (see :mod:`scaletrain.deploy.kubeflow`).
 
     >>> DeployConfig(name="lenet-ar", image="scaletrain:cpu", cpus=2).cpu_quantity
     '2'
@@ -83,8 +86,10 @@ class DeployConfig:
     storage_class: str | None = None
     access_mode: str = "ReadWriteMany"
     port: int = DEFAULT_PORT
-    max_restarts: int = 3
+    max_restarts: int = DEFAULT_MAX_RESTARTS
     tensorboard_deployment: bool = True
+    min_workers: int | None = None
+    max_workers: int | None = None
 
     def __post_init__(self) -> None:
         longest = LONGEST_NAME
@@ -117,6 +122,47 @@ class DeployConfig:
             raise ConfigError(f"--port {self.port} is not a valid TCP port")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be ≥ 0, got {self.max_restarts}")
+        self._check_elastic()
+        if self.operator == "trainer":
+            self._check_trainer()
+
+    def _check_elastic(self) -> None:
+        """``--min-workers``/``--max-workers`` on their own; :func:`scaletrain.deploy.plan` checks them against
+        ``--workers``."""
+        if self.min_workers is None and self.max_workers is None:
+            return
+        if self.operator != "kubeflow":
+            raise ConfigError(
+                "--min-workers/--max-workers write a PyTorchJob's elasticPolicy: add --operator kubeflow, "
+                "or leave them out"
+            )
+        if self.min_workers is None:
+            raise ConfigError("--max-workers needs --min-workers too (the elastic PyTorchJob's minReplicas)")
+        if self.min_workers < 1:
+            raise ConfigError(f"--min-workers must be ≥ 1, got {self.min_workers}")
+        if self.max_workers is not None and self.max_workers < self.min_workers:
+            raise ConfigError(
+                f"--max-workers {self.max_workers} is below --min-workers {self.min_workers}; give MIN ≤ MAX"
+            )
+
+    def _check_trainer(self) -> None:
+        """What a TrainJob has no field for: the ClusterTrainingRuntime decides it."""
+        if self.port != DEFAULT_PORT:
+            raise ConfigError(
+                f"--port cannot be set with --operator trainer: the torch-distributed runtime sets "
+                f"PET_MASTER_PORT={DEFAULT_PORT} itself; leave --port out"
+            )
+        if self.pull_policy != "IfNotPresent":
+            raise ConfigError(
+                "--pull-policy cannot be set with --operator trainer: a TrainJob has no field for it "
+                "(the runtime's pod template decides); leave it out"
+            )
+        if self.max_restarts != DEFAULT_MAX_RESTARTS:
+            raise ConfigError(
+                "--max-restarts cannot be set with --operator trainer: the ClusterTrainingRuntime decides "
+                "restarts (torch-distributed: pods restart OnFailure, up to the Job's default backoffLimit "
+                "of 6); leave it out"
+            )
 
     @property
     def cpu_quantity(self) -> str | None:
@@ -234,9 +280,10 @@ def volume_claim(run: Deployment) -> dict[str, Any]:
     }
 
 
-def _start_script(run: Deployment, first_rank: int | None) -> str:
-    """The pod's ``sh -c`` script: rank from the Job's completion index, ``--resume`` once a checkpoint exists."""
-    lines = []
+def _start_script(run: Deployment, first_rank: int | None, setup: list[str]) -> str:
+    """The pod's ``sh -c`` script: rank from the Job's completion index (or ``setup``'s lines, which run
+    first), ``--resume`` once a checkpoint exists."""
+    lines = list(setup)
     if first_rank is not None:
         # Kubernetes sets JOB_COMPLETION_INDEX in the pods of an Indexed Job.
         rank = "$JOB_COMPLETION_INDEX" if first_rank == 0 else f"$((JOB_COMPLETION_INDEX + {first_rank}))"
@@ -248,14 +295,43 @@ def _start_script(run: Deployment, first_rank: int | None) -> str:
     return "\n".join(lines)
 
 
-def container(run: Deployment, env: dict[str, str], *, name: str = "scaletrain", first_rank: int | None) -> dict:
+def container(
+    run: Deployment,
+    env: dict[str, str],
+    *,
+    name: str = "scaletrain",
+    first_rank: int | None,
+    setup: tuple[str, ...] = (),
+    launcher: tuple[str, ...] = (),
+) -> dict:
     """The training container: the start script, the run's arguments, resources and volume mounts.
 
     ``env`` holds the rendezvous variables this flavour sets itself; ``first_rank`` is the rank of
-    completion index 0 when the rank comes from an Indexed Job (``None`` when an operator sets ``RANK``).
+    completion index 0 when the rank comes from an Indexed Job (``None`` when an operator sets ``RANK``
+    or ``setup``, shell lines run first, does). ``launcher`` is a command that runs the start script
+    (``torchrun --no-python`` for an elastic PyTorchJob), so that each of its restarts checks for a
+    checkpoint again.
     """
     deploy = run.deploy
     args = [run.train.workload, "--config", str(CONFIG_DIR / CONFIG_FILE)]
+    spec: dict[str, Any] = {
+        "name": name,
+        "image": deploy.image,
+        "imagePullPolicy": deploy.pull_policy,
+        "command": [*launcher, "sh", "-c", _start_script(run, first_rank, list(setup)), "scaletrain"],
+        "args": args,
+        "env": [{"name": key, "value": value} for key, value in {**env, "PYTHONUNBUFFERED": "1"}.items()],
+        "ports": [{"name": "rendezvous", "containerPort": deploy.port, "protocol": "TCP"}],
+        "volumeMounts": _volume_mounts(),
+    }
+    resources = _resources(deploy)
+    if resources:
+        spec["resources"] = resources
+    return spec
+
+
+def _resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
+    """``--cpus``, ``--memory`` (request = limit) and ``--gpus`` of one process, in a container's shape."""
     resources: dict[str, dict[str, Any]] = {}
     if deploy.cpu_quantity:
         resources.setdefault("requests", {})["cpu"] = deploy.cpu_quantity
@@ -265,22 +341,22 @@ def container(run: Deployment, env: dict[str, str], *, name: str = "scaletrain",
         resources.setdefault("limits", {})["memory"] = deploy.memory
     if deploy.gpus:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = deploy.gpus
-    spec: dict[str, Any] = {
-        "name": name,
-        "image": deploy.image,
-        "imagePullPolicy": deploy.pull_policy,
-        "command": ["sh", "-c", _start_script(run, first_rank), "scaletrain"],
-        "args": args,
-        "env": [{"name": key, "value": value} for key, value in {**env, "PYTHONUNBUFFERED": "1"}.items()],
-        "ports": [{"name": "rendezvous", "containerPort": deploy.port, "protocol": "TCP"}],
-        "volumeMounts": [
-            {"name": "runs", "mountPath": str(RUNS_DIR)},
-            {"name": "config", "mountPath": str(CONFIG_DIR), "readOnly": True},
-        ],
-    }
-    if resources:
-        spec["resources"] = resources
-    return spec
+    return resources
+
+
+def _volume_mounts() -> list[dict[str, Any]]:
+    """The training container's mounts: the run folder's volume and the ConfigMap."""
+    return [
+        {"name": "runs", "mountPath": str(RUNS_DIR)},
+        {"name": "config", "mountPath": str(CONFIG_DIR), "readOnly": True},
+    ]
+
+
+def pod_volumes(run: Deployment) -> list[dict[str, Any]]:
+    return [
+        {"name": "runs", "persistentVolumeClaim": {"claimName": run.claim_name}},
+        {"name": "config", "configMap": {"name": f"{run.deploy.name}-config"}},
+    ]
 
 
 def pod_spec(run: Deployment, containers: list[dict], *, restart_policy: str) -> dict[str, Any]:
@@ -288,10 +364,7 @@ def pod_spec(run: Deployment, containers: list[dict], *, restart_policy: str) ->
     spec: dict[str, Any] = {
         "restartPolicy": restart_policy,
         "containers": containers,
-        "volumes": [
-            {"name": "runs", "persistentVolumeClaim": {"claimName": run.claim_name}},
-            {"name": "config", "configMap": {"name": f"{deploy.name}-config"}},
-        ],
+        "volumes": pod_volumes(run),
     }
     if deploy.node_selector:
         spec["nodeSelector"] = dict(deploy.node_selector)
