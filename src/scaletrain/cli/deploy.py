@@ -19,7 +19,8 @@ from typing import Any
 from scaletrain.api import deploy_kubernetes, deploy_kubernetes_bench
 from scaletrain.cli import bench, train
 from scaletrain.config import TrainConfig
-from scaletrain.deploy.common import OPERATORS, PULL_POLICIES, to_yaml
+from scaletrain.deploy.common import OPERATORS, PULL_POLICIES
+from scaletrain.deploy.output import to_yaml
 from scaletrain.errors import ConfigError
 
 __all__ = ["add_parser", "run", "run_bench"]

@@ -21,11 +21,10 @@ from scaletrain.deploy.common import (
     DeployConfig,
     Deployment,
     config_map,
-    tensorboard,
-    to_yaml,
     volume_claim,
-    write_folder,
 )
+from scaletrain.deploy.output import to_yaml, write_folder
+from scaletrain.deploy.tensorboard import tensorboard
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.run import refuse_unread
 from scaletrain.parallel.strategies import Layout, expand_spec

@@ -1,5 +1,6 @@
 """What every Kubernetes flavour shares: the deployment settings, the pod's container, the run folder's
-volume, the configuration as a ConfigMap, TensorBoard, and writing the objects out.
+volume and the configuration as a ConfigMap (TensorBoard: :mod:`.tensorboard`; writing the objects out:
+:mod:`.output`).
 
 Objects are plain dicts in the Kubernetes API's own shape, dumped with PyYAML. A pod runs
 ``scaletrain train WORKLOAD --config /etc/scaletrain/run.toml`` (the run configuration comes from a
@@ -13,10 +14,8 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
-
-import yaml
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
@@ -36,9 +35,7 @@ __all__ = [
     "pod_spec",
     "pod_volumes",
     "run_toml",
-    "to_yaml",
     "volume_claim",
-    "write_folder",
 ]
 
 OPERATORS = ("none", "kubeflow", "jobset", "trainer")
@@ -50,7 +47,6 @@ CONFIG_FILE = "run.toml"
 #: Where the image's virtual environment puts ``scaletrain`` and ``tensorboard`` (see Dockerfile).
 DEFAULT_PORT = 29500
 DEFAULT_MAX_RESTARTS = 3
-TENSORBOARD_PORT = 6006
 #: The longest ``--name``: ``<name>-tensorboard`` must still be a DNS label (63 characters).
 LONGEST_NAME = 63 - len("-tensorboard")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -371,89 +367,3 @@ def pod_spec(run: Deployment, containers: list[dict], *, restart_policy: str) ->
     if deploy.service_account:
         spec["serviceAccountName"] = deploy.service_account
     return spec
-
-
-def tensorboard(run: Deployment) -> list[dict[str, Any]]:
-    """A TensorBoard Deployment reading the run folder on the shared volume, and its Service."""
-    deploy = run.deploy
-    name = f"{deploy.name}-tensorboard"
-    labels = run.labels("tensorboard")
-    board = {
-        "name": "tensorboard",
-        "image": deploy.image,
-        "imagePullPolicy": deploy.pull_policy,
-        "command": ["tensorboard", "--logdir", str(run.run_dir), "--bind_all", "--port", str(TENSORBOARD_PORT)],
-        "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT, "protocol": "TCP"}],
-        "volumeMounts": [{"name": "runs", "mountPath": str(RUNS_DIR), "readOnly": True}],
-    }
-    pod: dict[str, Any] = {
-        "containers": [board],
-        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": run.claim_name, "readOnly": True}}],
-    }
-    if deploy.node_selector:
-        pod["nodeSelector"] = dict(deploy.node_selector)
-    if deploy.service_account:
-        pod["serviceAccountName"] = deploy.service_account
-    return [
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": run.metadata(name, "tensorboard"),
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": labels},
-                "template": {"metadata": {"labels": labels}, "spec": pod},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": run.metadata(name, "tensorboard"),
-            "spec": {
-                "selector": labels,
-                "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http", "protocol": "TCP"}],
-            },
-        },
-    ]
-
-
-class _Dumper(yaml.SafeDumper):
-    """Plain YAML as people write it: no anchors for repeated label sets, scripts and files as ``|`` blocks."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _string(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-_Dumper.add_representer(str, _string)
-
-
-def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """A multi-document YAML stream for ``kubectl apply -f -``."""
-    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
-
-
-def write_folder(objects: list[dict[str, Any]], folder: Path) -> list[Path]:
-    """One file per object plus a ``kustomization.yaml`` listing them (``kubectl apply -k FOLDER``)."""
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create {folder}: {exc.strerror}; pass another --out") from None
-    paths = []
-    for number, obj in enumerate(objects, 1):
-        path = folder / f"{number:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
-        path.write_text(to_yaml([obj]), encoding="utf-8")
-        paths.append(path)
-    kustomization = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [path.name for path in paths],
-    }
-    index = folder / "kustomization.yaml"
-    index.write_text(to_yaml([kustomization]), encoding="utf-8")
-    return [*paths, index]

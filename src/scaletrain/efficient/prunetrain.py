@@ -62,6 +62,7 @@ __all__ = [
     "group_lasso",
     "lasso_weight",
     "regularised_groups",
+    "shrink_all_groups",
     "shrink_groups",
     "shrink_values",
 ]
@@ -138,28 +139,56 @@ def shrink_groups(weight: torch.Tensor, outputs: bool, inputs: bool, amount: flo
     tensor([[2.4000, 3.2000],
             [0.0000, 0.0000]])
     """
+    shrink_all_groups([(weight, outputs, inputs)], amount)
+
+
+def shrink_all_groups(layers: list[tuple[torch.Tensor, bool, bool]], amount: float) -> None:
+    """:func:`shrink_groups` for every ``(weight, outputs, inputs)``: every layer's output groups, then
+    every layer's input groups, the factors of all layers computed in a few multi-tensor kernels (the
+    layers are independent, so the order among them changes nothing)."""
     with torch.no_grad():
-        if outputs:
-            norms = torch.linalg.vector_norm(weight.flatten(1), dim=1)
-            factor = (1 - amount / norms.clamp_min(1e-30)).clamp_min(0)
-            weight.mul_(factor.view(-1, *([1] * (weight.dim() - 1))))
-        if inputs:
-            norms = torch.linalg.vector_norm(weight.transpose(0, 1).flatten(1), dim=1)
-            factor = (1 - amount / norms.clamp_min(1e-30)).clamp_min(0)
-            weight.mul_(factor.view(1, -1, *([1] * (weight.dim() - 2))))
+        for dim in (0, 1):  # output channels, then input channels
+            chosen = [weight for weight, outputs, inputs in layers if (outputs, inputs)[dim]]
+            if not chosen:
+                continue
+            rows = [weight.flatten(1) if dim == 0 else weight.transpose(0, 1).flatten(1) for weight in chosen]
+            norms = [torch.linalg.vector_norm(row, dim=1) for row in rows]
+            # factor = max(1 − amount / max(norm, 1e-30), 0), rounded as torch rounds that expression
+            # (a number over a tensor is the tensor's reciprocal times the number)
+            torch._foreach_clamp_min_(norms, 1e-30)
+            factors = torch._foreach_reciprocal(norms)
+            torch._foreach_mul_(factors, -amount)
+            torch._foreach_add_(factors, 1.0)
+            torch._foreach_clamp_min_(factors, 0.0)
+            for weight, factor in zip(chosen, factors, strict=True):
+                shape = [1] * weight.dim()
+                shape[dim] = -1
+                weight.mul_(factor.view(shape))
 
 
-def shrink_values(values: torch.Tensor, amount: float) -> None:
+def shrink_values(values: torch.Tensor | list[torch.Tensor], amount: float) -> None:
     """Soft-thresholding in place: every value moves ``amount`` towards zero and stops there (the
-    proximal step of ``amount``·Σ|x|, each value its own group).
+    proximal step of ``amount``·Σ|x|, each value its own group). As x − clamp(x, −a, a): a value within
+    ``amount`` of zero becomes exactly +0.0, and a list of tensors takes three multi-tensor kernels in
+    all, not a few per tensor (PruneTrain shrinks every batch norm's scale and shift after every step,
+    and on a GPU each small kernel's launch costs more than its work: docs/results/h100-2026-11-26).
 
     >>> values = torch.tensor([0.5, -0.05, -2.0])
     >>> shrink_values(values, 0.1)
     >>> values
     tensor([ 0.4000,  0.0000, -1.9000])
+    >>> pair = [torch.tensor([0.05, 3.0]), torch.tensor([-1.0])]
+    >>> shrink_values(pair, 0.5)
+    >>> pair
+    [tensor([0.0000, 2.5000]), tensor([-0.5000])]
     """
+    tensors = [values] if isinstance(values, torch.Tensor) else list(values)
+    if not tensors:
+        return
     with torch.no_grad():
-        values.copy_(values.sign() * (values.abs() - amount).clamp_min(0) + 0.0)  # + 0.0: no -0.0
+        within = torch._foreach_clamp_min(tensors, -amount)
+        torch._foreach_clamp_max_(within, amount)
+        torch._foreach_sub_(tensors, within)
 
 
 def lasso_weight(ratio: float, loss: float, lasso: float) -> float:
@@ -242,15 +271,10 @@ class PruneTrain(Technique):
         # With momentum μ a steady gradient moves a weight lr/(1 − μ) per step, the loss's gradient and a
         # subgradient penalty alike; the proximal step shrinks by as much, so both weigh as in the objective.
         amount = lr * self.weight / (1 - self._context.momentum)
-        for path, (outputs, inputs) in self._groups.items():
-            weight = parameters.get(f"{path}.weight")
-            if weight is not None:
-                shrink_groups(weight, outputs, inputs, amount)
-        for norm in self._norms.values():
-            for kind in ("weight", "bias"):
-                values = parameters.get(f"{norm}.{kind}")
-                if values is not None:
-                    shrink_values(values, amount)
+        layers = [(parameters.get(f"{path}.weight"), *groups) for path, groups in self._groups.items()]
+        shrink_all_groups([layer for layer in layers if layer[0] is not None], amount)
+        penalised = (parameters.get(f"{norm}.{kind}") for norm in self._norms.values() for kind in ("weight", "bias"))
+        shrink_values([values for values in penalised if values is not None], amount)
 
     def _set_weight(self, loss: float) -> None:
         """λ from the mean of every worker's first loss (a server, which has none, passes nan)."""
