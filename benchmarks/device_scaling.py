@@ -133,7 +133,7 @@ def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Rec
                 sweep.workload, batch_size=sweep.batch_size, options=dict(sweep.options),
                 concurrency=min(max(sweep.workers), cores), threads=1, repeats=plan.profile_repeats, warmup=1,
                 contention_counts=tuple(n for n in sweep.workers if n > 1),  # the run's counts only (was 175 s)
-                allreduce_counts=tuple(n for n in sweep.workers if n > 1 and "allreduce-join" in sweep.strategies),
+                exchange_counts=tuple(n for n in sweep.workers if n > 1),
                 round_trips=5, launches=1, lr=sweep.settings.get("lr"), momentum=sweep.settings.get("momentum"),
                 data_dir=context["data_dir"], download=False, timeout=60.0,
             )

@@ -59,6 +59,19 @@ def test_a_measured_all_reduce_replaces_the_ring_formula_and_corrects_it_between
     assert thesis[0] == thesis[1]
 
 
+def test_a_measured_central_exchange_corrects_the_central_server_s_formula():
+    # 2 workers: 2 MB through the server's downlink and 2 MB back (0.2 s + 1 ms each) + the update:
+    # 0.412 s by the formula; measured 0.824 s, twice as much, and the same factor at 3 workers.
+    measured = dataclasses.replace(PROFILE, central={2: 0.824})
+    central = Configuration.parse("ps-central-join")
+    two = predict(measured, strategy="ps", server="central", sync="join", workers=2).speedup
+    assert two == pytest.approx(2 / (0.1 + 0.824) * SEQUENTIAL)
+    formula_three = 0.301 + 0.301 + 0.01
+    three = predict(measured, strategy="ps", server="central", sync="join", workers=3).speedup
+    assert three == pytest.approx(3 / (0.1 + 2 * formula_three) * SEQUENTIAL)
+    assert predicted_speedup("refined", PROFILE, central, 2, batches=128) > two  # faster without the correction
+
+
 def test_split_uses_measured_half_batch_gradient_and_contention():
     # t_grad(batch/2) = 0.06, × 1.1 for two processes sharing two cores.
     step = 0.06 * 1.1 + 0.102 + 0.01

@@ -22,7 +22,7 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     out = tmp_path / "profile.json"
     config = ProfileConfig(
         "lenet", batch_size=32, split_workers=(2,), concurrency=3, contention_counts=(3,), repeats=3, warmup=1,
-        round_trips=3, launches=2, data_dir=tiny_fmnist, download=False, allreduce_counts=(3,),
+        round_trips=3, launches=2, data_dir=tiny_fmnist, download=False, exchange_counts=(3,),
     )  # fmt: skip
     profile = run_profile(config, out=out)
     assert profile.weight_bytes == LENET_FLOATS * 4 == sum(profile.tensor_bytes)
@@ -31,6 +31,7 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert profile.t_grad_parts[2] < profile.t_grad  # half the batch is less work
     assert set(profile.contention) == {1, 3} and profile.contention[3] > 0  # only the count asked for
     assert set(profile.allreduce) == {3} and profile.allreduce[3] > 0  # the all-reduce exchange among 3
+    assert set(profile.central) == {3} and profile.central[3] > 0  # 3 workers and the central server
     assert 0 < profile.latency < profile.t_comm
     transfer = profile.t_comm - profile.latency if profile.t_comm > 2 * profile.latency else profile.t_comm
     assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)
@@ -62,9 +63,10 @@ def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):
             concurrency=1,
             repeats=2,
             warmup=1,
-            round_trips=3,
+            round_trips=2,
             launches=1,
-            allreduce_counts=(2,),
+            exchange_counts=(2,),
+            exchanges=("allreduce",),  # the central one: 3.5 s a round here, 4 transfers (2.9 s) and 23 % more
             data_dir=tiny_fmnist,
             download=False,
         )
@@ -74,6 +76,7 @@ def test_t_comm_across_an_emulated_link_follows_its_rate(tiny_fmnist):
     # Two ranks' all-reduce moves the whole buffer each way once (half in the reduce-scatter, half in
     # the all-gather, or all of it in one exchange): about one transfer's time across the link.
     assert expected * 0.9 < profile.allreduce[2] < expected * 1.6
+    assert profile.central == {}  # not asked for
     assert profile.network == "20mbit"
     assert profile.bytes_per_second * 8 == pytest.approx(20e6, rel=0.2)
 
@@ -89,5 +92,7 @@ def test_contention_between_measured_counts_is_interpolated_and_beyond_them_grow
 def test_contention_counts_below_two_are_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match="--contention-at counts must be ≥ 2"):
         ProfileConfig("lenet", contention_counts=(1, 4))
-    with pytest.raises(ConfigError, match="--allreduce-at counts must be ≥ 2"):
-        ProfileConfig("lenet", allreduce_counts=(1,))
+    with pytest.raises(ConfigError, match="--exchange-at counts must be ≥ 2"):
+        ProfileConfig("lenet", exchange_counts=(1,))
+    with pytest.raises(ConfigError, match="--exchanges takes allreduce and central, not ring"):
+        ProfileConfig("lenet", exchanges=("ring", "central"))

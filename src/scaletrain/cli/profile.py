@@ -11,6 +11,7 @@ from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.profile import EXCHANGES
 from scaletrain.tensors.codec import CODECS
 
 __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
@@ -28,9 +29,11 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
     group.add_argument("--contention-at", type=number_list, metavar="N,N",
                        help="measure contention only at these process counts (default: each from 2)")  # fmt: skip
-    group.add_argument("--allreduce-at", type=number_list, metavar="N,N",
-                       help="also time the all-reduce exchange among N processes, e.g. 2,4 (corrects the "
-                            "refined model's all-reduce)")  # fmt: skip
+    group.add_argument("--exchange-at", type=number_list, metavar="N,N",
+                       help="also time the all-reduce and central-server exchanges among N workers, e.g. 2,4 "
+                            "(corrects the refined model's)")  # fmt: skip
+    group.add_argument("--exchanges", type=lambda text: tuple(text.split(",")), default=EXCHANGES, metavar="LIST",
+                       help="which exchanges --exchange-at times (default: allreduce,central)")  # fmt: skip
     group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
     group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
     group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")
@@ -59,7 +62,8 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "split_workers": args.split_workers or (),
         "concurrency": args.concurrency,
         "contention_counts": tuple(args.contention_at or ()),
-        "allreduce_counts": tuple(args.allreduce_at or ()),
+        "exchange_counts": tuple(args.exchange_at or ()),
+        "exchanges": args.exchanges,
         "threads": args.threads,
         "repeats": args.repeats,
         "round_trips": args.round_trips,
@@ -101,7 +105,8 @@ def describe(result: Profile) -> str:
     """The profile in a few lines a person reads."""
     parts = ", ".join(f"batch/{n}: {t * 1000:.2f} ms" for n, t in sorted(result.t_grad_parts.items()))
     contention = ", ".join(f"{k} processes ×{v:.3f}" for k, v in sorted(result.contention.items()) if k > 1)
-    allreduce = ", ".join(f"{k} processes {v * 1000:.2f} ms" for k, v in sorted(result.allreduce.items()))
+    allreduce = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.allreduce.items()))
+    central = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.central.items()))
     return "\n".join(
         [
             f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
@@ -115,6 +120,7 @@ def describe(result: Profile) -> str:
         ]
         + ([f"contention: {contention}"] if contention else [])
         + ([f"all-reduce: {allreduce}"] if allreduce else [])
+        + ([f"central server exchange: {central}"] if central else [])
     )
 
 

@@ -42,9 +42,12 @@ class Profile:
     gradient_bytes: int | None = None  # one worker's gradient message as its wire codec sends it; None: weight_bytes
     tensor_bytes: tuple[int, ...] = ()
     contention: dict[int, float] = field(default_factory=dict)  # k processes → t_grad factor
-    #: N processes → seconds of one all-reduce of the gradient message among them, timed as the all-reduce
-    #: exchange times its communication (``--allreduce-at``); empty: not measured
+    #: N workers → seconds of one all-reduce of the gradient message among them, timed as the all-reduce
+    #: exchange times its communication (``--exchange-at``); empty: not measured
     allreduce: dict[int, float] = field(default_factory=dict)
+    #: N workers → seconds of one synchronous exchange with the central server (push, the server's wait for
+    #: all N and its update, the reply), as a worker times it (communication + wait; ``--exchange-at``)
+    central: dict[int, float] = field(default_factory=dict)
     cores: int | None = None
     threads: int = 1
     network: str | None = None
@@ -138,7 +141,7 @@ class Profile:
         if unknown:
             raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
         given = dict(data)
-        for key in ("t_grad_parts", "contention", "allreduce"):
+        for key in ("t_grad_parts", "contention", "allreduce", "central"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
         if "tensor_bytes" in given:

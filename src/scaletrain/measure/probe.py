@@ -12,6 +12,9 @@
 - ``allreduce``: every rank runs the all-reduce exchange's step (:class:`AllReduceExchange`, the class
   training uses) on gradients of the network's shapes, and keeps the communication time it reports
   (the wire codec's collective, after the one-number all-reduce that absorbs the waiting).
+- ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
+  it, its rate 0) and every other rank a worker running the parameter-server exchange's step
+  (:class:`PSExchange`); each worker keeps its communication + wait per step.
 """
 
 from __future__ import annotations
@@ -28,7 +31,17 @@ from scaletrain.efficient.base import stacked
 from scaletrain.efficient.channels_last import memory_format_technique
 from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
-from scaletrain.parallel.ps.protocol import REPLY, REPLY_FIELDS, REQUEST, REQUEST_FIELDS, post_message, send_message
+from scaletrain.parallel.ps.exchange import PSExchange
+from scaletrain.parallel.ps.protocol import (
+    REPLY,
+    REPLY_FIELDS,
+    REQUEST,
+    REQUEST_FIELDS,
+    pair_groups,
+    post_message,
+    send_message,
+)
+from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange
 from scaletrain.plugins import load_plugins
@@ -38,7 +51,7 @@ from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
 
-__all__ = ["main", "time_allreduce", "time_gradient", "time_transfers"]
+__all__ = ["main", "time_allreduce", "time_central", "time_gradient", "time_transfers"]
 
 SMALL_LIMIT = 65536  # bytes
 
@@ -123,24 +136,56 @@ def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
     return results
 
 
-def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Communication seconds of ``job['repeats']`` all-reduce exchange steps among ``world_size`` ranks, after
-    ``job['warmup']`` untimed ones: gradients of the network's shapes, the run's wire codec."""
+def _exchange_model(job: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The network of the job with random gradients, and an optimizer of rate 0 (the weights stay)."""
     configure_process(job["threads"])
     workload = create_workload(job["workload"], job["options"])
     torch.manual_seed(dist.get_rank())
     model = network(workload, job.get("architecture") or {})
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    exchange = AllReduceExchange(world_size, WireCodec.of(job.get("wire", "fp32")))
-    exchange.start(model, optimizer)
     for parameter in model.parameters():
         parameter.grad = torch.randn_like(parameter)
+    return model, torch.optim.SGD(model.parameters(), lr=0.0)
+
+
+def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Communication seconds of ``job['repeats']`` all-reduce exchange steps among ``world_size`` ranks, after
+    ``job['warmup']`` untimed ones: gradients of the network's shapes, the run's wire codec."""
+    model, optimizer = _exchange_model(job)
+    exchange = AllReduceExchange(world_size, WireCodec.of(job.get("wire", "fp32")))
+    exchange.start(model, optimizer)
     samples = []
     for round_number in range(job["warmup"] + job["repeats"]):
         times = exchange.step(model, optimizer, None)
         if round_number >= job["warmup"]:
             samples.append(times.communication)
-    return {"allreduce": samples}
+    return {"exchange": samples}
+
+
+def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Rank 0 serves ``world_size − 1`` workers synchronously; each worker's communication + wait seconds of
+    ``job['repeats']`` exchange steps after ``job['warmup']`` untimed ones (the server: an empty list)."""
+    model, optimizer = _exchange_model(job)
+    rank, workers = dist.get_rank(), list(range(1, world_size))
+    groups = pair_groups(world_size, [(0, worker) for worker in workers], timeout=job["timeout"])
+    peers = {b if a == rank else a: group for (a, b), group in groups.items() if rank in (a, b)}
+    codec = WireCodec.of(job.get("wire", "fp32"))
+    if rank == 0:
+        server = ShardServer(
+            master=list(model.parameters()), optimizer=optimizer, peers=peers, contributors=len(workers),
+            synchronous=True, timeout=job["timeout"], codec=codec,
+        )  # fmt: skip
+        server.start()
+        server.join(deadline_seconds=job["timeout"])
+        return {"exchange": []}
+    exchange = PSExchange(rank=rank, plan=lambda parameters: [0] * len(parameters), groups=peers, codec=codec)
+    exchange.start(model, optimizer)
+    samples = []
+    for round_number in range(job["warmup"] + job["repeats"]):
+        times = exchange.step(model, optimizer, None)
+        if round_number >= job["warmup"]:
+            samples.append(times.communication + times.wait)
+    exchange.finish(model)
+    return {"exchange": samples}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         result = time_gradient(job, barrier=dist.barrier if rendezvous.world_size > 1 else None)
     elif job["kind"] == "allreduce":
         result = time_allreduce(job, rendezvous.world_size)
+    elif job["kind"] == "central":
+        result = time_central(job, rendezvous.world_size)
     else:
         result = time_transfers(job, rendezvous.rank)
     dist.barrier()

@@ -13,10 +13,12 @@
   ``precision`` t_grad is timed under that autocast. **latency**: the same for a 4-byte buffer; **bandwidth**: the
   weight bytes over (t_comm − latency). With ``network`` the two processes talk across an emulated
   link of that rate.
-- **allreduce** (``allreduce_counts``, ``--allreduce-at``): the all-reduce exchange's communication time
-  per step among N real processes (on the emulated link too), as a run's workers report it; the
-  refined model corrects its ring formula by it. Not measured for a compressing codec (its first
-  steps go dense, so the rounds would not time what a run sends).
+- **allreduce** and **central** (``exchange_counts``, ``--exchange-at``): a synchronous step's exchange
+  among N real worker processes (on the emulated link too), as a run's workers report it: the
+  all-reduce exchange's communication, and the central server's (N workers and the server process:
+  push, the server's wait for all N and its update, the reply; communication + wait). The refined
+  model corrects its formulas by them. Not measured for a compressing codec (its first steps go
+  dense, so the rounds would not time what a run sends).
 
 Every measurement runs in fresh processes started like training processes (torchrun variables,
 1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
@@ -54,6 +56,7 @@ from scaletrain.workloads import Workload, create_workload
 __all__ = ["ProfileConfig", "ProfileError", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
+EXCHANGES = ("allreduce", "central")  # the synchronous exchanges a profile can time (probe kinds)
 SMALL_BYTES = 4
 
 
@@ -75,7 +78,10 @@ class ProfileConfig:
     #: measure contention only at these process counts (≤ ``concurrency``), not at every count from 2:
     #: a launch per count costs seconds, and counts between them are interpolated
     contention_counts: tuple[int, ...] = ()
-    allreduce_counts: tuple[int, ...] = ()  # time the all-reduce exchange among this many processes
+    exchange_counts: tuple[int, ...] = ()  # time the exchanges among this many workers
+    #: which exchanges ``exchange_counts`` times: the central one moves N times the weights through one link,
+    #: so on a slow emulated link it takes N times as long as the all-reduce
+    exchanges: tuple[str, ...] = EXCHANGES
     network: str | None = None
     threads: int = 1
     repeats: int = 10
@@ -112,8 +118,11 @@ class ProfileConfig:
             raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
         if any(n < 2 for n in self.contention_counts):
             raise ConfigError(f"--contention-at counts must be ≥ 2 processes, got {self.contention_counts}")
-        if any(n < 2 for n in self.allreduce_counts):
-            raise ConfigError(f"--allreduce-at counts must be ≥ 2 processes, got {self.allreduce_counts}")
+        if any(n < 2 for n in self.exchange_counts):
+            raise ConfigError(f"--exchange-at counts must be ≥ 2 workers, got {self.exchange_counts}")
+        unknown = sorted(set(self.exchanges) - set(EXCHANGES))
+        if unknown:
+            raise ConfigError(f"--exchanges takes {' and '.join(EXCHANGES)}, not {', '.join(unknown)}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if not 0 < self.timeout < math.inf:
@@ -188,11 +197,12 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     worker = _run_probes(transfer_job, 2, config.network, config.timeout)[1]
     latency = statistics.median(worker[str(SMALL_BYTES)]["round_trip"]) / 2
     t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
-    allreduce: dict[int, float] = {}
-    collective_job = {**transfer_job, "kind": "allreduce"}
-    for processes in sorted(set(config.allreduce_counts)) if gradient_bytes is None else ():
-        ranks = _run_probes(collective_job, processes, config.network, config.timeout)
-        allreduce[processes] = statistics.median(x for rank in ranks for x in rank["allreduce"])
+    timed: dict[str, dict[int, float]] = {kind: {} for kind in EXCHANGES}
+    for workers in sorted(set(config.exchange_counts)) if gradient_bytes is None else ():
+        for kind in config.exchanges:  # the central server is one more process, rank 0, which times nothing
+            server = 1 if kind == "central" else 0
+            ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
+            timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -206,7 +216,8 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         gradient_bytes=gradient_bytes,
         tensor_bytes=tuple(tensors),
         contention=contention,
-        allreduce=allreduce,
+        allreduce=timed["allreduce"],
+        central=timed["central"],
         cores=cores,
         threads=config.threads,
         network=config.network,

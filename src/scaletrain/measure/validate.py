@@ -107,8 +107,13 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             batch_size=config.batch_size,
             options=dict(config.options),
             split_workers=splits,
-            # the all-reduce among as many processes as the runs have, for the refined model's all-reduce
-            allreduce_counts=splits if any(s.startswith("allreduce") for s in config.strategies) else (),
+            # the exchanges of the strategies validated, among as many workers as the runs have
+            exchange_counts=splits,
+            exchanges=tuple(
+                kind
+                for kind, prefix in (("allreduce", "allreduce-"), ("central", "ps-central-"))
+                if any(s.startswith(prefix) and not s.endswith("-async") for s in config.strategies)
+            ),
             concurrency=min(max(config.workers), cores),
             network=config.network,
             threads=config.threads_per_worker,

@@ -37,7 +37,7 @@ def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     sends it, then every worker's optimizer step.
 
     The all-reduce is the ring's formula from the point-to-point latency and bandwidth, corrected by
-    the all-reduce itself where the profile timed it among N processes (``--allreduce-at``): gloo's
+    the all-reduce itself where the profile timed it among N processes (``--exchange-at``): gloo's
     collective among many processes sharing cores costs more than the formula (×10 at 14 processes of
     an H100 machine's CPU, docs/results/h100-2026-11-26).
     """

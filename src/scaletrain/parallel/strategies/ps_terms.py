@@ -29,10 +29,17 @@ __all__ = ["CENTRAL", "SHARDED"]
 
 
 def central_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
-    """N workers push at once through the server's downlink, then N replies share its uplink; the server steps."""
+    """N workers push at once through the server's downlink, then N replies share its uplink; the server steps.
+    Corrected by the exchange itself where the profile timed it among N workers (``--exchange-at``)."""
     profile = inputs.profile
-    pushes, replies = n * gradient_bytes(profile), n * weight_bytes(profile)
-    return transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update
+
+    def formula(workers: int) -> float:
+        pushes, replies = workers * gradient_bytes(profile), workers * weight_bytes(profile)
+        return float(transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update)
+
+    counts = np.asarray(n)
+    seconds = [profile.calibrated(profile.central, int(k), formula) for k in counts.ravel().tolist()]
+    return np.asarray(seconds, dtype=float).reshape(counts.shape)
 
 
 def shares(inputs: StepInputs, n: np.ndarray) -> list[dict[float, int]]:

@@ -66,7 +66,9 @@ class ProfileNumbers(Protocol):
     @property
     def bytes_per_second(self) -> float: ...
     @property
-    def allreduce(self) -> dict[int, float]: ...  # N processes → a measured all-reduce's seconds
+    def allreduce(self) -> dict[int, float]: ...  # N workers → a measured all-reduce's seconds
+    @property
+    def central(self) -> dict[int, float]: ...  # N workers → a measured central-server exchange's seconds
 
     def calibrated(self, measured: dict[int, float], processes: int, modelled: Callable[[int], float]) -> float:
         """``modelled(processes)`` corrected by the ratio measured ÷ modelled at the measured counts."""
