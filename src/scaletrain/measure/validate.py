@@ -349,7 +349,8 @@ def _split_lines(rows: list[dict[str, Any]]) -> list[str]:
 
     lines = [
         "A step's parts, measured / refined model, ms per step (the measured exchange is the communication;",
-        "the predicted one holds the optimizer step too):",
+        "the predicted one holds the optimizer step too; a parameter-server worker's wait for the server's reply",
+        "is in its measured wait):",
         "",
         "| strategy | workers | compute | wait | exchange |",
         "|---|---|---|---|---|",
