@@ -14,7 +14,18 @@ from torch import nn
 
 from scaletrain.tensors.flat import finite
 
-__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"]
+__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "PeerLost", "clip_and_step"]
+
+
+class PeerLost(Exception):
+    """Raised by an exchange of an elastic run (``--min-workers``) when a peer was lost during the step,
+    before this worker applied any update of it: the loop regroups the survivors and does the step again.
+    The collective's own error is its ``__cause__``; ``timed_out``: the peer stopped answering (a wait
+    ran out), rather than closing its connections (it died)."""
+
+    def __init__(self, timed_out: bool) -> None:
+        super().__init__("a peer was lost during the step")
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -60,6 +71,10 @@ class GradientExchange(ABC):
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """The network in ``model`` changed shape: re-make whatever was sized for the old one."""
+
+    def resize(self, workers: int) -> None:  # noqa: B027 - optional hook
+        """An elastic run regrouped: ``workers`` now take part in each step (only exchanges that raise
+        :class:`PeerLost` are resized)."""
 
     def state_dict(self) -> dict | None:
         """What this worker's exchange carries from step to step (a wire codec's residuals and factors),
