@@ -3,7 +3,8 @@ epoch, and the survivors finish the run; below the minimum the run stops as with
 
 The fault comes from inside the victim at a chosen step (:mod:`tests.parallel.faulty_lenet`), so the tests
 wait for nothing and the step is known. A ``split`` run keeps its global batches, so its final weights must
-equal one process's at the same batch (``assert_same_weights``: rtol 1e-4, atol 1e-5, the tolerance of every
+equal one process's at the same batch, and so must a ``join`` run's, which keeps its global batch of N·b
+(``assert_same_weights``: rtol 1e-4, atol 1e-5, the tolerance of every
 equivalence test: the survivors sum the gradients in another order)."""
 
 from __future__ import annotations
@@ -53,14 +54,13 @@ def train_with_fault(
         FAULTY,
         data_dir=data,
         out=tmp_path / "run",
-        batch_size=BATCH,
         workers=3,
         strategy="allreduce",
         progress="plain",
         log_every=4,
         tensorboard=False,
         **COMMON,
-        **settings,
+        **{"batch_size": BATCH, **settings},
     )
     return summary, samples
 
@@ -75,10 +75,20 @@ def assert_every_sample_once(samples: Path, change: dict) -> None:
     assert seen == sorted(epoch_permutation(TRAIN, seed=5, epoch=0)[: TRAIN // BATCH * BATCH].tolist())
 
 
-@pytest.mark.parametrize(("signal", "why"), [("SIGKILL", "died"), ("SIGSTOP", "stopped answering")])
-def test_split_run_goes_on_without_a_lost_worker(
+@pytest.mark.parametrize(
+    ("signal", "why", "sync", "batch_size"),
+    [
+        ("SIGKILL", "died", "split", BATCH),
+        ("SIGSTOP", "stopped answering", "split", BATCH),
+        # join keeps its global batch of 3 × 4 = the one process's 12, the survivors computing 6 rows each
+        ("SIGKILL", "died", "join", BATCH // 3),
+    ],
+)
+def test_run_goes_on_without_a_lost_worker(
     signal: str,
     why: str,
+    sync: str,
+    batch_size: int,
     data: Path,
     one_process: dict,
     tmp_path: Path,
