@@ -163,3 +163,23 @@ def test_bad_min_workers_is_one_line_and_exit_2(tmp_path: Path) -> None:
         "scaletrain: error: --min-workers is supported with --strategy allreduce (--sync join or split) only for now, "
         "not ps-central-join; drop --min-workers (a lost worker then stops the run, continue with --resume)"
     ]
+
+
+def test_a_worker_lost_while_buffers_are_handed_over_is_a_lost_peer() -> None:
+    """Before a checkpoint step the workers hand over module buffers through the store, not a collective: a
+    worker lost there is a lost peer too (in an elastic run), heard of from another survivor or timed out."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from scaletrain.parallel.agreement import StoreAgreement
+    from scaletrain.train.exchange import PeerLost
+
+    store, flag = dist.HashStore(), []
+    agreement = StoreAgreement(store, deciding=True, timeout=0.2, rank=0, workers=(0, 1), lost=lambda: bool(flag))
+    with pytest.raises(PeerLost) as lost:
+        agreement.buffers_due(3, nn.BatchNorm1d(2))
+    assert lost.value.why == "did not hand over its module buffers in time"
+    flag.append(True)
+    with pytest.raises(PeerLost) as lost:
+        agreement.buffers_due(4, nn.BatchNorm1d(2))
+    assert lost.value.why is None  # only heard of it: the survivor that saw it says why

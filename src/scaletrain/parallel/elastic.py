@@ -47,13 +47,23 @@ from scaletrain.parallel.strategies.base import Layout
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
 
-__all__ = ["DROPPED_EXIT_CODE", "Dropped", "StoreMembership", "check_elastic", "check_elastic_batch", "watched"]
+__all__ = [
+    "DROPPED_EXIT_CODE",
+    "Dropped",
+    "HeardOfLoss",
+    "StoreMembership",
+    "check_elastic",
+    "check_elastic_batch",
+    "watched",
+]
 
 #: A member whose heartbeat did not move for this long, and that did not report, is gone (beats are 1 s apart).
 SILENCE_SECONDS = 2.5
 POLL_SECONDS = 0.05
 #: How often a waiting collective asks the store whether another survivor has seen a peer lost.
 WATCH_SECONDS = 0.02
+#: How a lost worker is named, most telling first (a survivor can also report a reason of its own).
+WHY_ORDER = ("stopped answering", "died")
 #: The exit code of a worker the survivors dropped (it reported too late): the launcher counts it as lost.
 DROPPED_EXIT_CODE = 3
 
@@ -93,6 +103,10 @@ def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) ->
         )
 
 
+class HeardOfLoss(RuntimeError):
+    """Another survivor said that a peer of the group was lost."""
+
+
 def watched(work: dist.Work, lost: Callable[[], bool]) -> None:
     """Wait for ``work`` (an asynchronous collective), and give up as soon as ``lost()`` says another survivor
     has seen a peer lost. A gloo wait on a peer whose connection closed before the wait began is not woken
@@ -101,7 +115,7 @@ def watched(work: dist.Work, lost: Callable[[], bool]) -> None:
     while not work.is_completed():
         if time.monotonic() - asked > WATCH_SECONDS:
             if lost():
-                raise RuntimeError("another survivor saw a peer lost during this collective")
+                raise HeardOfLoss("another survivor saw a peer lost during this collective")
             asked = time.monotonic()
         time.sleep(0.0001)
     work.wait()  # raises the collective's own error, if it failed
@@ -136,10 +150,11 @@ class StoreMembership(Membership):
             timeout=self.timeout,
             rank=self.rank,
             workers=tuple(self.members),
+            lost=self.peer_lost,
         )
 
     def regroup(
-        self, step: int, timed_out: bool, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
     ) -> tuple[Regrouped, dict[str, Any]]:
         prefix = f"membership/{self.generation}/"
         backend = dist.get_backend()
@@ -149,7 +164,7 @@ class StoreMembership(Membership):
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
             # the lost worker), so that they need not wait out --timeout (see watched()).
             self.store.set(f"{prefix}lost", "1")
-            self.store.set(f"{prefix}alive/{self.rank}", json.dumps({"step": step, "timed_out": timed_out}))
+            self.store.set(f"{prefix}alive/{self.rank}", json.dumps({"step": step, "why": why}))
             decision = self._decide(prefix) if self.rank == self.members[0] else self._read(prefix)
         except RuntimeError:
             raise ProcessFailed(
@@ -212,7 +227,9 @@ class StoreMembership(Membership):
                 break
             time.sleep(POLL_SECONDS)
         reports = {rank: json.loads(self.store.get(f"{prefix}alive/{rank}")) for rank in reported}
-        why = "stopped answering" if any(report["timed_out"] for report in reports.values()) else "died"
+        # what the survivors saw: one whose wait ran out says more than one that saw connections close
+        seen = [report["why"] for report in reports.values() if report["why"] is not None]
+        why = next((reason for reason in WHY_ORDER if reason in seen), seen[0] if seen else "died")
         steps = {rank: report["step"] for rank, report in reports.items()}
         furthest = max(steps.values())
         decision = {

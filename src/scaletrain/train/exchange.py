@@ -20,12 +20,13 @@ __all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "PeerLost", "cl
 class PeerLost(Exception):
     """Raised by an exchange of an elastic run (``--min-workers``) when a peer was lost during the step,
     before this worker applied any update of it: the loop regroups the survivors and does the step again.
-    The collective's own error is its ``__cause__``; ``timed_out``: the peer stopped answering (a wait
-    ran out), rather than closing its connections (it died)."""
+    The collective's own error is its ``__cause__``; ``why``: what this worker saw (``died``: the peer's
+    connections closed; ``stopped answering``: a wait ran out), ``None`` when it only heard of the loss
+    from another survivor."""
 
-    def __init__(self, timed_out: bool) -> None:
+    def __init__(self, why: str | None) -> None:
         super().__init__("a peer was lost during the step")
-        self.timed_out = timed_out
+        self.why = why
 
 
 @dataclass

@@ -199,7 +199,7 @@ class Trainer:
         """Agree with the survivors on who goes on, take the live state of the one furthest ahead (the step
         in flight is done again unless one of them completed it), and go on with the new plan."""
         detected = time.time()
-        regrouped, state = self.role.membership.regroup(self.position.step, lost.timed_out, self._live_state)
+        regrouped, state = self.role.membership.regroup(self.position.step, lost.why, self._live_state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         for name, value in state["position"].items():

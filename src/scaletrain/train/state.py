@@ -79,7 +79,7 @@ class Membership:
     a lost worker go on: :class:`scaletrain.parallel.elastic.StoreMembership`. Here, the base contract."""
 
     def regroup(
-        self, step: int, timed_out: bool, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
     ) -> tuple[Regrouped, dict[str, Any]]:
         """After a lost peer at ``step`` (this worker's position, the step in flight not applied): agree on
         the survivors, rebuild the group over them, and return their plan with the live state

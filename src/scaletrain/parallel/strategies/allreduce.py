@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.elastic import StoreMembership, check_elastic_batch, watched
+from scaletrain.parallel.elastic import HeardOfLoss, StoreMembership, check_elastic_batch, watched
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
@@ -76,6 +76,7 @@ class AllReduce(Strategy):
                 timeout=config.timeout,
                 rank=rank,
                 workers=tuple(layout.worker_ranks()),
+                lost=membership.peer_lost if membership is not None else None,
             ),
             batch_group=batch_group(config, layout),
             membership=membership,
@@ -142,7 +143,9 @@ class AllReduceExchange(GradientExchange):
             if self.lost is None:
                 raise
             print(f"lost a peer during the step's all-reduce: {str(error).splitlines()[0]}", flush=True)  # to the log
-            raise PeerLost(timed_out="timed out" in str(error).lower()) from error
+            text = str(error).lower()
+            why = None if isinstance(error, HeardOfLoss) else "stopped answering" if "timed out" in text else "died"
+            raise PeerLost(why) from error
         total /= self.workers
         unflatten_into(total, gradients)
         done = now()
