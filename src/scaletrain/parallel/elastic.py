@@ -5,27 +5,28 @@ When a worker dies (its connections close) or stops answering (the step's collec
 (:class:`~scaletrain.train.exchange.PeerLost`). The survivors then agree on the new membership through
 the rendezvous store, as reconfiguration decisions are agreed (:mod:`scaletrain.parallel.agreement`):
 
-1. each survivor writes ``membership/G/alive/RANK`` (its step, and whether its wait timed out);
+1. the first survivor to fail says so under ``membership/G/lost``, which the others' waits watch
+   (:func:`watched`), so that no survivor waits out ``--timeout`` on another survivor; each survivor
+   writes ``membership/G/alive/RANK``: its step, and what it saw (``died``: connections closed;
+   ``stopped answering``: its wait ran out; nothing when it only heard of the loss);
 2. rank 0, which hosts the store, waits until every member of generation ``G`` has either reported or
    has a heartbeat (:mod:`scaletrain.parallel.heartbeat`) that stood still for :data:`SILENCE_SECONDS`
    (at most ``--timeout``), and writes ``membership/G/decision``: the survivors, who left and why,
    and the survivor furthest ahead (one may have completed the step in flight before the loss);
-3. every survivor (the first to fail says so under ``membership/G/lost``, which the others' collectives
-   watch, so that no survivor waits out ``--timeout`` on a survivor) joins a new gloo group over the survivors
-   (ranks in the old ranks' order, the store's keys under a fresh prefix ``membership/G+1/``), takes
-   weights, optimizer state and position from the survivor furthest ahead, and does the step in
-   flight again with its new part of each global batch.
+3. every survivor joins a new gloo group over the survivors (ranks in the old ranks' order, the store's
+   keys under a fresh prefix ``membership/G+1/``), takes weights, optimizer state and position from the
+   survivor furthest ahead, and does the step in flight again with its new part of each global batch.
 
 The rest of the epoch is re-partitioned by the same rule as at start: each global batch (whose samples
 depend on the seed and epoch only) is cut into one part per survivor, so no sample of the epoch is
 skipped or seen twice. ``split`` keeps the global batch of ``--batch-size``; ``join`` keeps its global
 batch of N·``--batch-size`` as well (so the learning rate stays right), each survivor computing
-N/N' of its former share. A global batch that the smallest allowed membership cannot divide evenly is
+N/N' of its former share. A global batch that some membership from ``M`` to N cannot divide evenly is
 refused before any process starts.
 
 Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``),
-the parameter-server strategies, a worker joining, techniques that reconfigure the network, and
-synchronised batch norm.
+the parameter-server strategies, a worker joining, techniques that reconfigure the network,
+synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
     "HeardOfLoss",
     "StoreMembership",
     "check_elastic",
+    "check_elastic_backend",
     "check_elastic_batch",
     "watched",
 ]
@@ -86,6 +88,15 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
     for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
         if given is not None:
             raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
+
+
+def check_elastic_backend(backend: str) -> None:
+    """Refuse an elastic run whose process group is not gloo: regrouping is built and tested on gloo only."""
+    if backend != "gloo":
+        raise ConfigError(
+            f"--min-workers regroups gloo process groups only for now, and this run's is {backend}; "
+            "use --device cpu, or drop --min-workers"
+        )
 
 
 def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) -> None:

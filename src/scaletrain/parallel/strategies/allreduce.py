@@ -20,7 +20,13 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.elastic import HeardOfLoss, StoreMembership, check_elastic_batch, watched
+from scaletrain.parallel.elastic import (
+    HeardOfLoss,
+    StoreMembership,
+    check_elastic_backend,
+    check_elastic_batch,
+    watched,
+)
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
@@ -56,6 +62,7 @@ class AllReduce(Strategy):
         elastic = config.min_workers is not None and layout.workers > 1
         if elastic:  # started by another launcher, this process is the first to see the batch
             check_elastic_batch(config, layout, prepared.batch_size)
+            check_elastic_backend(dist.get_backend())
         membership = (
             StoreMembership(store, rank=rank, layout=layout, minimum=config.min_workers, timeout=config.timeout)
             if elastic
