@@ -52,7 +52,9 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
-    ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included), and
+    ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
+    ``min_workers`` (an all-reduce run that loses a worker goes on with the survivors while at least this
+    many remain; see :mod:`scaletrain.parallel.elastic`; ``None``: a lost worker stops the run), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
@@ -122,6 +124,7 @@ class TrainConfig:
     ps_admission: str = "none"
     async_compensation: str = "momentum"
     timeout: float = 60.0
+    min_workers: int | None = None
     nodefile: Path | None = None
     index: int | None = None
     network: str | None = None
@@ -195,6 +198,13 @@ class TrainConfig:
             )
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
+        minimum = self.min_workers
+        if minimum is not None and (
+            not isinstance(minimum, int) or isinstance(minimum, bool) or not 1 <= minimum <= self.workers
+        ):
+            raise ConfigError(
+                f"min_workers must be a whole number from 1 to the {self.workers} workers of the run, got {minimum!r}"
+            )
         if (self.nodefile is None) != (self.index is None):
             raise ConfigError("--nodefile and --index go together: the file lists every process, --index is this one")
         if self.network is not None:

@@ -119,6 +119,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
     )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")
+    group.add_argument(
+        "--min-workers",
+        type=int,
+        metavar="M",
+        help="all-reduce only: a lost worker does not stop the run; the survivors go on while at least M remain",
+    )
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
     group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from torch import nn
 
 from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.failures import ProcessFailed
+from scaletrain.train.exchange import PeerLost
 from scaletrain.train.state import Agreement
 
 __all__ = ["StoreAgreement", "load_buffers", "mean_buffers"]
@@ -44,6 +46,7 @@ __all__ = ["StoreAgreement", "load_buffers", "mean_buffers"]
 NONE = "none"
 STATE_KEY = "worker-state"
 LATEST = "latest"
+LOST_POLL_SECONDS = 0.02
 
 
 class StoreAgreement(Agreement):
@@ -59,9 +62,13 @@ class StoreAgreement(Agreement):
         rank: int = 0,
         workers: tuple[int, ...] = (),
         synchronous: bool = True,
+        lost: Callable[[], bool] | None = None,
     ) -> None:
         self.store, self.deciding, self.timeout = store, deciding, timeout
         self.rank, self.workers, self.synchronous = rank, workers, synchronous
+        # an elastic run's (--min-workers): whether a survivor has said a worker was lost; a worker whose
+        # buffers do not come then raises PeerLost (the survivors regroup) instead of stopping the run
+        self.lost = lost
         self._published: list[str] = []  # this worker's buffer keys, oldest first
 
     def mean(self, name: str, value: float, weight: float) -> float:
@@ -113,6 +120,8 @@ class StoreAgreement(Agreement):
             keys = [key for key in (_buffers_key(LATEST, rank) for rank in self.workers) if self.store.check([key])]
         else:
             keys = [_buffers_key(step, rank) for rank in self.workers]
+            if self.lost is not None:
+                self._wait_or_lost(keys)
             try:
                 self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
             except RuntimeError:
@@ -123,6 +132,16 @@ class StoreAgreement(Agreement):
                 ) from None
         states = [torch.load(io.BytesIO(self.store.get(key)), map_location="cpu", weights_only=True) for key in keys]
         return mean_buffers(states) if states else None
+
+    def _wait_or_lost(self, keys: list[str]) -> None:
+        """Wait for ``keys`` within the run's timeout, or until a survivor says a worker was lost."""
+        deadline = time.monotonic() + self.timeout
+        while not self.store.check(keys):
+            if self.lost():
+                raise PeerLost(None)
+            if time.monotonic() > deadline:
+                raise PeerLost("did not hand over its module buffers in time")
+            time.sleep(LOST_POLL_SECONDS)
 
     def _publish(self, key: str, model: nn.Module) -> None:
         buffer = io.BytesIO()

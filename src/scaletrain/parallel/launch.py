@@ -30,6 +30,7 @@ from typing import IO, Any
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
+from scaletrain.parallel.elastic import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
 from scaletrain.parallel.rendezvous import (
@@ -50,6 +51,9 @@ __all__ = ["ENV_LAUNCHER", "Process", "RunFailed", "free_port", "launch_local", 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
 CAUSE_SETTLE_SECONDS = 0.3
+#: An elastic run's frozen worker is killed this long after ``--timeout``: its peers' waits time out first,
+#: so they name it as having stopped answering rather than died.
+FROZEN_GRACE_SECONDS = 3.0
 LOGS_DIR = "logs"
 #: Set for the processes this launcher starts: they report errors in their logs, the launcher on the terminal.
 ENV_LAUNCHER = "SCALETRAIN_LAUNCHER"
@@ -100,7 +104,7 @@ def launch_local(config: TrainConfig, layout: Layout, workload: Workload | None 
         try:
             for rank in range(layout.world_size):
                 children.append(_start(rank, layout, [config_path, *filter(None, [handover])], port, out, network))
-            _watch(children, layout, config.timeout)
+            _watch(children, layout, config.timeout, config.min_workers)
         except KeyboardInterrupt:
             _stop(children)
             raise Interrupted(f"interrupted; every process of the run was stopped; {resume_advice(out)}") from None
@@ -204,16 +208,20 @@ def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
             log_file.flush()
 
 
-def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
+def _watch(children: list[_Child], layout: Layout, timeout: float, min_workers: int | None = None) -> None:
     """Return when every process has finished; raise :class:`RunFailed` when the run cannot go on.
 
-    A synchronous run fails with its first failed process. In a run whose server outlives lost
+    A synchronous run fails with its first failed process. An elastic all-reduce run (``min_workers``,
+    :mod:`scaletrain.parallel.elastic`) goes on without a worker other than rank 0 that dies, is dropped by
+    the survivors, or stays frozen (killed once frozen for ``timeout`` + :data:`FROZEN_GRACE_SECONDS`,
+    so that it cannot come back), while at least ``min_workers`` remain. In a run whose server outlives lost
     workers (:meth:`Strategy.outlives_lost_workers <scaletrain.parallel.strategies.Strategy.outlives_lost_workers>`:
     the asynchronous central server) a worker that dies or freezes is lost and the server finishes
     with the others; a worker that stops with an error of its own (exit code 2: bad settings or
     data, a diverged loss) would stop every other worker in the same way, so it fails the run.
     """
     outlives = layout.outlives_lost_workers  # the server finishes without lost workers
+    lost: set[int] = set()  # an elastic run's workers that left
     while True:
         running = False
         clock = time.monotonic()
@@ -222,13 +230,24 @@ def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
             if code is None:
                 running = True
                 frozen = child.stopped_since is not None
+                if frozen and _survivable(child, min_workers, layout.workers - len(lost)):
+                    if clock - child.stopped_since > timeout + FROZEN_GRACE_SECONDS:
+                        child.process.kill()  # the survivors went on without it: it must never come back
+                    continue
                 # A frozen worker of such a run is the server's to count as lost; anyone else fails the run.
                 if frozen and clock - child.stopped_since > timeout and not (outlives and child.role != SERVER):
-                    _fail(children)
+                    _fail(children, elastic=min_workers is not None)
                 continue
             lost_worker = outlives and child.role != SERVER and code not in (0, ConfigError.exit_code)
+            left = code < 0 or code == DROPPED_EXIT_CODE or child.stopped_since is not None
+            if left and _survivable(child, min_workers, layout.workers - len(lost - {child.rank})):
+                lost.add(child.rank)
+                continue
             if code != 0 and not lost_worker:
-                _fail(children)
+                _fail(children, elastic=min_workers is not None)
+        if min_workers is not None and running and _only_frozen_left(children, lost):
+            _stop(children)  # the survivors finished the run without the frozen workers
+            return
         if outlives and _server_done(children):
             # The server finished without the workers still running: they were lost (it counted them).
             _stop(children)
@@ -236,6 +255,17 @@ def _watch(children: list[_Child], layout: Layout, timeout: float) -> None:
         if not running:
             return
         time.sleep(POLL_SECONDS)
+
+
+def _only_frozen_left(children: list[_Child], lost: set[int]) -> bool:
+    """Whether every process of the run has finished successfully but for frozen and lost ones."""
+    return all(child.process.poll() == 0 or child.stopped_since is not None or child.rank in lost for child in children)
+
+
+def _survivable(child: _Child, min_workers: int | None, remaining: int) -> bool:
+    """Whether an elastic run goes on without ``child`` (``remaining`` workers, it included): never without
+    rank 0, which hosts the rendezvous store."""
+    return min_workers is not None and child.rank != 0 and remaining - 1 >= min_workers
 
 
 def _server_done(children: list[_Child]) -> bool:
@@ -247,11 +277,14 @@ def _server_done(children: list[_Child]) -> bool:
     return time.monotonic() - server.finished_at > GRACE_SECONDS
 
 
-def _fail(children: list[_Child]) -> None:
+def _fail(children: list[_Child], *, elastic: bool = False) -> None:
     cause = _first_cause(children)
     stopped = cause.stopped_since is not None
     _stop(children)
-    error = RunFailed(_failure_message(cause, cause.process.returncode, stopped=stopped))
+    message = _failure_message(cause, cause.process.returncode, stopped=stopped)
+    if elastic and cause.rank == 0:
+        message += " (--min-workers goes on without a lost worker, but not without rank 0: it hosts the store)"
+    error = RunFailed(message)
     if cause.process.returncode == ConfigError.exit_code:
         error.exit_code = ConfigError.exit_code  # the process refused the settings: bad input, as in one process
     raise error

@@ -14,6 +14,7 @@ from scaletrain.config import TrainConfig
 from scaletrain.data.loading import Loading
 from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.elastic import check_elastic_batch
 from scaletrain.parallel.strategies import Layout, run_label
 from scaletrain.tensors.codec import WireCodec, wire_codec
 from scaletrain.train.checkpoint import (
@@ -50,6 +51,7 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
             f"use --batch-size {layout.workers * max(1, batch // layout.workers)}{smaller} "
             f"(a multiple of {layout.workers}), fewer workers, or --sync join"
         )
+    check_elastic_batch(config, layout, batch)
     if config.sync_batchnorm:  # a network without batch norm is refused before any process starts
         sync_batch_norm(workload.build_model())
     codec = wire_codec(config)

@@ -12,6 +12,7 @@ from typing import Any
 from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.efficient import with_flagged_options
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.elastic import check_elastic
 from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
@@ -80,6 +81,7 @@ def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, 
     started elsewhere (torchrun, a node file) each bring their own.
     """
     layout = layout_of(config)  # checks the strategy flags before anything starts
+    check_elastic(config, layout)
     if config.nodefile is not None:
         return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
     if layout.world_size == 1:  # the same driver as every process of a distributed run, in this process

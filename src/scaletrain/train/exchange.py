@@ -14,7 +14,19 @@ from torch import nn
 
 from scaletrain.tensors.flat import finite
 
-__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "clip_and_step"]
+__all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "PeerLost", "clip_and_step"]
+
+
+class PeerLost(Exception):
+    """Raised by an exchange of an elastic run (``--min-workers``) when a peer was lost during the step,
+    before this worker applied any update of it: the loop regroups the survivors and does the step again.
+    The collective's own error is its ``__cause__``; ``why``: what this worker saw (``died``: the peer's
+    connections closed; ``stopped answering``: a wait ran out), ``None`` when it only heard of the loss
+    from another survivor."""
+
+    def __init__(self, why: str | None) -> None:
+        super().__init__("a peer was lost during the step")
+        self.why = why
 
 
 @dataclass
@@ -60,6 +72,10 @@ class GradientExchange(ABC):
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """The network in ``model`` changed shape: re-make whatever was sized for the old one."""
+
+    def resize(self, workers: int) -> None:  # noqa: B027 - optional hook
+        """An elastic run regrouped: ``workers`` now take part in each step (only exchanges that raise
+        :class:`PeerLost` are resized)."""
 
     def state_dict(self) -> dict | None:
         """What this worker's exchange carries from step to step (a wire codec's residuals and factors),

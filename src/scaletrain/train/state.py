@@ -26,7 +26,9 @@ from scaletrain.workloads import Workload
 
 __all__ = [
     "Agreement",
+    "Membership",
     "Prepared",
+    "Regrouped",
     "Role",
     "checkpoint_due",
     "count_steps_per_epoch",
@@ -72,6 +74,30 @@ class Agreement:
         return None
 
 
+class Membership:
+    """Which workers take part in each step of an elastic run (``--min-workers``), and how the survivors of
+    a lost worker go on: :class:`scaletrain.parallel.elastic.StoreMembership`. Here, the base contract."""
+
+    def regroup(
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+    ) -> tuple[Regrouped, dict[str, Any]]:
+        """After a lost peer at ``step`` (this worker's position, the step in flight not applied): agree on
+        the survivors, rebuild the group over them, and return their plan with the live state
+        (``live_state()`` of the survivor furthest ahead) every survivor continues from."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Regrouped:
+    """What a worker is after a regroup: its plan, how it agrees with the others, and the change's record
+    (``step``, ``left``, ``workers``, ``steps_redone``: fields of ``membership`` in ``summary.json``)."""
+
+    plan: WorkerPlan
+    workers: int
+    agreement: Agreement
+    record: dict[str, Any]
+
+
 @dataclass
 class Role:
     """What this process does in the loop: its data, how its gradients become weights, what it writes.
@@ -88,6 +114,8 @@ class Role:
     agreement: Agreement = field(default_factory=Agreement)
     #: the workers that compute parts of each global batch, for synchronised batch norm (``None``: nobody else)
     batch_group: dist.ProcessGroup | None = None
+    #: an elastic run's membership (``--min-workers``): the survivors of a lost worker go on (``None``: they stop)
+    membership: Membership | None = None
 
 
 @dataclass

@@ -11,6 +11,7 @@ worker's optimizer step; the thesis's distributed-server formula stands for it (
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,19 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
+from scaletrain.parallel.elastic import (
+    HeardOfLoss,
+    StoreMembership,
+    check_elastic_backend,
+    check_elastic_batch,
+    watched,
+)
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
-from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
+from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost, clip_and_step
 from scaletrain.train.meter import now
 from scaletrain.train.state import Prepared, Role
 from scaletrain.train.summary import write_summary
@@ -64,37 +72,62 @@ class AllReduce(Strategy):
         return EstimatorTerms(exchange=ring_allreduce_seconds, thesis_server="distributed")
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+        config = prepared.config
+        elastic = config.min_workers is not None and layout.workers > 1
+        if elastic:  # started by another launcher, this process is the first to see the batch
+            check_elastic_batch(config, layout, prepared.batch_size)
+            check_elastic_backend(dist.get_backend())
+        membership = (
+            StoreMembership(store, rank=rank, layout=layout, minimum=config.min_workers, timeout=config.timeout)
+            if elastic
+            else None
+        )
         role = Role(
             rank=rank,
             plan=layout.worker_plan(rank),
-            exchange=AllReduceExchange(layout.workers, wire_codec(prepared.config)),
+            exchange=AllReduceExchange(
+                layout.workers, wire_codec(config), lost=membership.peer_lost if membership is not None else None
+            ),
             coordinator=rank == 0,
             checkpoints=rank == 0,
             evaluate_each_epoch=False,
             agreement=StoreAgreement(
                 store,
                 deciding=rank == 0,
-                timeout=prepared.config.timeout,
+                timeout=config.timeout,
                 rank=rank,
                 workers=tuple(layout.worker_ranks()),
+                lost=membership.peer_lost if membership is not None else None,
             ),
-            batch_group=batch_group(prepared.config, layout),
+            batch_group=batch_group(config, layout),
+            membership=membership,
         )
         trainer = train_worker(prepared, role, store)
         if rank != 0:
             return None
-        stats = collect_stats(store, layout.worker_ranks(), set(), prepared.config.timeout)
-        return write_summary(prepared, trainer.final_quality(), stats, layout_fields=layout_fields(layout))
+        workers = membership.members if membership is not None else layout.worker_ranks()
+        stats = collect_stats(store, workers, set(), config.timeout)
+        fields = layout_fields(layout)
+        if config.min_workers is not None:
+            fields |= {"min_workers": config.min_workers, "membership": trainer.membership_changes}
+        return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 
 class AllReduceExchange(GradientExchange):
     """Gradients averaged over all workers by the codec's collective (``all_reduce`` of a cast; a codec
     whose payload does not add up runs its own); every worker then takes the same step."""
 
-    def __init__(self, workers: int, codec: WireCodec | None = None) -> None:
+    def __init__(self, workers: int, codec: WireCodec | None = None, *, lost: Callable[[], bool] | None = None) -> None:
         self.workers = workers
         self.codec = codec or WireCodec()
+        # elastic (--min-workers): whether another survivor has said a peer was lost; a lost peer raises
+        # PeerLost (the survivors regroup) instead of stopping the run
+        self.lost = lost
         self._ready = torch.zeros(1)
+
+    def resize(self, workers: int) -> None:
+        self.workers = workers
+        self.codec.reset()  # residuals and factors were the old group's
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if self.workers == 1:
@@ -123,14 +156,17 @@ class AllReduceExchange(GradientExchange):
             return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
         parameters = [p for p in model.parameters() if p.grad is not None]
         begin = now()
-        # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it
-        # takes is waiting, and the big all-reduce after it is (mostly) transfer.
-        dist.all_reduce(self._ready)
-        arrived = now()
         gradients = [p.grad for p in parameters]
         layout = TensorLayout.of(gradients)
-        # The codec runs the collective: an all-reduce of a cast, or whatever its payload needs.
-        total = self.codec.allreduce(self.codec.pack(gradients), layout, stream="all-reduce")
+        try:
+            arrived, total = self._reduce(gradients, layout)
+        except RuntimeError as error:  # c10d/gloo: a peer closed its connections or a wait timed out
+            if self.lost is None:
+                raise
+            print(f"lost a peer during the step's all-reduce: {str(error).splitlines()[0]}", flush=True)  # to the log
+            text = str(error).lower()
+            why = None if isinstance(error, HeardOfLoss) else "stopped answering" if "timed out" in text else "died"
+            raise PeerLost(why) from error
         total /= self.workers
         unflatten_into(total, gradients)
         done = now()
@@ -141,6 +177,26 @@ class AllReduceExchange(GradientExchange):
             skipped=skipped,
             sent_bytes=self.codec.payload_bytes(layout),
         )
+
+    def _reduce(self, gradients: list[torch.Tensor], layout: TensorLayout) -> tuple[float, torch.Tensor]:
+        # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it
+        # takes is waiting, and the big all-reduce after it is (mostly) transfer.
+        self._all_reduce(self._ready)
+        arrived = now()
+        flat = self.codec.pack(gradients)
+        if self.lost is None or type(self.codec).allreduce is not WireCodec.allreduce:
+            # The codec runs the collective: an all-reduce of a cast, or whatever its payload needs.
+            return arrived, self.codec.allreduce(flat, layout, stream="all-reduce")
+        payload, context = self.codec.compress(flat, layout, "all-reduce")
+        for part in payload:
+            self._all_reduce(part)
+        return arrived, self.codec.decompress(payload, context)
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        if self.lost is None:
+            dist.all_reduce(tensor)
+        else:
+            watched(dist.all_reduce(tensor, async_op=True), self.lost)
 
 
 def check_same_layout(parameters: list[torch.Tensor]) -> None:

@@ -1,0 +1,70 @@
+"""LeNet whose process of a chosen rank kills or freezes itself at a chosen step, and which records the samples
+each process computed: the elastic tests' workload, named ``tests.parallel.faulty_lenet:FaultyLeNet``.
+
+``SCALETRAIN_TEST_FAULT=RANK:STEP:SIGNAL`` (e.g. ``2:8:SIGKILL``): that rank's process sends itself the signal
+at the forward pass of its STEP-th step (counted from 1), before the step's all-reduce. ``SCALETRAIN_TEST_SAMPLES``
+names a folder where each process appends, per global batch it starts, the sample indices of its part
+(``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
+fault happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from scaletrain.data.sampler import EpochBatches, Part
+from scaletrain.workloads.lenet import LeNetWorkload
+
+ENV_FAULT = "SCALETRAIN_TEST_FAULT"
+ENV_SAMPLES = "SCALETRAIN_TEST_SAMPLES"
+
+
+class FaultyLeNet(LeNetWorkload):
+    _forward_passes = 0
+
+    def train_batches(
+        self,
+        data: Any,
+        *,
+        epoch: int,
+        batch_size: int,
+        seed: int,
+        part: Part = Part(),
+        numbers: range | None = None,
+    ) -> Iterator[Any]:
+        batches = EpochBatches(
+            self.train_size(data), batch_size=batch_size, seed=seed, epoch=epoch, part=part, numbers=numbers
+        )
+        folder = os.environ.get(ENV_SAMPLES)
+        for number in batches.numbers:
+            indices = batches.indices(number)
+            if folder:
+                record = {
+                    "rank": int(os.environ.get("RANK", "0")),
+                    "epoch": epoch,
+                    "number": number,
+                    "count": part.count,
+                    "indices": indices.tolist(),
+                }
+                with (Path(folder) / f"samples-{os.getpid()}.jsonl").open("a") as file:
+                    file.write(json.dumps(record) + "\n")
+            inputs, labels = self.train_samples(data, indices)
+            yield self.augment(inputs, indices, seed=seed, epoch=epoch), labels
+
+    def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
+        fault = os.environ.get(ENV_FAULT)
+        if fault:
+            rank, step, name = fault.split(":")
+            if int(os.environ.get("RANK", "0")) == int(rank):
+                FaultyLeNet._forward_passes += 1
+                if FaultyLeNet._forward_passes == int(step):
+                    folder = os.environ.get(ENV_SAMPLES)
+                    if folder:  # when the fault happened, to time the survivors' recovery from
+                        (Path(folder) / "fault-time").write_text(repr(time.time()))
+                    os.kill(os.getpid(), getattr(signal, name))
+        return super().training_loss(model, batch, state)
