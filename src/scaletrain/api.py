@@ -72,7 +72,7 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     distributed: started here on 127.0.0.1 (``workers=N``), or joined as one process of a job started
     elsewhere (``nodefile`` + ``index``, or the torchrun variables); then only rank 0 gets the summary.
     ``min_workers=M`` (all-reduce only) lets the run go on without a lost worker while M remain; the summary's
-    ``membership`` lists the changes (:mod:`scaletrain.parallel.elastic`).
+    ``membership`` lists the changes (:mod:`scaletrain.parallel.strategies.elastic`).
 
     The processes started here get an object as what makes it again: its import reference when
     :func:`create_workload` made it from one, otherwise the object pickled (cloudpickle: a class defined

@@ -54,7 +54,7 @@ class TrainConfig:
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
     ``min_workers`` (an all-reduce run that loses a worker goes on with the survivors while at least this
-    many remain; see :mod:`scaletrain.parallel.elastic`; ``None``: a lost worker stops the run), and
+    many remain; see :mod:`scaletrain.parallel.strategies.elastic`; ``None``: a lost worker stops the run), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into

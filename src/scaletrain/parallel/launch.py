@@ -30,7 +30,6 @@ from typing import IO, Any
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.elastic import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
 from scaletrain.parallel.rendezvous import (
@@ -42,6 +41,7 @@ from scaletrain.parallel.rendezvous import (
     ENV_WORLD_SIZE,
 )
 from scaletrain.parallel.strategies import SERVER, Layout
+from scaletrain.parallel.strategies.elastic import DROPPED_EXIT_CODE
 from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
 from scaletrain.workloads import Workload
@@ -212,7 +212,7 @@ def _watch(children: list[_Child], layout: Layout, timeout: float, min_workers: 
     """Return when every process has finished; raise :class:`RunFailed` when the run cannot go on.
 
     A synchronous run fails with its first failed process. An elastic all-reduce run (``min_workers``,
-    :mod:`scaletrain.parallel.elastic`) goes on without a worker other than rank 0 that dies, is dropped by
+    :mod:`scaletrain.parallel.strategies.elastic`) goes on without a worker other than rank 0 that dies, is dropped by
     the survivors, or stays frozen (killed once frozen for ``timeout`` + :data:`FROZEN_GRACE_SECONDS`,
     so that it cannot come back), while at least ``min_workers`` remain. In a run whose server outlives lost
     workers (:meth:`Strategy.outlives_lost_workers <scaletrain.parallel.strategies.Strategy.outlives_lost_workers>`:

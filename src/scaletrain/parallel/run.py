@@ -12,12 +12,12 @@ from typing import Any
 from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.efficient import with_flagged_options
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.elastic import check_elastic
 from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
+from scaletrain.parallel.strategies.elastic import check_elastic
 from scaletrain.plugins import load_plugins
 from scaletrain.workloads import Origin, Workload
 

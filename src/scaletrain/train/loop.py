@@ -11,7 +11,6 @@ The run is built by :mod:`scaletrain.train.build`; its parts and contracts are i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -28,6 +27,7 @@ from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import loss_bound
 from scaletrain.train.exchange import PeerLost
+from scaletrain.train.membership import MembershipLog, regroup
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
@@ -74,9 +74,7 @@ class Trainer:
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
-        #: an elastic run's membership changes (``membership`` in the summary); the one being recovered from
-        self.membership_changes: list[dict[str, Any]] = []
-        self._regrouped: dict[str, Any] | None = None
+        self.membership = MembershipLog()  # an elastic run's membership changes (``membership`` in the summary)
         self.bound = loss_bound(config, prepared.first_losses)  # fills prepared.first_losses, which checkpoints keep
         role.exchange.skip_nonfinite = self.technique is not None and self.technique.skips_nonfinite
 
@@ -191,48 +189,13 @@ class Trainer:
             self._loss_count += 1
             position.batch = number + 1
             position.step += 1
-            if self._regrouped is not None:
-                self._record_membership()
+            if self.membership.recovering:
+                self.membership.step_done(self.records.metrics)
             self._after_step(loss)
 
     def _regroup(self, lost: PeerLost) -> None:
-        """Agree with the survivors on who goes on, take the live state of the one furthest ahead (the step
-        in flight is done again unless one of them completed it), and go on with the new plan."""
-        detected = time.time()
-        regrouped, state = self.role.membership.regroup(self.position.step, lost.why, self._live_state)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        for name, value in state["position"].items():
-            setattr(self.position, name, value)
-        self.role = dataclasses.replace(self.role, plan=regrouped.plan, agreement=regrouped.agreement)
-        self.role.exchange.resize(regrouped.workers)
-        rows = self.prepared.batch_size * regrouped.plan.global_batch_factor // regrouped.plan.part.count
-        self.state = self.workload.initial_state(self.model, rows)
-        self._regrouped = {**regrouped.record, "detected": detected}
-        if self.records.metrics is not None:
-            left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in regrouped.record["left"])
-            self.records.progress.message(
-                f"step {self.position.step + 1}: {left} left; going on with {regrouped.workers} workers"
-            )
-
-    def _live_state(self) -> dict[str, Any]:
-        """What a survivor hands the others after a regroup: weights, optimizer state, position."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "position": asdict(self.position),
-        }
-
-    def _record_membership(self) -> None:
-        """The first step after a regroup is done: the change's record, with the seconds it took to recover."""
-        record = dict(self._regrouped)
-        detected = record.pop("detected")
-        record["seconds_to_recover"] = round(time.time() - detected, 3)
-        record["recovered"] = time.time()
-        self._regrouped = None
-        self.membership_changes.append(record)
-        if self.records.metrics is not None:
-            self.records.metrics.write({"kind": "membership", **record})
+        """Agree with the survivors on who goes on and take the live state (:func:`membership.regroup`)."""
+        regroup(self, lost)
 
     def _step_peak(self, model: nn.Module, rows: int) -> int | None:
         return step_peak(self.prepared, self.role.plan, model, rows, self._forward_context)

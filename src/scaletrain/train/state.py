@@ -76,7 +76,7 @@ class Agreement:
 
 class Membership:
     """Which workers take part in each step of an elastic run (``--min-workers``), and how the survivors of
-    a lost worker go on: :class:`scaletrain.parallel.elastic.StoreMembership`. Here, the base contract."""
+    a lost worker go on: :class:`scaletrain.parallel.strategies.elastic.StoreMembership`. Here, the base contract."""
 
     def regroup(
         self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]

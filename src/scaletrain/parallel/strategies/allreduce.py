@@ -20,15 +20,15 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.elastic import (
+from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.batch_norm import batch_group
+from scaletrain.parallel.strategies.elastic import (
     HeardOfLoss,
     StoreMembership,
     check_elastic_backend,
     check_elastic_batch,
     watched,
 )
-from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
-from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
@@ -109,7 +109,7 @@ class AllReduce(Strategy):
         stats = collect_stats(store, workers, set(), config.timeout)
         fields = layout_fields(layout)
         if config.min_workers is not None:
-            fields |= {"min_workers": config.min_workers, "membership": trainer.membership_changes}
+            fields |= {"min_workers": config.min_workers, "membership": trainer.membership.changes}
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 

@@ -122,13 +122,16 @@ def watched(work: dist.Work, lost: Callable[[], bool]) -> None:
     """Wait for ``work`` (an asynchronous collective), and give up as soon as ``lost()`` says another survivor
     has seen a peer lost. A gloo wait on a peer whose connection closed before the wait began is not woken
     by the close: without this a survivor would wait out ``--timeout``."""
-    asked = time.monotonic()
+    asked, pause = time.monotonic(), 0.00005
     while not work.is_completed():
         if time.monotonic() - asked > WATCH_SECONDS:
             if lost():
                 raise HeardOfLoss("another survivor saw a peer lost during this collective")
             asked = time.monotonic()
-        time.sleep(0.0001)
+        # short at first (a collective of small tensors ends in microseconds), then at most 2 ms, so a long
+        # wait for a slower worker does not take a core from it with thousands of wake-ups a second
+        time.sleep(pause)
+        pause = min(2 * pause, 0.002)
     work.wait()  # raises the collective's own error, if it failed
 
 
