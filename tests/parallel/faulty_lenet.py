@@ -37,24 +37,26 @@ class FaultyLeNet(LeNetWorkload):
         part: Part = Part(),
         numbers: range | None = None,
     ) -> Iterator[Any]:
+        # the parent's batches, and beside each the indices of its samples, drawn as the parent draws them
         batches = EpochBatches(
             self.train_size(data), batch_size=batch_size, seed=seed, epoch=epoch, part=part, numbers=numbers
         )
+        produced = super().train_batches(
+            data, epoch=epoch, batch_size=batch_size, seed=seed, part=part, numbers=numbers
+        )
         folder = os.environ.get(ENV_SAMPLES)
-        for number in batches.numbers:
-            indices = batches.indices(number)
+        for number, batch in zip(batches.numbers, produced, strict=True):
             if folder:
                 record = {
                     "rank": int(os.environ.get("RANK", "0")),
                     "epoch": epoch,
                     "number": number,
                     "count": part.count,
-                    "indices": indices.tolist(),
+                    "indices": batches.indices(number).tolist(),
                 }
                 with (Path(folder) / f"samples-{os.getpid()}.jsonl").open("a") as file:
                     file.write(json.dumps(record) + "\n")
-            inputs, labels = self.train_samples(data, indices)
-            yield self.augment(inputs, indices, seed=seed, epoch=epoch), labels
+            yield batch
 
     def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
         fault = os.environ.get(ENV_FAULT)
