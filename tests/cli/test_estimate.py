@@ -8,8 +8,11 @@ from tests.helpers import run_cli
 from scaletrain.cli import main
 from scaletrain.cli.estimate import strategy_choices
 from scaletrain.estimate.models import THESIS_TYPES
+from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import speedups
 from scaletrain.parallel.strategies import STRATEGIES, all_specs, parse_spec
+from scaletrain.tensors.codec import TensorLayout, WireCodec
+from scaletrain.workloads import create_workload
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -109,6 +112,10 @@ def test_numbers_that_make_no_sense_exit_2_with_one_line(args, fragment, capsys)
         (["--repeats", "0"], "--repeats"),
         (["--concurrency", "0"], "--concurrency must be ≥ 1"),
         (["--split-workers", "0"], "split worker counts must be ≥ 1"),
+        (["--wire", "powersgd", "-W", "rank=0"], "-W rank=0: powersgd's rank must be a whole number >= 1"),
+        (["--wire", "topk", "-W", "ratio=2"], "-W ratio=2: topk's ratio must be in (0, 1]"),
+        (["-W", "rank=2"], "wire codec 'fp32' takes no options (-W), got rank"),
+        (["--wire", "powersgd", "-W", "rank"], "wire option 'rank' must look like KEY=VALUE, e.g. -W rank=2"),
     ],
 )
 def test_profile_numbers_are_refused_before_anything_is_measured(args, fragment, capsys):
@@ -218,13 +225,22 @@ def test_recommend_from_the_thesis_table_times():
 
 @pytest.mark.multiprocess
 def test_profile_then_refined_estimate_from_the_file(tiny_fmnist, tmp_path):
+    """The profile is of a PowerSGD rank-1 wire: ``-W`` reaches the codec whose compressed message the
+    estimator carries (rank 1: half the factors of the default rank 2; LeNet's biases dense either way)."""
     saved = tmp_path / "lenet.json"
     profiled = run_cli(
         "profile", "lenet", "--batch-size", "32", "--data-dir", str(tiny_fmnist), "--repeats", "2",
         "--round-trips", "2", "--launches", "1", "--concurrency", "2", "--split-workers", "2", "--out", str(saved),
+        "--wire", "powersgd", "-W", "rank=1",
     )  # fmt: skip
     assert profiled.returncode == 0, profiled.stderr
     assert "t_grad" in profiled.stdout and "t_comm" in profiled.stdout and str(saved) in profiled.stdout
+    measured = Profile.load(saved)
+    assert measured.wire == "powersgd" and measured.wire_options == {"rank": "1"}
+    layout = TensorLayout.of(list(create_workload("lenet", {}).build_model().parameters()))
+    rank_one = WireCodec.of("powersgd", options={"rank": "1"}).steady_payload_bytes(layout)
+    assert measured.gradient_bytes == rank_one < WireCodec.of("powersgd").steady_payload_bytes(layout)
+    assert measured.default_path().name == "lenet-b32-wpowersgd-rank1.json"
     estimated = run_cli("estimate", "--profile", str(saved), "--model", "refined", "--type", "sync-split",
                         "--workers", "2", "--cores", "2", "--output", "csv")  # fmt: skip
     assert estimated.returncode == 0, estimated.stderr
@@ -233,3 +249,10 @@ def test_profile_then_refined_estimate_from_the_file(tiny_fmnist, tmp_path):
     advice = run_cli("estimate", "--profile", str(saved), "--recommend", "--max-workers", "3")
     assert advice.returncode == 0, advice.stderr
     assert "thesis model:" in advice.stdout and "refined model:" in advice.stdout
+
+
+def test_a_powersgd_rank_no_matrix_holds_is_refused_before_anything_is_measured(tiny_fmnist, capsys):
+    assert main(["profile", "lenet", "--data-dir", str(tiny_fmnist), "--wire", "powersgd", "-W", "rank=501"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1, captured.err
+    assert "-W rank=501: the network's widest gradient matrix allows rank 500 at most" in captured.err

@@ -1,12 +1,14 @@
 """A wire codec of one's own: one module and one registry line, loaded into every process of a run by
 ``SCALETRAIN_PLUGINS=tests.extending.made_up_codec`` (the test imports it itself too).
 
-Top-k sparsification (Aji & Heafield 2017; with error feedback, Stich et al. 2018): of each gradient
-message only the largest sixteenth of the values by magnitude travel, each with its int32 index — 8
-bytes per kept value, an eighth of float32's bytes. With ``error_feedback`` what was left out is
-added to the next message of the same stream. Workers keep different indices, so their payloads do
-not add up as they travel: under all-reduce the codec all-gathers every worker's values and indices
-and adds them itself; a parameter server's owner decompresses each payload before applying it.
+Scaled signs (signSGD, Bernstein et al. 2018; with a scale and error feedback, Karimireddy et al. 2019,
+"EF-SignSGD"): every value travels as one bit, its sign, and every block of 256 values as one float32,
+the mean magnitude of the block, so that a value arrives as ± its block's scale — about a bit and an
+eighth per value, 1/28 of float32's bytes. With ``error_feedback`` what the signs got wrong is added
+to the next message of the same stream. Signs do not add up as they travel: under all-reduce the codec
+all-gathers every worker's message and adds the decoded gradients itself; a parameter server's owner
+decompresses each message before applying it. Nothing in the message depends on the gradient's
+shapes, only on its element count, so an owner that knows a layout by its header alone decodes it too.
 """
 
 from __future__ import annotations
@@ -18,28 +20,35 @@ import torch.distributed as dist
 
 from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec
 
-__all__ = ["TopK"]
+__all__ = ["ScaledSign"]
+
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
 
 
-class TopK(WireCodec):
-    """The largest ``1/keep_one_in`` of a gradient's values by magnitude and their indices."""
+class ScaledSign(WireCodec):
+    """Each value's sign as a bit, and each ``block`` of values' mean magnitude as a float32."""
 
-    name = "top16"
-    keep_one_in = 16
-
-    def kept(self, numel: int) -> int:
-        return max(1, math.ceil(numel / self.keep_one_in))
+    name = "scaledsign"
+    block = 256
 
     def payload_spec(self, layout: TensorLayout) -> list[tuple[int, torch.dtype]]:
-        count = self.kept(layout.numel)
-        return [(count, torch.float32), (count, torch.int32)]
+        # the scales first: the bit bytes after them need no padding to start at a multiple of their size
+        return [(math.ceil(layout.numel / self.block), torch.float32), (math.ceil(layout.numel / 8), torch.uint8)]
 
     def compress(
         self, flat: torch.Tensor, layout: TensorLayout, stream: object = None
     ) -> tuple[list[torch.Tensor], TensorLayout]:
-        corrected = self.corrected(flat, stream) if self.error_feedback else flat
-        indices = corrected.abs().topk(self.kept(flat.numel()), sorted=False).indices
-        payload = [corrected[indices], indices.to(torch.int32)]
+        corrected = self.corrected(flat, stream) if self.error_feedback else flat.float()
+        numel = corrected.numel()
+        blocks = math.ceil(numel / self.block)
+        padded = torch.zeros(blocks * self.block, device=corrected.device)
+        padded[:numel] = corrected
+        sizes = torch.full((blocks,), float(self.block), device=corrected.device)
+        sizes[-1] = numel - (blocks - 1) * self.block  # the zeros that pad the last block are not its values
+        scales = padded.view(blocks, self.block).abs().sum(1) / sizes
+        positive = (padded[: math.ceil(numel / 8) * 8] >= 0).to(torch.uint8).view(-1, 8)
+        bits = (positive * _BIT_WEIGHTS.to(positive.device)).sum(1, dtype=torch.uint8)
+        payload = [scales, bits]
         if self.error_feedback:
             self.carry(stream, corrected, self.decompress(payload, layout))
         return payload, layout
@@ -47,21 +56,24 @@ class TopK(WireCodec):
     def decompress(
         self, payload: list[torch.Tensor], context: TensorLayout, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        values, indices = payload
-        out = torch.zeros(context.numel, device=values.device) if out is None else out.zero_()
-        return out.index_copy_(0, indices.long(), values)
+        scales, bits = payload
+        shifts = torch.arange(8, device=bits.device, dtype=torch.uint8)
+        signs = ((bits.unsqueeze(1) >> shifts) & 1).reshape(-1)[: context.numel].float() * 2 - 1
+        magnitudes = scales.repeat_interleave(self.block)[: context.numel]
+        if out is None:
+            return signs * magnitudes
+        return torch.mul(signs, magnitudes, out=out)
 
     def allreduce(
         self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
     ) -> torch.Tensor:
-        payload, _ = self.compress(flat, layout, stream)
-        gathered = [[torch.empty_like(part) for _ in range(dist.get_world_size(group))] for part in payload]
-        for part, parts in zip(payload, gathered, strict=True):
-            dist.all_gather(parts, part, group=group)
-        total = torch.zeros(layout.numel, device=flat.device)
-        for values, indices in zip(*gathered, strict=True):  # in rank order: the same sum on every worker
-            total.index_add_(0, indices.long(), values)
-        return total
+        # every worker's message has the same size (it depends on the element count alone): one
+        # all-gather of whole messages, decoded and summed in rank order, the same sum everywhere
+        message = self.to_message(self.compress(flat, layout, stream)[0], layout)
+        messages = [torch.empty_like(message) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(messages, message, group=group)
+        decoded = [self.decompress(self.from_message(body, layout), layout) for body in messages]
+        return torch.stack(decoded).sum(0)
 
 
-CODECS[TopK.name] = TopK
+CODECS[ScaledSign.name] = ScaledSign

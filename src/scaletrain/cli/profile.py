@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scaletrain.api import profile
 from scaletrain.cli.arguments import number_list, workload_argument, workloads_offered
-from scaletrain.cli.train import add_model_flags, workload_options
+from scaletrain.cli.train import add_model_flags, parse_options, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.estimate.profile import Profile
@@ -47,6 +47,9 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
                        help="time t_grad under this autocast type, as train --precision runs it")  # fmt: skip
     group.add_argument("--wire", choices=sorted(CODECS), default="fp32",
                        help="time t_comm for the weights in this type, as train --wire sends them")  # fmt: skip
+    group.add_argument("-W", "--wire-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="the wire codec's option, as train takes it, e.g. -W rank=1 for powersgd: the "
+                            "profile's gradient_bytes are that codec's compressed message")  # fmt: skip
     group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
                        help="where t_grad is timed (default: cpu)")  # fmt: skip
     group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
@@ -74,6 +77,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "options": workload_options(args),
         "precision": args.precision,
         "wire": args.wire,
+        "wire_options": parse_options(args.wire_option, what="wire option", example="-W rank=2"),
         "device": args.device,
         "memory_format": args.memory_format,
     }

@@ -59,6 +59,7 @@ class Profile:
     precision: str = "fp32"
     wire: str = "fp32"
     memory_format: str = "contiguous"  # as timed (auto resolved)
+    wire_options: dict[str, Any] = field(default_factory=dict)  # the codec's -W options gradient_bytes was sized with
 
     def t_grad_at(self, parts: int) -> float:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""
@@ -158,10 +159,11 @@ class Profile:
         return path
 
     def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE].json`` (float32 parts left out)"""
+        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE[-KEYVALUE…]].json`` (float32 parts left out)"""
         network = f"-{self.network}" if self.network else ""
         precision = f"-{self.precision}" if self.precision != "fp32" else ""
         wire = f"-w{self.wire}" if self.wire != "fp32" else ""
+        wire += "".join(f"-{key}{value}" for key, value in sorted(self.wire_options.items()))
         return Path("profiles") / f"{workload_label(self.workload)}-b{self.batch_size}{network}{precision}{wire}.json"
 
     @classmethod

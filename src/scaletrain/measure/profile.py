@@ -98,6 +98,7 @@ class ProfileConfig:
     architecture: dict[str, dict[str, int]] = field(default_factory=dict)
     precision: str = "fp32"  # autocast type of the timed forward passes
     wire: str = "fp32"  # what the weights travel as (scaletrain.tensors.codec)
+    wire_options: dict[str, object] = field(default_factory=dict)  # the codec's -W options, as train takes them
     device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
     memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
 
@@ -107,7 +108,7 @@ class ProfileConfig:
         # refuses an unknown precision, and fp16 where the device is no GPU
         Precision(precision=self.precision, device_type=resolve_device(self.device).type)
         resolved_memory_format(self.memory_format)
-        WireCodec.of(self.wire)
+        WireCodec.of(self.wire, options=self.wire_options)  # a bad -W is one line before anything runs
         if self.repeats < 1 or self.round_trips < 1 or self.launches < 1 or self.warmup < 0:
             raise ConfigError("--repeats, --round-trips and --launches must be ≥ 1 and --warmup ≥ 0")
         if self.threads < 1:
@@ -146,12 +147,13 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
     # Load the data here first: a missing dataset is one clear error before any process starts.
     workload.load_data(config.data_dir, download=config.download)
-    codec = WireCodec.of(config.wire)
+    codec = WireCodec.of(config.wire, options=config.wire_options)
     trained = [p for p in network(workload, config.architecture).parameters() if p.requires_grad]
+    codec.check_network([p.shape for p in trained])  # e.g. a rank no matrix can hold, as train refuses it
     values = [p.numel() for p in trained]
     tensors = [n * codec.bytes_per_value for n in values]  # as they travel
     weight_bytes = sum(tensors)
-    # a codec that compresses gradients (powersgd, topk; their default options) sends fewer bytes than the weights'
+    # a codec that compresses gradients (powersgd, topk; with the -W options given) sends fewer bytes than the weights'
     compressed = codec.steady_payload_bytes(TensorLayout.of(trained))
     gradient_bytes = compressed if compressed != weight_bytes else None
     job = {
@@ -228,6 +230,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         architecture=dict(config.architecture),
         precision=config.precision,
         wire=config.wire,
+        wire_options=dict(config.wire_options),
         memory_format=resolved_memory_format(config.memory_format, resolve_device(config.device).type),
     )
     if out is not None:
