@@ -10,6 +10,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from scaletrain.measure.validate import step_parts_table
+
 PRECISION_GOAL = 1.8
 #: fp32 ms per step at batch 64, 1 thread, measured on the 2-core CPU machine where scaletrain is developed
 #: (docs/precision-and-devices.md): channels-first, channels-last
@@ -255,37 +257,14 @@ def _sweep(name: str, sweep: dict[str, Any]) -> list[str]:
                 for model in ("refined", "thesis")
             )
             lines.append(f"- {workers} workers: measured {' > '.join(order['measured'])}; {taus}")
-    lines += _step_parts(sweep.get("predictions", []))
+    parts = step_parts_table(sweep.get("predictions", []))
+    lines += ["", *parts] if parts else []
     if sweep.get("not_run"):
         missing = ", ".join(f"{item['strategy']} × {item['workers']}" for item in sweep["not_run"])
         lines += ["", f"Not run ({sweep['not_run'][0]['why']}): {missing}."]
     if sweep.get("profile_error") or sweep.get("error"):
         lines += ["", "```", str(sweep.get("profile_error") or sweep.get("error"))[-1500:], "```"]
     return [*lines, ""]
-
-
-def _step_parts(table: list[dict[str, Any]]) -> list[str]:
-    """A synchronous step's parts, measured / the refined model's, in ms (validate's ``step_parts``)."""
-    rows = [row for row in table if row.get("refined_compute_seconds") is not None]
-    if not rows:
-        return []
-
-    def ms(value: float | None) -> str:
-        return "—" if value is None else f"{value * 1000:.1f}"
-
-    lines = [
-        "",
-        "A synchronous step's parts, measured / refined model, ms per step (the predicted exchange holds the "
-        "optimizer step too; a parameter-server worker's wait for the server's reply is in its measured wait):",
-        "",
-        "| strategy | workers | compute | wait | exchange |",
-        "|---|---|---|---|---|",
-    ]
-    for row in rows:
-        parts = (f"{ms(row.get(f'measured_{part}_seconds'))} / {ms(row[f'refined_{part}_seconds'])}"
-                 for part in ("compute", "wait", "exchange"))  # fmt: skip
-        lines.append(f"| {row['strategy']} | {row['workers']} | " + " | ".join(parts) + " |")
-    return lines
 
 
 def _tau(value: float | None) -> str:

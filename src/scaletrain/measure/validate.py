@@ -30,7 +30,7 @@ from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 
-__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation"]
+__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation", "step_parts_table"]
 
 DEFAULT_STRATEGIES = (
     "allreduce-join",
@@ -333,13 +333,14 @@ def _markdown(
             f"(over the {entry['pairs_apart']} of {entry['pairs']} pairs more than {RANK_NOISE:.0%} apart)"
         )
     lines += [""] if ranking else []
-    split = _split_lines(rows)
+    split = step_parts_table(rows)
     lines += [*split, ""] if split else []
     return "\n".join(lines)
 
 
-def _split_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The per-step parts of the synchronous rows, measured against the refined model (milliseconds)."""
+def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-step parts of the synchronous rows (:func:`step_parts`), measured against the refined model,
+    as Markdown lines (milliseconds); none when no row is synchronous."""
     synchronous = [row for row in rows if row.get("refined_compute_seconds") is not None]
     if not synchronous:
         return []
