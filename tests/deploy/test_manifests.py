@@ -371,6 +371,10 @@ def test_elastic_pytorchjob() -> None:
         (lambda: DeployConfig(name="ok", image="x", operator="trainer", port=1234), "--port cannot be set"),
         (lambda: DeployConfig(name="ok", image="x", operator="trainer", pull_policy="Always"), "--pull-policy"),
         (lambda: DeployConfig(name="ok", image="x", operator="trainer", max_restarts=5), "--max-restarts"),
+        (  # train's --min-workers (going on with the survivors) from a configuration: local runs only
+            lambda: plan("lenet", DeployConfig(name="ok", image="x"), {"workers": 3, "min_workers": 2}),
+            "min_workers in the configuration is train's --min-workers",
+        ),
     ],
 )
 def test_bad_input_names_the_fix(change, message: str) -> None:

@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="with --operator kubeflow: an elastic PyTorchJob (elasticPolicy minReplicas, torchrun's c10d "
         "rendezvous; pods start under torchrun). scaletrain still trains with exactly --workers: a lost "
         "worker makes torchrun restart every process from the last checkpoint; training on with fewer "
-        "is not built",
+        "(train --min-workers, under scaletrain's own launcher) is not built for pods",
     )
     cluster.add_argument(
         "--max-workers", type=int, help="with --min-workers: the elasticPolicy's maxReplicas (default --workers)"
@@ -160,7 +160,9 @@ def _write(objects: list[dict[str, Any]], out: Path | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in ("workload", "out")}
+    # --min-workers here is the PyTorchJob's elastic bound, not train's (going on with the survivors)
+    unread = ("workload", "out", "min_workers")
+    training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in unread}
     training["options"] = train.workload_options(args) or None
     training.update(train.technique_settings(args))  # -T options and a technique's own flags, as train takes them
     objects = deploy_kubernetes(

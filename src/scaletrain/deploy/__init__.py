@@ -64,6 +64,12 @@ def plan(
     # workload's options are checked by the pods, as ever)
     create_workload(workload)
     given.pop("workload", None)
+    if given.pop("min_workers", None) is not None:  # deploy's own --min-workers is DeployConfig's, not this
+        raise ConfigError(
+            "min_workers in the configuration is train's --min-workers (going on with the survivors), built for "
+            "local runs only; leave it out (deploy's --min-workers with --operator kubeflow renders an elastic "
+            "PyTorchJob)"
+        )
     for key, why in _DECIDED_HERE.items():
         if given.get(key) not in (None, False):
             raise ConfigError(f"--{key.replace('_', '-')} cannot be set for a deployment: {why}; leave it out")

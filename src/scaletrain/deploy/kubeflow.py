@@ -16,7 +16,8 @@ adds ``--resume`` once a checkpoint exists). What scaletrain does with it today:
 fixed at launch (``--workers``), so a group that forms with another size is refused and the agents
 form it again; a lost process makes torchrun restart every process of the group (torchrun's elastic
 mode restarts all workers on any membership change) and they resume from the last checkpoint.
-Training on with fewer workers, or admitting new ones into a running job, is not built.
+In pods, training on with fewer workers (``train --min-workers`` under scaletrain's own launcher), or
+admitting new ones into a running job, is not built.
 
 Restarts: ``OnFailure`` for synchronous strategies, so every process that fails after a loss is
 restarted and resumes from the checkpoint (``runPolicy.backoffLimit`` bounds the total). The
