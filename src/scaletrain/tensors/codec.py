@@ -17,6 +17,7 @@ instead of a gloo size error, a hang or a silent mis-read.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -170,12 +171,23 @@ class WireCodec:
         return [(layout.numel, self.dtype)]
 
     def allreduce(
-        self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
+        self,
+        flat: torch.Tensor,
+        layout: TensorLayout,
+        *,
+        group: dist.ProcessGroup | None = None,
+        stream: object = None,
+        all_reduce: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor:
-        """The sum of every process's ``flat`` over ``group`` as float32 (``flat`` may be reused)."""
+        """The sum of every process's ``flat`` over ``group`` as float32 (``flat`` may be reused).
+        ``all_reduce``: what reduces each part in place instead of ``dist.all_reduce`` over ``group``
+        (an elastic run's watched collective)."""
         payload, context = self.compress(flat, layout, stream)
         for part in payload:
-            dist.all_reduce(part, group=group)
+            if all_reduce is None:
+                dist.all_reduce(part, group=group)
+            else:
+                all_reduce(part)
         return self.decompress(payload, context)
 
     def reset(self) -> None:

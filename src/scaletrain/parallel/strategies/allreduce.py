@@ -29,7 +29,7 @@ from scaletrain.parallel.strategies.elastic import (
     check_elastic_batch,
     watched,
 )
-from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, gradient_bytes
+from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost, clip_and_step
@@ -57,9 +57,7 @@ def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
         transfer = 2 * (workers - 1) / workers * gradient_bytes(profile) / profile.bytes_per_second
         return 2 * (workers - 1) * profile.latency + transfer
 
-    counts = np.asarray(n)
-    seconds = [profile.calibrated(profile.allreduce, int(k), ring) for k in counts.ravel().tolist()]
-    return np.asarray(seconds, dtype=float).reshape(counts.shape) + profile.t_update
+    return calibrated_seconds(profile, profile.allreduce, n, ring) + profile.t_update
 
 
 class AllReduce(Strategy):
@@ -187,10 +185,8 @@ class AllReduceExchange(GradientExchange):
         if self.lost is None or type(self.codec).allreduce is not WireCodec.allreduce:
             # The codec runs the collective: an all-reduce of a cast, or whatever its payload needs.
             return arrived, self.codec.allreduce(flat, layout, stream="all-reduce")
-        payload, context = self.codec.compress(flat, layout, "all-reduce")
-        for part in payload:
-            self._all_reduce(part)
-        return arrived, self.codec.decompress(payload, context)
+        # an elastic run: the cast's all-reduce, each part watched for a peer another survivor saw lost
+        return arrived, self.codec.allreduce(flat, layout, stream="all-reduce", all_reduce=self._all_reduce)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         if self.lost is None:

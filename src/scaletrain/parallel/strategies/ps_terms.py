@@ -19,6 +19,7 @@ from scaletrain.parallel.strategies.terms import (
     EstimatorTerms,
     Network,
     StepInputs,
+    calibrated_seconds,
     gradient_bytes,
     queue_demands,
     transfer_seconds,
@@ -37,9 +38,7 @@ def central_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
         pushes, replies = workers * gradient_bytes(profile), workers * weight_bytes(profile)
         return float(transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update)
 
-    counts = np.asarray(n)
-    seconds = [profile.calibrated(profile.central, int(k), formula) for k in counts.ravel().tolist()]
-    return np.asarray(seconds, dtype=float).reshape(counts.shape)
+    return calibrated_seconds(profile, profile.central, n, formula)
 
 
 def shares(inputs: StepInputs, n: np.ndarray) -> list[dict[float, int]]:

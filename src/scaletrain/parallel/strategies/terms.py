@@ -112,6 +112,16 @@ class EstimatorTerms:
     thesis_server: str | None = None
 
 
+def calibrated_seconds(
+    profile: ProfileNumbers, measured: dict[int, float], n: np.ndarray, formula: Callable[[int], float]
+) -> np.ndarray:
+    """``formula`` at each worker count of ``n``, corrected by what the profile ``measured`` at some counts
+    (:meth:`~scaletrain.estimate.profile.Profile.calibrated`), in ``n``'s shape."""
+    counts = np.asarray(n)
+    seconds = [profile.calibrated(measured, int(k), formula) for k in counts.ravel().tolist()]
+    return np.asarray(seconds, dtype=float).reshape(counts.shape)
+
+
 def transfer_seconds(profile: ProfileNumbers, size: np.ndarray) -> np.ndarray:
     """One message of ``size`` bytes: latency + bytes / bandwidth."""
     return profile.latency + size / profile.bytes_per_second
