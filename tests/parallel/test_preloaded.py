@@ -31,7 +31,13 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     (tmp_path / "modules" / "probe_module.py").write_text(PROBE, encoding="utf-8")
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
-    return {**os.environ, "PYTHONPATH": str(tmp_path / "modules"), "PROBE_SETTING": "rank 1"}
+    inherited = dict(os.environ)
+    if preloaded._server_environment is not None:  # a server an earlier test's run started: be a rank it can fork
+        inherited = {key: value for key, value in inherited.items() if not key.startswith(preloaded.STARTUP_PREFIXES)}
+        inherited.update(
+            {key: value for key, value in preloaded._server_environment.items() if key not in ("PYTHONPATH", "executable")}
+        )
+    return {**inherited, "PYTHONPATH": str(tmp_path / "modules"), "PROBE_SETTING": "rank 1"}
 
 
 def forked(environment: dict[str, str], tmp_path: Path, *args: str) -> tuple[int, dict, str]:
