@@ -34,9 +34,8 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     inherited = dict(os.environ)
     if preloaded._server_environment is not None:  # a server an earlier test's run started: be a rank it can fork
         inherited = {key: value for key, value in inherited.items() if not key.startswith(preloaded.STARTUP_PREFIXES)}
-        inherited.update(
-            {key: value for key, value in preloaded._server_environment.items() if key not in ("PYTHONPATH", "executable")}
-        )
+        started = preloaded._server_environment
+        inherited.update({key: value for key, value in started.items() if key not in ("PYTHONPATH", "executable")})
     return {**inherited, "PYTHONPATH": str(tmp_path / "modules"), "PROBE_SETTING": "rank 1"}
 
 
