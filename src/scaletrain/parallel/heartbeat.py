@@ -1,8 +1,8 @@
 """Heartbeats in the rendezvous store, to name the process that stopped answering.
 
 When a collective times out, every surviving process knows only that *someone* did not answer.
-Each process therefore counts up a key ``heartbeat/RANK`` in the store once a second from a
-thread of its own, over its own connection. A frozen process (``SIGSTOP``, a machine that hangs)
+Each process therefore counts up a key ``heartbeat/RANK`` in the store four times a second from
+a thread of its own, over its own connection. A frozen process (``SIGSTOP``, a machine that hangs)
 stops counting; a survivor that hits a timeout reads the counters twice and names the ranks whose
 counters stood still. If the store itself does not answer, the process hosting it (rank 0, unless
 torchrun's agent hosts it) is the one that stopped.
@@ -27,11 +27,16 @@ import torch.distributed as dist
 
 from scaletrain.parallel.rendezvous import Rendezvous, own_keys
 
-__all__ = ["Heartbeat"]
+__all__ = ["SILENCE_SECONDS", "Heartbeat", "SilenceWatch"]
 
-INTERVAL_SECONDS = 1.0
-#: How long a survivor watches the counters: a few beats, so a slow-but-alive process still counts.
-WATCH_SECONDS = 3.5 * INTERVAL_SECONDS
+#: Often enough that an elastic run's survivors know a lost worker's silence within a second or two
+#: (:data:`SILENCE_SECONDS`); 4 counts a second per process.
+INTERVAL_SECONDS = 0.25
+#: An elastic run drops a worker whose heartbeat did not move for this long (and that did not report): six
+#: missed beats. A process that is alive but slow keeps beating from its own thread.
+SILENCE_SECONDS = 1.5
+#: How long a survivor watches the counters: many beats, so a slow-but-alive process still counts.
+WATCH_SECONDS = 3.5
 STORE_TIMEOUT_SECONDS = 5.0
 
 
@@ -87,6 +92,34 @@ class Heartbeat:
         if finished:
             with contextlib.suppress(RuntimeError):  # the store's host may have left already
                 self._store.set(_finished_key(self.rendezvous.rank), "1")
+
+
+class SilenceWatch:
+    """Which ranks' heartbeats stood still for ``seconds``, from ``store`` (the run's keys), read at most once
+    per beat however often asked: an elastic run's survivors drop a frozen worker on this, without waiting
+    out ``--timeout`` (a process that is alive beats from its own thread, however busy its main thread)."""
+
+    def __init__(self, store: dist.Store, seconds: float) -> None:
+        self.store, self.seconds = store, seconds
+        self._seen: dict[int, tuple[int, float]] = {}  # rank: its count, and when it last moved
+        self._asked = float("-inf")
+
+    def silent(self, ranks: list[int]) -> list[int]:
+        clock = time.monotonic()
+        if clock - self._asked >= INTERVAL_SECONDS:
+            self._asked = clock
+            for rank in ranks:
+                count = self.count(rank)
+                if self._seen.get(rank, (None,))[0] != count:
+                    self._seen[rank] = (count, clock)
+        return [rank for rank in ranks if rank in self._seen and clock - self._seen[rank][1] >= self.seconds]
+
+    def still_for(self, rank: int) -> float:
+        """How long ``rank``'s count has stood still as far as this watch saw (0 when never read)."""
+        return time.monotonic() - self._seen[rank][1] if rank in self._seen else 0.0
+
+    def count(self, rank: int) -> int:
+        return self.store.add(f"heartbeat/{rank}", 0)
 
 
 def _finished_key(rank: int) -> str:

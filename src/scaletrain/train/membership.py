@@ -52,10 +52,11 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
                 "position": asdict(trainer.position)}  # fmt: skip
 
     regrouped, state = trainer.role.membership.regroup(trainer.position.step, lost.why, live_state)
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    for name, value in state["position"].items():
-        setattr(trainer.position, name, value)
+    if state is not None:  # None: this worker holds the state to go on from (a central server's reply)
+        trainer.model.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        for name, value in state["position"].items():
+            setattr(trainer.position, name, value)
     trainer.role = dataclasses.replace(trainer.role, plan=regrouped.plan, agreement=regrouped.agreement)
     trainer.role.exchange.resize(regrouped.workers)
     rows = trainer.prepared.batch_size * regrouped.plan.global_batch_factor // regrouped.plan.part.count

@@ -80,10 +80,11 @@ class Membership:
 
     def regroup(
         self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
-    ) -> tuple[Regrouped, dict[str, Any]]:
+    ) -> tuple[Regrouped, dict[str, Any] | None]:
         """After a lost peer at ``step`` (this worker's position, the step in flight not applied): agree on
         the survivors, rebuild the group over them, and return their plan with the live state
-        (``live_state()`` of the survivor furthest ahead) every survivor continues from."""
+        (``live_state()`` of the survivor furthest ahead) every survivor continues from, or None when this
+        worker already holds it (a central server's weights came with its reply)."""
         raise NotImplementedError
 
 

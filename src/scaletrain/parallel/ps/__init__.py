@@ -9,10 +9,11 @@ lock. Messages (tags keep the two directions of a pair apart):
 - worker → owner, ``REQUEST``: header ``[kind, version, batches_done, layout_id, numel]`` then, for
   a gradient, the flat gradient of the owner's tensors (kinds: gradient, done, reconfigure — the
   worker is at a step boundary where the network changes; ``version`` then holds the epoch);
-- owner → worker, ``REPLY``: header ``[version, layout_id, numel, skipped]`` then the owner's flat
-  weights (no weights when the layouts differ: both sides then stop with both layouts named);
+- owner → worker, ``REPLY``: header ``[version, layout_id, numel, skipped, payload bytes, generation]``
+  then the owner's flat weights (no weights when the layouts differ: both sides then stop with both layouts named);
   ``skipped`` is 1 when the update this reply answers was not made because the gradient overflowed
-  (with ``skip_nonfinite``, under dynamic loss scaling);
+  (with ``skip_nonfinite``, under dynamic loss scaling), and 2 when an elastic central server asks the
+  worker to do the step again with the membership of ``generation`` (:mod:`.membership`);
 - owner → worker, ``GRANT``: with ``--ps-admission exclusive``, permission to send (Šlampa 2017
   §7.2: one transfer at a time into the server, one out).
 - owner → rank 0, ``FINAL_SHARD``: once training has ended, a sharded owner's final master tensors
@@ -28,6 +29,7 @@ first, since only that header tells how many weights follow when the two network
 Modules: ``protocol`` (tags, headers, the pair groups, sending and receiving a message), ``server``
 (:class:`~scaletrain.parallel.ps.server.ShardServer`, an owner's side), ``exchange``
 (:class:`~scaletrain.parallel.ps.exchange.PSExchange`, a worker's side), ``records`` (what a server
-writes: checkpoints, metrics, the model) and ``staleness`` (how an asynchronous server compensates
-for stale gradients).
+writes: checkpoints, metrics, the model), ``staleness`` (how an asynchronous server compensates
+for stale gradients) and ``membership`` (an elastic central server's survivors going on without a lost
+worker).
 """

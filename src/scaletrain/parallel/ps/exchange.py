@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.parallel.ps.membership import REDO
 from scaletrain.parallel.ps.protocol import (
     DONE,
     GRADIENT,
@@ -25,7 +27,7 @@ from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.device import synchronize
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
-from scaletrain.train.exchange import ExchangeTimes, GradientExchange
+from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost
 from scaletrain.train.meter import now
 
 __all__ = ["HOST_STAGING", "PSExchange"]
@@ -60,8 +62,13 @@ class PSExchange(GradientExchange):
         gather: Callable[[PSExchange, nn.Module, torch.optim.Optimizer], None] | None = None,
         exclusive: bool = False,
         codec: WireCodec | None = None,
+        patience: float | None = None,
     ) -> None:
         self.rank, self.plan, self.groups = rank, plan, groups
+        # elastic (a central server that drops lost workers): how long a reply may take, the server's own wait
+        # for a lost peer included; the reply then may ask for the step again (``redo_generation``)
+        self.patience = patience
+        self.redo_generation: int | None = None
         self.serve, self.gather, self.exclusive = serve, gather, exclusive
         self.codec = codec or WireCodec()
         self.local_server: ShardServer | None = None
@@ -149,7 +156,7 @@ class PSExchange(GradientExchange):
         """An owner's first reply (after a start or a reconfiguration), header first: a server whose network
         or wire codec differs is told so and named, and its weights are not taken."""
         dist.recv(self._headers[owner], src=owner, group=self.groups[owner], tag=REPLY)
-        version, layout_id, numel, _, size = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, _, size, _ = (int(v) for v in self._headers[owner])
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
             self._stop_at_first_reply(owner, version, theirs.numel)
@@ -183,9 +190,9 @@ class PSExchange(GradientExchange):
     def _receive_reply(self, owner: int, header: dist.Work, body: dist.Work) -> float:
         """Finish receiving a posted reply into the model; returns the wait for the header."""
         begin = now()
-        header.wait()
+        self._wait_reply(header)
         waited = now() - begin
-        version, layout_id, numel, skipped, size = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, skipped, size, generation = (int(v) for v in self._headers[owner])
         if TensorLayout(layout_id, numel) != self._layouts[owner]:  # the server refused (version -1): no body
             raise LayoutMismatch(
                 f"the server at rank {owner} refused worker rank {self.rank}'s tensors of layout "
@@ -196,10 +203,21 @@ class PSExchange(GradientExchange):
                 f"the server at rank {owner} (gradients of {size} bytes) refused worker rank {self.rank}'s gradient "
                 f"as wire codec {self.codec.name!r}: every process must use the same wire codec"
             )
-        self._skipped = self._skipped or bool(skipped)
+        if skipped == REDO:  # not applied: the membership changed, the step is done again (PeerLost below)
+            self.redo_generation = generation
+        else:
+            self._skipped = self._skipped or bool(skipped)
         self._take_weights(owner, body)
         self.versions[owner] = version
         return waited
+
+    def _wait_reply(self, header: dist.Work) -> None:
+        """Wait for a reply's header: within the pair's timeout, or ``patience`` seconds in an elastic run (the
+        server may first wait out ``--timeout`` on a stopped peer, then answer)."""
+        if self.patience is None:
+            header.wait()
+        else:  # gloo waits as long as asked here, past the pair's own timeout
+            header.wait(timeout=datetime.timedelta(seconds=self.patience))
 
     def _take_weights(self, owner: int, body: dist.Work) -> None:
         body.wait()
@@ -234,6 +252,8 @@ class PSExchange(GradientExchange):
         for owner in remote:
             waited += self._receive_reply(owner, *replies[owner])
         host_copy += self._weights_to_device()
+        if self.redo_generation is not None:
+            raise PeerLost(None)  # the loop regroups (CentralMembership) and does the step again
         return ExchangeTimes(
             communication=now() - begin - waited - host_copy,
             wait=waited,

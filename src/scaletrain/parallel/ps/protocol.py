@@ -4,10 +4,11 @@ worker–owner pair, and sending or receiving one message (a header and a body).
 A request's header is ``kind, version, batches done, layout id, element count, payload bytes``; a
 gradient's body is the wire codec's payload as one message (``WireCodec.to_message``: its size need
 not be the element count's), the other kinds send a one-byte stand-in. A reply's header is
-``version, layout id, element count, skipped, payload bytes`` and its body the weights (version -1:
-refused, no body). Both sides put the bytes of a gradient message of their codec in every header,
-so a worker and an owner that encode gradients differently stop, naming both, before a gradient
-travels."""
+``version, layout id, element count, skipped, payload bytes, generation`` and its body the weights
+(version -1: refused, no body; skipped 2: the step was not applied, do it again with the members of
+``generation``, :mod:`scaletrain.parallel.ps.membership`). Both sides put the bytes of a gradient
+message of their codec in every header, so a worker and an owner that encode gradients differently
+stop, naming both, before a gradient travels."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ REQUEST, REPLY, GRANT = 1, 2, 3
 #: owner → rank 0 once training has ended (sharded server): the owner's final master tensors.
 FINAL_SHARD = 4
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
-REQUEST_FIELDS, REPLY_FIELDS = 6, 5
+REQUEST_FIELDS, REPLY_FIELDS = 6, 6
 
 
 class PeerLost(ScaletrainError):

@@ -14,6 +14,7 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import describe
+from scaletrain.parallel.ps.membership import REDO, Members
 from scaletrain.parallel.ps.protocol import (
     DONE,
     GRADIENT,
@@ -89,6 +90,7 @@ class ShardServer:
         stats: ServerStats | None = None,
         codec: WireCodec | None = None,
         skip_nonfinite: bool = False,
+        members: Members | None = None,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
@@ -102,6 +104,8 @@ class ShardServer:
         self.codec = codec or WireCodec()
         self.payload_bytes = self.codec.payload_bytes(self.layout)  # of a gradient message, in every header
         self.skip_nonfinite = skip_nonfinite
+        # elastic (--min-workers, synchronous central server): a lost peer is dropped and the survivors go on
+        self.members = members if synchronous else None
         self._skipped = False  # whether the last update was skipped
         #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
         self.reconfiguring: dict[int, int] = {}
@@ -150,7 +154,7 @@ class ShardServer:
         is an error, and in every mode a peer whose network differs from this server's."""
         deadline = None if deadline_seconds is None else now() + deadline_seconds
         with self._condition:  # woken by every thread's end or failure; a mismatch stops the run at once
-            while self._mismatch is None and any(thread.is_alive() for thread in self._threads):
+            while self._mismatch is None and any(self._serving()):
                 if deadline is not None and now() > deadline:
                     break
                 self._condition.wait(0.2)
@@ -160,6 +164,16 @@ class ShardServer:
             peer, reason = self._failure
             raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
         return self.stats
+
+    def _serving(self) -> list[int]:
+        """The peers whose thread is still serving them (not one an elastic server dropped: its thread may
+        wait out --timeout on a frozen worker, which the survivors do not wait for)."""
+        dropped = set(self.peers) - set(self.members.active) if self.members is not None else set()
+        return [
+            peer
+            for peer, thread in zip(self.peers, self._threads, strict=True)
+            if thread.is_alive() and peer not in dropped
+        ]
 
     # -- one thread per peer ------------------------------------------------------------------
     def _serve(self, peer: int) -> None:
@@ -196,15 +210,29 @@ class ShardServer:
                     with self._condition:
                         self.reconfiguring[peer] = version
                     return
-                new_version, sent, skipped = self._apply(gradient, gradient_views, version, sent)
+                try:
+                    new_version, sent, skipped = self._apply(gradient, gradient_views, version, sent, peer)
+                except _Redo:  # computed before the membership changed: the same weights, and do it again
+                    self._reply(peer, group, self.version, sent, REDO)
+                    continue
                 self._reply(peer, group, new_version, sent, skipped)
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
                 self.stats.lost[peer] = reason
-                if self.synchronous and self._failure is None:
+                if self.synchronous and self._failure is None and not self._dropped(peer, reason):
                     self._failure = (peer, reason)
                 self._condition.notify_all()
+
+    def _dropped(self, peer: int, reason: str) -> bool:
+        """An elastic server's survivors go on without ``peer`` (the update in flight is done again by them);
+        False when the run cannot (not elastic, or fewer than ``--min-workers`` would be left). Under the lock."""
+        why = "stopped answering" if "stopped answering" in reason else "died"
+        if self.members is None or not self.members.drop(peer, why, self.version):
+            return False
+        self.contributors = len(self.members.active)
+        self._arrived = 0  # the update in flight is not made: its gradients come again
+        return True
 
     def _other_network(self, peer: int, theirs: TensorLayout) -> LayoutMismatch:
         return LayoutMismatch(
@@ -227,22 +255,28 @@ class ShardServer:
         with _held(self._sending):
             dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
 
-    def _reply_header(self, version: int, skipped: bool = False) -> torch.Tensor:
-        layout = self.layout
-        fields = [version, layout.layout_id, layout.numel, int(skipped), self.payload_bytes]
+    def _reply_header(self, version: int, skipped: int = 0) -> torch.Tensor:
+        layout, generation = self.layout, self.members.generation if self.members is not None else 0
+        fields = [version, layout.layout_id, layout.numel, int(skipped), self.payload_bytes, generation]
         return torch.tensor(fields, dtype=torch.int64)
 
     def _reply(
-        self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: bool = False
+        self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: int = 0
     ) -> None:
         with _held(self._sending):
             send_message(self._reply_header(version, skipped), self.codec.encode(weights), peer, group, REPLY)
 
     # -- updates --------------------------------------------------------------------------------
     def _apply(
-        self, gradient: torch.Tensor, views: list[torch.Tensor], version: int, stale: torch.Tensor | None = None
+        self,
+        gradient: torch.Tensor,
+        views: list[torch.Tensor],
+        version: int,
+        stale: torch.Tensor | None = None,
+        peer: int | None = None,
     ) -> tuple[int, torch.Tensor, bool]:
-        """``stale``: the weights the gradient was computed on, when known (async replies are snapshots)."""
+        """``stale``: the weights the gradient was computed on, when known (async replies are snapshots).
+        ``peer``: who sent it (an elastic server raises :class:`_Redo` for a gradient of an old membership)."""
         with self._condition:
             if not self.synchronous:
                 staleness = self.version - version
@@ -252,7 +286,9 @@ class ShardServer:
                 scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
                 self._update(views, scale, momentum)
                 return self.version, self._snapshot, self._skipped
-            my_round = self._round
+            if self.members is not None and peer is not None and self.members.redo(peer):
+                raise _Redo
+            my_round, generation = self._round, self._generation()
             if self.contributors == 1:  # nothing to add up: the optimizer reads the received buffer
                 self._update(views, 1.0)
                 self._round += 1
@@ -268,14 +304,35 @@ class ShardServer:
                 self._arrived = 0
                 self._round += 1
                 self._condition.notify_all()
-            elif not self._condition.wait_for(
-                lambda: self._round != my_round or self._failure is not None, timeout=self.timeout
+            elif not self._wait_round(
+                lambda: self._round != my_round or self._failure is not None or self._generation() != generation
             ):
                 raise PeerLost(f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone")
+            if self._round == my_round and self._generation() != generation:
+                self.members.redo(peer)
+                raise _Redo
             if self._failure is not None and self._round == my_round:
                 peer, reason = self._failure
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
             return self.version, self._snapshot, self._skipped
+
+    def _wait_round(self, done: Callable[[], bool]) -> bool:
+        """Wait (holding the lock between waits) until ``done()``, at most ``--timeout``; an elastic server also
+        drops a peer whose heartbeat stood still meanwhile, and waits twice as long (a lost peer's own wait
+        on its pair runs out first: it began before this one)."""
+        if self.members is None:
+            return self._condition.wait_for(done, timeout=self.timeout)
+        deadline = now() + 2 * self.timeout
+        while not done():
+            for peer in self.members.silent():
+                reason = f"no heartbeat from worker rank {peer}: it stopped answering (frozen, or unreachable)"
+                self.stats.lost[peer] = reason
+                if not self._dropped(peer, reason):
+                    self._failure = self._failure or (peer, reason)
+            if done() or now() > deadline:
+                return done()
+            self._condition.wait(timeout=0.1)
+        return True
 
     def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
         """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
@@ -302,11 +359,20 @@ class ShardServer:
             self.after_step(self.master, rate * scale)
         self.version += 1
         self.stats.updates += 1
+        if self.members is not None:
+            self.members.updated()
         # Synchronous replies go out before the next update can start (it needs every worker's next
         # gradient), so they may send the live buffer; asynchronous ones need a copy of this version.
         self._snapshot = self._flat if self.synchronous else self._flat.clone()
         if self.on_update is not None:
             self.on_update(self.version)
+
+    def _generation(self) -> int:
+        return self.members.generation if self.members is not None else 0
+
+
+class _Redo(Exception):
+    """The gradient belongs to the step in flight of a membership that changed: the peer must do it again."""
 
 
 class _held:

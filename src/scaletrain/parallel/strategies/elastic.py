@@ -44,6 +44,7 @@ from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import ProcessFailed
+from scaletrain.parallel.heartbeat import SILENCE_SECONDS, SilenceWatch
 from scaletrain.parallel.strategies.base import Layout
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
@@ -59,13 +60,14 @@ __all__ = [
     "watched",
 ]
 
-#: A member whose heartbeat did not move for this long, and that did not report, is gone (beats are 1 s apart).
-SILENCE_SECONDS = 2.5
 POLL_SECONDS = 0.05
 #: How often a waiting collective asks the store whether another survivor has seen a peer lost.
 WATCH_SECONDS = 0.02
 #: How a lost worker is named, most telling first (a survivor can also report a reason of its own).
 WHY_ORDER = ("stopped answering", "died")
+#: Groups left behind, referenced until the process leaves (without destructors, parallel.teardown): freeing one
+#: waits for a collective still pending in it (on a frozen peer: until --timeout).
+_ABANDONED: list[dist.ProcessGroup] = []
 #: The exit code of a worker the survivors dropped (it reported too late): the launcher counts it as lost.
 DROPPED_EXIT_CODE = 3
 
@@ -80,10 +82,12 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
     """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
     if config.min_workers is None:
         return
-    if layout.strategy != "allreduce":
+    central = layout.strategy == "ps" and layout.server == "central" and layout.sync != "async"
+    if layout.strategy != "allreduce" and not central:
         raise ConfigError(
-            f"--min-workers is supported with --strategy allreduce (--sync join or split) only for now, "
-            f"not {layout.label}; drop --min-workers (a lost worker then stops the run, continue with --resume)"
+            f"--min-workers is supported with --strategy allreduce and the central parameter server (--sync join "
+            f"or split) only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, "
+            "continue with --resume; an asynchronous central server goes on without lost workers by itself)"
         )
     for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
         if given is not None:
@@ -144,9 +148,9 @@ class StoreMembership(Membership):
         self.minimum, self.timeout = minimum, timeout
         self.members = layout.worker_ranks()
         self.generation = 0
-        # Groups left behind, kept referenced: freeing one would wait for a collective still pending in it.
-        self._abandoned: list[dist.ProcessGroup] = []
         self.factor = layout.worker_plan(self.members[0]).global_batch_factor
+        self.watch = SilenceWatch(store, SILENCE_SECONDS)
+        self._noticed: str | None = None  # why the first member saw a peer lost itself (a heartbeat stood still)
 
     @property
     def group_store(self) -> dist.Store:
@@ -154,8 +158,15 @@ class StoreMembership(Membership):
         return self.store if self.generation == 0 else dist.PrefixStore(f"membership/{self.generation}/", self.store)
 
     def peer_lost(self) -> bool:
-        """Whether a survivor has said that a peer of the current group was lost."""
-        return self.store.check([f"membership/{self.generation}/lost"])
+        """Whether a survivor has said that a peer of the current group was lost; the first member (rank 0)
+        also reads the heartbeats while it waits, so a frozen peer is dropped after :data:`SILENCE_SECONDS`
+        rather than after ``--timeout``."""
+        if self.store.check([f"membership/{self.generation}/lost"]):
+            return True
+        if self.rank == self.members[0] and self.watch.silent([rank for rank in self.members if rank != self.rank]):
+            self._noticed = "stopped answering"
+            return True
+        return False
 
     def agreement(self) -> StoreAgreement:
         return StoreAgreement(
@@ -169,10 +180,11 @@ class StoreMembership(Membership):
 
     def regroup(
         self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
-    ) -> tuple[Regrouped, dict[str, Any]]:
+    ) -> tuple[Regrouped, dict[str, Any] | None]:
         prefix = f"membership/{self.generation}/"
+        why, self._noticed = why if why is not None else self._noticed, None
         backend = dist.get_backend()
-        self._abandoned.append(dist.group.WORLD)
+        _ABANDONED.append(dist.group.WORLD)
         dist.destroy_process_group()
         try:
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
@@ -227,17 +239,11 @@ class StoreMembership(Membership):
     def _decide(self, prefix: str) -> dict[str, Any]:
         """Rank 0: wait for every member's report, or for its heartbeat to stand still; write the decision."""
         start = time.monotonic()
-        counts = {rank: self._beats(rank) for rank in self.members}
-        moved = dict.fromkeys(self.members, start)
         while True:
-            clock = time.monotonic()
             reported = [rank for rank in self.members if self.store.check([f"{prefix}alive/{rank}"])]
             missing = [rank for rank in self.members if rank not in reported]
-            for rank in missing:
-                count = self._beats(rank)
-                if count != counts[rank]:
-                    counts[rank], moved[rank] = count, clock
-            if all(clock - moved[rank] >= SILENCE_SECONDS for rank in missing) or clock - start > self.timeout:
+            # a silence the watch saw while this member waited in the step's collective counts already
+            if len(self.watch.silent(missing)) == len(missing) or time.monotonic() - start > self.timeout:
                 break
             time.sleep(POLL_SECONDS)
         reports = {rank: json.loads(self.store.get(f"{prefix}alive/{rank}")) for rank in reported}
@@ -266,6 +272,3 @@ class StoreMembership(Membership):
                 f"{limit:.0f} s; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
             ) from None
         return json.loads(self.store.get(f"{prefix}decision"))
-
-    def _beats(self, rank: int) -> int:
-        return self.store.add(f"heartbeat/{rank}", 0)

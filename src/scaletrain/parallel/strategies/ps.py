@@ -19,6 +19,7 @@ from torch import nn
 from scaletrain.efficient import Reconfiguration, Technique
 from scaletrain.parallel.agreement import StoreAgreement, load_buffers
 from scaletrain.parallel.ps.exchange import PSExchange
+from scaletrain.parallel.ps.membership import CentralMembership, Members
 from scaletrain.parallel.ps.protocol import FINAL_SHARD, pair_groups
 from scaletrain.parallel.ps.records import ServerObserver, ShardCheckpointer, restore_shard
 from scaletrain.parallel.ps.server import ServerStats, ShardServer
@@ -26,6 +27,8 @@ from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
+from scaletrain.parallel.strategies.elastic import check_elastic_backend, check_elastic_batch
+from scaletrain.parallel.strategies.ps_summary import server_extra
 from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
@@ -99,6 +102,12 @@ class _Setup:
     def synchronous(self) -> bool:
         return self.layout.sync != "async"
 
+    @property
+    def elastic(self) -> bool:
+        """A synchronous central server that goes on without lost workers (``--min-workers``)."""
+        config, layout = self.prepared.config, self.layout
+        return config.min_workers is not None and layout.server == "central" and self.synchronous and layout.workers > 1
+
     def compensation(self) -> Compensation | None:
         """One per server: each measures the staleness of the gradients it applies."""
         if self.synchronous:
@@ -124,6 +133,11 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
     prepared, layout = setup.prepared, setup.layout
     observer = ServerObserver(prepared, setup.agreement(0))
     peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
+    members = None
+    if setup.elastic:  # started by another launcher, this process may be the first to see the settings
+        check_elastic_batch(prepared.config, layout, prepared.batch_size)
+        check_elastic_backend(dist.get_backend())
+        members = Members.of_server(observer, list(peers), setup.store)
     if prepared.technique is not None:  # it changes the weights after each update here, where they are made
         context = prepared.technique_context(
             mean=setup.agreement(0).mean,
@@ -143,6 +157,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
                 after_step=_technique_step(prepared.technique, names),
                 compensation=compensation,
                 stats=stats,
+                members=members,
                 **setup.options,
             )
             server.start()
@@ -167,7 +182,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
         worker_stats,
         layout_fields=layout_fields(layout),
         steps=server.version,
-        extra=_server_extra(stats, layout, prepared, server.compensation),
+        extra=server_extra(stats, layout, prepared, server.compensation, members),
     )
 
 
@@ -202,7 +217,13 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         gather=shards.gather if shards else None,
         exclusive=config.ps_admission == "exclusive",
         codec=wire_codec(config),
+        # the server may wait out --timeout on a stopped worker before it answers the others
+        patience=2 * config.timeout + 10 if setup.elastic else None,
     )
+    membership = None
+    if setup.elastic:
+        factor = layout.worker_plan(rank).global_batch_factor
+        membership = CentralMembership(setup.store, rank=rank, exchange=exchange, factor=factor, timeout=config.timeout)
     role = Role(
         rank=rank,
         plan=layout.worker_plan(rank),
@@ -212,6 +233,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         evaluate_each_epoch=False,
         agreement=setup.agreement(rank),
         batch_group=setup.batch_group,
+        membership=membership,
     )
     trainer = train_worker(prepared, role, setup.store)
     if shards is None:
@@ -232,7 +254,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         stats,
         layout_fields=layout_fields(layout),
         steps=local_server.version,
-        extra=_server_extra(server_stats, layout, prepared, local_server.compensation),
+        extra=server_extra(server_stats, layout, prepared, local_server.compensation),
     )
 
 
@@ -353,36 +375,3 @@ def _share_shards(
 def _momentum(server: ShardServer) -> torch.Tensor:
     state = server.optimizer.state
     return flatten([state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in server.master])
-
-
-def _server_extra(
-    stats: ServerStats, layout: Layout, prepared: Prepared, compensation: Compensation | None
-) -> dict[str, Any]:
-    extra: dict[str, Any] = {
-        "server_updates": stats.updates,
-        "server_skipped_updates": stats.skipped,
-        "ps_admission": prepared.config.ps_admission,
-    }
-    if layout.sync == "async":
-        extra["staleness"] = stats.staleness_summary()
-        extra["async_compensation"] = compensation.summary() if compensation else None
-    planned = _planned_batches(prepared, layout)
-    extra["lost_workers"] = [
-        {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
-        for rank, reason in sorted(stats.lost.items())
-    ]
-    return extra
-
-
-def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
-    """How many batches each worker was to compute over the rest of the run."""
-    planned = {}
-    for rank in layout.worker_ranks():
-        plan, position, schedule, total = layout.worker_plan(rank), prepared.position, prepared.schedule, 0
-        epoch, start = position.epoch, position.batch
-        while schedule.first_step(epoch) < schedule.total_steps:
-            stop = min(schedule.steps_in(epoch), schedule.total_steps - schedule.first_step(epoch))
-            total += len(plan.numbers(start, stop))
-            epoch, start = epoch + 1, 0
-        planned[rank] = total
-    return planned

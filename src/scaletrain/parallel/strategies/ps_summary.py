@@ -1,0 +1,54 @@
+"""What a parameter server's ``summary.json`` says beyond every run's fields: its updates, the staleness and
+compensation of an asynchronous run, the workers it lost (and the batches they did not do), or an elastic
+run's membership changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.parallel.ps.membership import Members
+from scaletrain.parallel.ps.server import ServerStats
+from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.parallel.strategies.base import Layout
+from scaletrain.train.state import Prepared
+
+__all__ = ["server_extra"]
+
+
+def server_extra(
+    stats: ServerStats,
+    layout: Layout,
+    prepared: Prepared,
+    compensation: Compensation | None,
+    members: Members | None = None,
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        "server_updates": stats.updates,
+        "server_skipped_updates": stats.skipped,
+        "ps_admission": prepared.config.ps_admission,
+    }
+    if layout.sync == "async":
+        extra["staleness"] = stats.staleness_summary()
+        extra["async_compensation"] = compensation.summary() if compensation else None
+    if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
+        return extra | {"min_workers": prepared.config.min_workers, "membership": members.changes, "lost_workers": []}
+    planned = _planned_batches(prepared, layout)
+    extra["lost_workers"] = [
+        {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
+        for rank, reason in sorted(stats.lost.items())
+    ]
+    return extra
+
+
+def _planned_batches(prepared: Prepared, layout: Layout) -> dict[int, int]:
+    """How many batches each worker was to compute over the rest of the run."""
+    planned = {}
+    for rank in layout.worker_ranks():
+        plan, position, schedule, total = layout.worker_plan(rank), prepared.position, prepared.schedule, 0
+        epoch, start = position.epoch, position.batch
+        while schedule.first_step(epoch) < schedule.total_steps:
+            stop = min(schedule.steps_in(epoch), schedule.total_steps - schedule.first_step(epoch))
+            total += len(plan.numbers(start, stop))
+            epoch, start = epoch + 1, 0
+        planned[rank] = total
+    return planned
