@@ -53,8 +53,9 @@ class TrainConfig:
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
-    ``min_workers`` (an all-reduce run that loses a worker goes on with the survivors while at least this
-    many remain; see :mod:`scaletrain.parallel.strategies.elastic`; ``None``: a lost worker stops the run), and
+    ``min_workers`` (an all-reduce or synchronous central-server run that loses a worker goes on with the
+    survivors while at least this many remain; see :mod:`scaletrain.parallel.strategies.elastic` and
+    :mod:`scaletrain.parallel.ps.membership`; ``None``: a lost worker stops the run), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into

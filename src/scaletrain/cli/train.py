@@ -123,7 +123,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--min-workers",
         type=int,
         metavar="M",
-        help="all-reduce only: a lost worker does not stop the run; the survivors go on while at least M remain",
+        help="all-reduce or the central server (join, split): a lost worker does not stop the run; the survivors "
+        "go on while at least M remain",
     )
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")

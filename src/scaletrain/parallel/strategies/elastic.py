@@ -1,9 +1,11 @@
 """Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors.
 
-When a worker dies (its connections close) or stops answering (the step's collective waits out
-``--timeout``), every survivor's all-reduce fails before any update of that step is applied
-(:class:`~scaletrain.train.exchange.PeerLost`). The survivors then agree on the new membership through
-the rendezvous store, as reconfiguration decisions are agreed (:mod:`scaletrain.parallel.agreement`):
+When a worker dies (its connections close) or stops answering (its heartbeat stands still for
+:data:`~scaletrain.parallel.heartbeat.SILENCE_SECONDS`, which rank 0 watches while it waits in the step's
+collective; otherwise the collective waits out ``--timeout``), every survivor's all-reduce fails before
+any update of that step is applied (:class:`~scaletrain.train.exchange.PeerLost`). The survivors then
+agree on the new membership through the rendezvous store, as reconfiguration decisions are agreed
+(:mod:`scaletrain.parallel.agreement`):
 
 1. the first survivor to fail says so under ``membership/G/lost``, which the others' waits watch
    (:func:`watched`), so that no survivor waits out ``--timeout`` on another survivor; each survivor
@@ -20,14 +22,14 @@ the rendezvous store, as reconfiguration decisions are agreed (:mod:`scaletrain.
 The rest of the epoch is re-partitioned by the same rule as at start: each global batch (whose samples
 depend on the seed and epoch only) is cut into one part per survivor, so no sample of the epoch is
 skipped or seen twice. ``split`` keeps the global batch of ``--batch-size``; ``join`` keeps its global
-batch of N·``--batch-size`` as well (so the learning rate stays right), each survivor computing
-N/N' of its former share. A global batch that some membership from ``M`` to N cannot divide evenly is
-refused before any process starts.
+batch of N·``--batch-size`` as well (so the learning rate stays right), each survivor computing N/N' of
+its former share. A global batch that some membership from ``M`` to N cannot divide evenly is refused
+before any process starts.
 
-Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``),
-the parameter-server strategies, a worker joining, techniques that reconfigure the network,
-synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
-"""
+Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``), the
+sharded parameter server (the central one goes on: :mod:`scaletrain.parallel.ps.membership`), a worker
+joining, techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU) process groups:
+elastic runs use gloo."""
 
 from __future__ import annotations
 
