@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scaletrain.errors import ScaletrainError
 
-__all__ = ["ProcessFailed", "describe", "write_traceback"]
+__all__ = ["DROPPED_EXIT_CODE", "Dropped", "ProcessFailed", "describe", "write_traceback"]
 
 LOGS_DIR = "logs"
 
@@ -21,6 +21,16 @@ class ProcessFailed(ScaletrainError):
     """This process stopped because of an unexpected error or a lost peer; the details are in its logs."""
 
     exit_code = 1
+
+
+#: The exit code of a worker an elastic run's survivors dropped (it answered too late): the launcher counts it as lost.
+DROPPED_EXIT_CODE = 3
+
+
+class Dropped(ScaletrainError):
+    """The survivors went on without this worker: it stopped answering for longer than they waited."""
+
+    exit_code = DROPPED_EXIT_CODE
 
 
 def describe(exc: BaseException, timeout: float, peer: str = "another process") -> str:

@@ -27,14 +27,19 @@ import torch.distributed as dist
 
 from scaletrain.parallel.rendezvous import Rendezvous, own_keys
 
-__all__ = ["SILENCE_SECONDS", "Heartbeat", "SilenceWatch"]
+__all__ = ["FROZEN_SECONDS", "SILENCE_SECONDS", "Heartbeat", "SilenceWatch"]
 
 #: Often enough that an elastic run's survivors know a lost worker's silence within a second or two
 #: (:data:`SILENCE_SECONDS`); 4 counts a second per process.
 INTERVAL_SECONDS = 0.25
-#: An elastic run drops a worker whose heartbeat did not move for this long (and that did not report): six
-#: missed beats. A process that is alive but slow keeps beating from its own thread.
+#: An elastic run's decision drops a member whose heartbeat did not move for this long since the decision
+#: began, and that did not report: six missed beats. A process that is alive but slow keeps beating from its
+#: own thread, and no step's traffic competes with the beats then.
 SILENCE_SECONDS = 1.5
+#: A member waiting in a step calls a peer frozen whose heartbeat stood still this long (and starts the
+#: decision). Longer than :data:`SILENCE_SECONDS`: under a step's traffic on a slow link a beat may wait for
+#: TCP to resend it (on an emulated 100 Mbit/s link, 1.5 s of silence happened to live workers).
+FROZEN_SECONDS = 5.0
 #: How long a survivor watches the counters: many beats, so a slow-but-alive process still counts.
 WATCH_SECONDS = 3.5
 STORE_TIMEOUT_SECONDS = 5.0

@@ -30,6 +30,7 @@ from typing import IO, Any
 from scaletrain.config import TrainConfig, to_json_dict
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
+from scaletrain.parallel.failures import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
 from scaletrain.parallel.rendezvous import (
@@ -41,7 +42,6 @@ from scaletrain.parallel.rendezvous import (
     ENV_WORLD_SIZE,
 )
 from scaletrain.parallel.strategies import SERVER, Layout
-from scaletrain.parallel.strategies.elastic import DROPPED_EXIT_CODE
 from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
 from scaletrain.workloads import Workload

@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from scaletrain.data.sampler import Part
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.heartbeat import SILENCE_SECONDS, SilenceWatch
+from scaletrain.parallel.failures import Dropped
+from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SilenceWatch
 from scaletrain.parallel.ps.records import ServerObserver
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
@@ -75,9 +76,9 @@ class Members:
 
     @classmethod
     def of_server(cls, observer: ServerObserver, peers: list[int], store: dist.Store) -> Members:
-        """The central server's, watching the heartbeats for :data:`SILENCE_SECONDS`."""
+        """The central server's, calling a worker frozen after :data:`FROZEN_SECONDS` of heartbeat silence."""
         minimum = observer.prepared.config.min_workers
-        return cls(peers, minimum=minimum, store=store, observer=observer, watch=SilenceWatch(store, SILENCE_SECONDS))
+        return cls(peers, minimum=minimum, store=store, observer=observer, watch=SilenceWatch(store, FROZEN_SECONDS))
 
     def drop(self, peer: int, why: str, step: int) -> bool:
         """Take ``peer`` out after a loss at ``step`` (updates made so far); False when too few would be left
@@ -149,6 +150,8 @@ class CentralMembership(Membership):
         generation, self.exchange.redo_generation = self.exchange.redo_generation, None
         record = json.loads(self.store.get(membership_key(generation)))  # written before the reply was sent
         members = record["members"]
+        if self.rank not in members:  # its heartbeat stood still while the server waited: it went on without it
+            raise Dropped("the server went on without this worker: it stopped answering for longer than it waited")
         workers = len(members)
         plan = WorkerPlan(
             global_batch_factor=self.factor,

@@ -43,10 +43,10 @@ import torch.distributed as dist
 
 from scaletrain.config import TrainConfig
 from scaletrain.data.sampler import Part
-from scaletrain.errors import ConfigError, ScaletrainError
+from scaletrain.errors import ConfigError
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.failures import ProcessFailed
-from scaletrain.parallel.heartbeat import SILENCE_SECONDS, SilenceWatch
+from scaletrain.parallel.failures import DROPPED_EXIT_CODE, Dropped, ProcessFailed
+from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SILENCE_SECONDS, SilenceWatch
 from scaletrain.parallel.strategies.base import Layout
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
@@ -70,14 +70,6 @@ WHY_ORDER = ("stopped answering", "died")
 #: Groups left behind, referenced until the process leaves (without destructors, parallel.teardown): freeing one
 #: waits for a collective still pending in it (on a frozen peer: until --timeout).
 _ABANDONED: list[dist.ProcessGroup] = []
-#: The exit code of a worker the survivors dropped (it reported too late): the launcher counts it as lost.
-DROPPED_EXIT_CODE = 3
-
-
-class Dropped(ScaletrainError):
-    """The survivors went on without this worker: it stopped answering for longer than they waited."""
-
-    exit_code = DROPPED_EXIT_CODE
 
 
 def check_elastic(config: TrainConfig, layout: Layout) -> None:
@@ -151,7 +143,7 @@ class StoreMembership(Membership):
         self.members = layout.worker_ranks()
         self.generation = 0
         self.factor = layout.worker_plan(self.members[0]).global_batch_factor
-        self.watch = SilenceWatch(store, SILENCE_SECONDS)
+        self.watch = SilenceWatch(store, FROZEN_SECONDS)
         self._noticed: str | None = None  # why the first member saw a peer lost itself (a heartbeat stood still)
 
     @property
@@ -161,8 +153,8 @@ class StoreMembership(Membership):
 
     def peer_lost(self) -> bool:
         """Whether a survivor has said that a peer of the current group was lost; the first member (rank 0)
-        also reads the heartbeats while it waits, so a frozen peer is dropped after :data:`SILENCE_SECONDS`
-        rather than after ``--timeout``."""
+        also reads the heartbeats while it waits, so a frozen peer is found after :data:`FROZEN_SECONDS`
+        rather than after ``--timeout`` (the decision then gives every member its chance to report)."""
         if self.store.check([f"membership/{self.generation}/lost"]):
             return True
         if self.rank == self.members[0] and self.watch.silent([rank for rank in self.members if rank != self.rank]):
@@ -241,11 +233,14 @@ class StoreMembership(Membership):
     def _decide(self, prefix: str) -> dict[str, Any]:
         """Rank 0: wait for every member's report, or for its heartbeat to stand still; write the decision."""
         start = time.monotonic()
+        # Silence counted from now: while every survivor stands here the links are quiet, so a member that is
+        # alive reports or beats within SILENCE_SECONDS even behind a slow link (under a step's traffic a beat
+        # can wait seconds for TCP to resend it, so a silence seen before is not enough).
+        watch = SilenceWatch(self.store, SILENCE_SECONDS)
         while True:
             reported = [rank for rank in self.members if self.store.check([f"{prefix}alive/{rank}"])]
             missing = [rank for rank in self.members if rank not in reported]
-            # a silence the watch saw while this member waited in the step's collective counts already
-            if len(self.watch.silent(missing)) == len(missing) or time.monotonic() - start > self.timeout:
+            if len(watch.silent(missing)) == len(missing) or time.monotonic() - start > self.timeout:
                 break
             time.sleep(POLL_SECONDS)
         reports = {rank: json.loads(self.store.get(f"{prefix}alive/{rank}")) for rank in reported}
