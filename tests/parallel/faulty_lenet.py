@@ -5,7 +5,9 @@ each process computed: the elastic tests' workload, named ``tests.parallel.fault
 at the forward pass of its STEP-th step (counted from 1), before the step's all-reduce. ``SCALETRAIN_TEST_SAMPLES``
 names a folder where each process appends, per global batch it starts, the sample indices of its part
 (``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
-fault happened."""
+fault happened. ``SCALETRAIN_TEST_WAIT=RANK:STEP:PATH``: that rank waits at the forward pass of its STEP-th step
+until PATH exists (at most a minute), and ``SCALETRAIN_TEST_STEP_SECONDS`` makes every forward pass that much
+slower: a worker started mid-run (``--join``) arrives while the run is at a known step."""
 
 from __future__ import annotations
 
@@ -22,10 +24,13 @@ from scaletrain.workloads.lenet import LeNetWorkload
 
 ENV_FAULT = "SCALETRAIN_TEST_FAULT"
 ENV_SAMPLES = "SCALETRAIN_TEST_SAMPLES"
+ENV_WAIT = "SCALETRAIN_TEST_WAIT"
+ENV_STEP_SECONDS = "SCALETRAIN_TEST_STEP_SECONDS"
 
 
 class FaultyLeNet(LeNetWorkload):
     _forward_passes = 0
+    _waits = 0
 
     def train_batches(
         self,
@@ -59,6 +64,15 @@ class FaultyLeNet(LeNetWorkload):
             yield batch
 
     def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
+        time.sleep(float(os.environ.get(ENV_STEP_SECONDS, "0")))
+        wait = os.environ.get(ENV_WAIT)
+        if wait:
+            rank, step, path = wait.split(":", 2)
+            if int(os.environ.get("RANK", "-1")) == int(rank):
+                FaultyLeNet._waits += 1
+                deadline = time.monotonic() + 60
+                while FaultyLeNet._waits == int(step) and not Path(path).exists() and time.monotonic() < deadline:
+                    time.sleep(0.02)
         fault = os.environ.get(ENV_FAULT)
         if fault:
             rank, step, name = fault.split(":")

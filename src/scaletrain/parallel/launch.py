@@ -32,6 +32,7 @@ from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
+from scaletrain.parallel.process import ADDRESS_NAME, write_address
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -102,6 +103,9 @@ def launch_local(config: TrainConfig, layout: Layout, workload: Workload | None 
         if config.network is not None:
             network = stack.enter_context(EmulatedNetwork(layout.world_size, parse_rate(config.network)))
         try:
+            if config.min_workers is not None:  # where workers started later (--join) find the run
+                write_address(out, network.address(0) if network else "127.0.0.1", port)
+                stack.callback((out / ADDRESS_NAME).unlink, missing_ok=True)
             for rank in range(layout.world_size):
                 children.append(_start(rank, layout, [config_path, *filter(None, [handover])], port, out, network))
             _watch(children, layout, config.timeout, config.min_workers)

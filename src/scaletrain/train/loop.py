@@ -27,7 +27,7 @@ from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import loss_bound
 from scaletrain.train.exchange import PeerLost
-from scaletrain.train.membership import MembershipLog, regroup
+from scaletrain.train.membership import MembershipLog, admit, regroup
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
@@ -116,19 +116,21 @@ class Trainer:
 
     def _train_epoch(self, stop: int) -> None:
         """The epoch's global batches from the current one to ``stop``; in an elastic run, a lost worker's
-        survivors regroup and go on from the step in flight with the rest of the epoch re-partitioned."""
+        survivors regroup and go on from the step in flight with the rest of the epoch re-partitioned, and a worker
+        admitted at a step boundary has the rest re-partitioned the same way."""
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate_at_step(self.prepared, self.schedule.first_step(self.position.epoch))
         while True:
             try:
-                self._train_batches(self.role.plan.numbers(self.position.batch, stop))
-                return
+                if self._train_batches(self.role.plan.numbers(self.position.batch, stop)):
+                    return
             except PeerLost as lost:  # raised only by the exchange of an elastic run, before any update
                 self._regroup(lost)
 
-    def _train_batches(self, numbers: range) -> None:
+    def _train_batches(self, numbers: range) -> bool:
+        """Whether every one of ``numbers`` was trained (not: a worker was admitted after one of them)."""
         config, position, plan = self.config, self.position, self.role.plan
         batches = self.workload.train_batches(
             self.data,
@@ -143,9 +145,9 @@ class Trainer:
             self.state = self.workload.initial_state(self.model, rows)
         # closed however the epoch ends, so that a loader's worker processes stop with it
         with contextlib.closing(_timed(batches)) as timed:
-            self._steps(numbers, timed)
+            return self._steps(numbers, timed)
 
-    def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> None:
+    def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> bool:
         config, position, device = self.config, self.position, self.prepared.device
         for number, (begin, fetched, batch) in zip(numbers, batches, strict=True):
             if self.schedule.warming_up(position.step):  # the rate moves every update of a warm-up
@@ -192,6 +194,10 @@ class Trainer:
             if self.membership.recovering:
                 self.membership.step_done(self.records.metrics)
             self._after_step(loss)
+            if self.role.membership is not None and self.role.membership.join_due:
+                admit(self)  # a worker joins at this step boundary: the rest of the batches are cut anew
+                return False
+        return True
 
     def _regroup(self, lost: PeerLost) -> None:
         """Agree with the survivors on who goes on and take the live state (:func:`membership.regroup`)."""

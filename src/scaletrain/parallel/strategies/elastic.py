@@ -31,6 +31,7 @@ synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import time
@@ -66,6 +67,10 @@ POLL_SECONDS = 0.05
 WATCH_SECONDS = 0.02
 #: How a lost worker is named, most telling first (a survivor can also report a reason of its own).
 WHY_ORDER = ("stopped answering", "died")
+#: What a joining worker that gave up waiting leaves as its answer, so that the run never admits it.
+WITHDRAWN = "withdrawn"
+#: Each joining worker draws its number here (1, 2 …); its launch rank follows the run's own workers.
+JOINED_KEY = "membership/joined"
 #: The exit code of a worker the survivors dropped (it reported too late): the launcher counts it as lost.
 DROPPED_EXIT_CODE = 3
 
@@ -114,6 +119,15 @@ def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) ->
         )
 
 
+def request_key(number: int) -> str:
+    """Where joining worker ``number`` asks to join."""
+    return f"membership/request/{number}"
+
+
+def answer_key(number: int) -> str:
+    return f"membership/answer/{number}"
+
+
 class HeardOfLoss(RuntimeError):
     """Another survivor said that a peer of the group was lost."""
 
@@ -139,9 +153,20 @@ class StoreMembership(Membership):
     """The members of an elastic all-reduce run, agreed through the rendezvous ``store`` (its keys of the
     whole run, not a group's prefix). ``rank``: this process's rank at launch, which names it throughout."""
 
-    def __init__(self, store: dist.Store, *, rank: int, layout: Layout, minimum: int, timeout: float) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        *,
+        rank: int,
+        layout: Layout,
+        minimum: int,
+        timeout: float,
+        maximum: int | None = None,
+    ) -> None:
         self.store, self.rank, self.layout = store, rank, layout
         self.minimum, self.timeout = minimum, timeout
+        self.maximum = maximum or layout.workers
+        self._next_request = 1  # the deciding member's: the next joining worker's number (from 1)
         self.members = layout.worker_ranks()
         self.generation = 0
         # Groups left behind, kept referenced: freeing one would wait for a collective still pending in it.
@@ -171,7 +196,7 @@ class StoreMembership(Membership):
         self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
     ) -> tuple[Regrouped, dict[str, Any]]:
         prefix = f"membership/{self.generation}/"
-        backend = dist.get_backend()
+        self.join_due = False  # a join agreed in the failed step is asked again at the next one
         self._abandoned.append(dist.group.WORLD)
         dist.destroy_process_group()
         try:
@@ -196,20 +221,98 @@ class StoreMembership(Membership):
                 f"worker rank {self.rank}: lost worker rank {left}; {len(survivors)} workers are left, fewer than "
                 f"--min-workers {self.minimum}"
             )
+        return self._regroup_to(decision, live_state)
+
+    def join_requested(self) -> bool:
+        """Whether a worker waits to join (asked by the deciding member before each step's all-reduce: one
+        store check; the others learn it from that all-reduce). A worker that would exceed ``--max-workers``
+        is told so here and never disturbs the run."""
+        if self.rank != self.members[0]:
+            return False
+        while self.store.check([request_key(self._next_request)]):
+            if len(self.members) < self.maximum:
+                return True
+            self._answer(self._next_request, {"refused": f"the run already has {len(self.members)} workers, "
+                                              f"its --max-workers {self.maximum}"})  # fmt: skip
+            self._next_request += 1
+        return False
+
+    def admit(self, live_state: Callable[[], dict[str, Any]]) -> tuple[Regrouped, dict[str, Any]]:
+        """Every member, at the step boundary where they agreed a worker waits: admit it (the deciding member
+        decides who), rebuild the group with it, and hand it the live state of the deciding member."""
+        prefix = f"membership/{self.generation}/"
+        self.join_due = False
+        decision = self._admission(prefix) if self.rank == self.members[0] else self._read(prefix)
+        dist.destroy_process_group()  # a healthy group: nothing is pending in it
+        return self._regroup_to(decision, live_state)
+
+    def join(self) -> tuple[Regrouped, dict[str, Any]]:
+        """A worker started mid-run (``--join``; ``self.rank``: its launch rank, after the run's own workers):
+        ask to join, wait (within ``--timeout``) to be admitted at a step boundary, join the new group and
+        take the live state from a member."""
+        number = self.rank - max(self.layout.worker_ranks())
+        self.store.set(request_key(number), json.dumps({"rank": self.rank, "asked": time.time()}))
+        answer = answer_key(number)
+        with contextlib.suppress(RuntimeError):  # not admitted in time: withdrawn below
+            self.store.wait([answer], datetime.timedelta(seconds=self.timeout))
+        # withdraws the request unless the run answered first, so that it never admits a worker that left
+        if self.store.compare_set(answer, "", WITHDRAWN).decode() == WITHDRAWN:
+            raise ConfigError(
+                f"the run did not admit this worker within --timeout {self.timeout:g} s (it admits at step "
+                "boundaries); give a longer --timeout, or check that the run is still training"
+            )
+        answer = json.loads(self.store.get(answer))
+        if "refused" in answer:
+            raise ConfigError(f"this worker cannot join: {answer['refused']}")
+        self.generation = answer["admitted"]
+        return self._regroup_to(self._read(f"membership/{self.generation}/"), lambda: {})
+
+    def _admission(self, prefix: str) -> dict[str, Any]:
+        """The deciding member: admit the waiting workers while there is room, and say so to them and to the
+        members (the same decision as after a loss, with ``joined``)."""
+        admitted, joined = list(self.members), []
+        while len(admitted) < self.maximum and self.store.check([request_key(self._next_request)]):
+            request = json.loads(self.store.get(request_key(self._next_request)))
+            # the worker may have given up waiting just now: then it is not admitted
+            if self._answer(self._next_request, {"admitted": self.generation}):
+                admitted.append(request["rank"])
+                waited = round(time.time() - request["asked"], 3)
+                joined.append({"rank": request["rank"], "why": "asked to join", "waited_seconds": waited})
+            self._next_request += 1
+        decision = {
+            "members": admitted,
+            "left": [],
+            "joined": joined,
+            "source": self.members[0],
+            "steps_redone": 0,
+        }
+        self.store.set(f"{prefix}decision", json.dumps(decision))  # the members' and the joiners'
+        return decision
+
+    def _answer(self, number: int, answer: dict[str, Any]) -> bool:
+        """Answer request ``number`` unless its worker withdrew it; whether the answer stands."""
+        text = json.dumps(answer)
+        return self.store.compare_set(answer_key(number), "", text).decode() == text
+
+    def _regroup_to(
+        self, decision: dict[str, Any], live_state: Callable[[], dict[str, Any]]
+    ) -> tuple[Regrouped, dict[str, Any]]:
+        """Join the group of ``decision``'s members and take the live state of its ``source``."""
+        members = decision["members"]
         self.generation += 1
-        self.members = survivors
-        index = survivors.index(self.rank)
+        self.members = members
+        index = members.index(self.rank)
         dist.init_process_group(
-            backend,
+            "gloo",  # elastic runs are gloo only (check_elastic_backend)
             store=dist.PrefixStore(f"membership/{self.generation}/group/", self.store),
             rank=index,
-            world_size=len(survivors),
+            world_size=len(members),
             timeout=datetime.timedelta(seconds=self.timeout),
         )
-        source = survivors.index(decision["source"])
+        source = members.index(decision["source"])
         shared = [live_state() if index == source else None]
         dist.broadcast_object_list(shared, src=source)
-        workers = len(survivors)
+        workers = len(members)
         plan = WorkerPlan(
             global_batch_factor=self.factor, part=Part(index, workers), batch_fraction=self.factor / workers
         )
@@ -218,8 +321,9 @@ class StoreMembership(Membership):
             "epoch": shared[0]["position"]["epoch"],
             "batch": shared[0]["position"]["batch"],
             "left": decision["left"],
+            "joined": decision.get("joined", []),
             "workers": workers,
-            "members": survivors,
+            "members": members,
             "steps_redone": decision["steps_redone"],
         }
         return Regrouped(plan=plan, workers=workers, agreement=self.agreement(), record=record), shared[0]
@@ -262,8 +366,8 @@ class StoreMembership(Membership):
             self.store.wait([f"{prefix}decision"], datetime.timedelta(seconds=limit))
         except RuntimeError:
             raise ProcessFailed(
-                f"worker rank {self.rank}: lost a peer, and worker rank 0 did not say who goes on within "
-                f"{limit:.0f} s; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
+                f"worker rank {self.rank}: worker rank 0 did not say who goes on within {limit:.0f} s of a "
+                "membership change; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
             ) from None
         return json.loads(self.store.get(f"{prefix}decision"))
 
