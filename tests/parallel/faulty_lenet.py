@@ -6,8 +6,7 @@ at the forward pass of its STEP-th step (counted from 1), before the step's all-
 names a folder where each process appends, per global batch it starts, the sample indices of its part
 (``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
 fault happened. ``SCALETRAIN_TEST_WAIT=RANK:STEP:PATH``: that rank waits at the forward pass of its STEP-th step
-until PATH exists (at most a minute), and ``SCALETRAIN_TEST_STEP_SECONDS`` makes every forward pass that much
-slower: a worker started mid-run (``--join``) arrives while the run is at a known step."""
+until PATH exists (at most a minute), so that a worker started mid-run (``--join``) is ready at a known step."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from scaletrain.workloads.lenet import LeNetWorkload
 ENV_FAULT = "SCALETRAIN_TEST_FAULT"
 ENV_SAMPLES = "SCALETRAIN_TEST_SAMPLES"
 ENV_WAIT = "SCALETRAIN_TEST_WAIT"
-ENV_STEP_SECONDS = "SCALETRAIN_TEST_STEP_SECONDS"
 
 
 class FaultyLeNet(LeNetWorkload):
@@ -64,7 +62,6 @@ class FaultyLeNet(LeNetWorkload):
             yield batch
 
     def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
-        time.sleep(float(os.environ.get(ENV_STEP_SECONDS, "0")))
         wait = os.environ.get(ENV_WAIT)
         if wait:
             rank, step, path = wait.split(":", 2)

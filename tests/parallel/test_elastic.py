@@ -1,5 +1,6 @@
 """Elastic all-reduce (``--min-workers``): a worker killed (SIGKILL) or frozen (SIGSTOP) in the middle of an
-epoch, and the survivors finish the run; below the minimum the run stops as without the option.
+epoch, and the survivors finish the run; below the minimum the run stops as without the option. A worker started
+mid-run (``--join``) is admitted at the next step boundary and the run finishes with it.
 
 The fault comes from inside the victim at a chosen step (:mod:`tests.parallel.faulty_lenet`), so the tests
 wait for nothing and the step is known. A ``split`` run keeps its global batches, so its final weights must
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,12 +68,12 @@ def train_with_fault(
     return summary, samples
 
 
-def assert_every_sample_once(samples: Path, change: dict) -> None:
-    """The parts the processes computed: before the change three per global batch, from the redone batch on
-    two; together every sample of the epoch (less the last incomplete batch) exactly once."""
+def assert_every_sample_once(samples: Path, change: dict, before: int = 3, after: int = 2) -> None:
+    """The parts the processes computed: before the change ``before`` per global batch, from the change's batch on
+    ``after``; together every sample of the epoch (less the last incomplete batch) exactly once."""
     records = [json.loads(line) for path in samples.glob("samples-*.jsonl") for line in path.read_text().splitlines()]
-    # the step in flight was started by three and not applied (steps_redone 1): the two did it again
-    counted = [r for r in records if r["count"] == (3 if r["number"] < change["batch"] else 2)]
+    # after a loss the step in flight was started by three and not applied (steps_redone 1): the two did it again
+    counted = [r for r in records if r["count"] == (before if r["number"] < change["batch"] else after)]
     seen = sorted(index for record in counted for index in record["indices"])
     assert seen == sorted(epoch_permutation(TRAIN, seed=5, epoch=0)[: TRAIN // BATCH * BATCH].tolist())
 
@@ -183,3 +186,112 @@ def test_a_worker_lost_while_buffers_are_handed_over_is_a_lost_peer() -> None:
     with pytest.raises(PeerLost) as lost:
         agreement.buffers_due(4, nn.BatchNorm1d(2))
     assert lost.value.why is None  # only heard of it: the survivor that saw it says why
+
+
+JOIN_AT = 3  # rank 0 holds its third step until the joining worker is ready
+
+
+def test_a_worker_started_mid_run_joins_within_one_step(
+    data: Path, one_process: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
+    """Two workers train; a third, started with ``--join`` (the command line, in a process of its own) once the
+    run trains, is admitted at the step boundary after it is ready and the three finish the epoch."""
+    out, samples = tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    monkeypatch.setenv("SCALETRAIN_TEST_SAMPLES", str(samples))
+    # the joiner records its process once it is ready, just before it asks to join
+    monkeypatch.setenv("SCALETRAIN_TEST_WAIT", f"0:{JOIN_AT}:{out / 'processes' / 'rank-2.json'}")
+    settings = {"batch_size": BATCH, "sync": "split", "min_workers": 2, "max_workers": 3, "timeout": 30}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**COMMON, **settings}.items()]
+    joiner: list = []
+
+    def join() -> None:  # once the run says where its store is
+        deadline = time.monotonic() + 60
+        while not (out / "rendezvous.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        command = ["train", FAULTY, f"--data-dir={data}", f"--out={out}", "--workers=2", *flags, "--join"]
+        joiner.append(run_cli(*command, env={"PYTHONPATH": os.environ["PYTHONPATH"]}, timeout=90))
+
+    thread = threading.Thread(target=join)
+    thread.start()
+    try:
+        summary = scaletrain.train(
+            FAULTY, data_dir=data, out=out, workers=2, progress="plain", log_every=4, tensorboard=False,
+            **COMMON, **settings,
+        )  # fmt: skip
+    finally:
+        thread.join()
+    [run] = joiner
+    assert run.returncode == 0, run.stderr
+    [change] = summary["membership"]
+    assert change["left"] == [] and [who["rank"] for who in change["joined"]] == [2]
+    # ready (asked) during step JOIN_AT; rank 0 looks before each step's all-reduce: admitted after it or the next
+    assert change["step"] in (JOIN_AT, JOIN_AT + 1), change
+    assert (change["workers"], change["members"], change["steps_redone"]) == (3, [0, 1, 2], 0)
+    assert f"rank 2 (joined after step {change['step']}) finished" in run.stdout
+    assert f"after step {change['step']}: worker rank 2 joined; going on with 3 workers" in capfd.readouterr().err
+    print(f"joined {change['joined'][0]['waited_seconds']:.2f} s after asking; {change['seconds_to_recover']:.2f} s "
+          "from the admission's start to the end of the first step with three")  # fmt: skip
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in records if r.get("kind") == "membership"] == [{"kind": "membership", **change}]
+    assert (summary["steps"], summary["workers_at_end"], summary["max_workers"]) == (TRAIN // BATCH, 3, 3)
+    workers = {worker["rank"]: worker for worker in summary["per_worker"]}
+    assert sorted(workers) == [0, 1, 2] and workers[2]["steps"] == TRAIN // BATCH - change["step"]
+    assert len({worker["weights_digest"] for worker in workers.values()}) == 1  # the joiner's weights are theirs
+    assert_every_sample_once(samples, change, before=2, after=3)
+    assert_same_weights(model_weights(out), one_process)  # split keeps the global batch: one process's steps
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--min-workers", "2", "--max-workers", "1"], "give --min-workers and a --max-workers of at least 2, not 1"),
+        (["--max-workers", "3"], "give --min-workers and a --max-workers of at least 2, not 3"),
+        (["--min-workers", "2", "--join"], "--join: found no running elastic run"),
+    ],
+)
+def test_bad_join_settings_are_one_line_and_exit_2(flags: list[str], says: str, tmp_path: Path) -> None:
+    run = run_cli("train", "lenet", "--workers", "2", "--out", str(tmp_path / "run"), *flags, "--timeout", "1")
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith("scaletrain: error: ") and says in line
+
+
+def test_joining_a_store_nobody_serves_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    from scaletrain.parallel.launch import free_port
+    from scaletrain.parallel.process import write_address
+
+    (tmp_path / "run").mkdir()
+    write_address(tmp_path / "run", "127.0.0.1", free_port())  # a run that has ended
+    run = run_cli("train", "lenet", "--workers=2", "--min-workers=2", f"--out={tmp_path}/run", "--join", "--timeout=1")
+    assert run.returncode == 2
+    [line] = run.stderr.strip().splitlines()
+    assert "--join: no run answered at 127.0.0.1:" in line and "start the elastic run first" in line
+
+
+def test_a_join_beyond_max_workers_is_refused_without_disturbing_the_run() -> None:
+    """The deciding member answers a worker that would exceed ``--max-workers`` and says nobody waits; a worker
+    that gave up waiting withdraws its request, and is never admitted."""
+    import torch.distributed as dist
+
+    from scaletrain.parallel.strategies import Layout
+    from scaletrain.parallel.strategies.elastic import StoreMembership
+
+    store, layout = dist.HashStore(), Layout("allreduce", 2, sync="split")
+    member = StoreMembership(store, rank=0, layout=layout, minimum=2, maximum=2, timeout=1)
+    joiner = StoreMembership(store, rank=2, layout=layout, minimum=2, timeout=1)
+    thread = threading.Thread(target=lambda: time.sleep(0.2) or assert_nobody_waits(member))
+    thread.start()
+    with pytest.raises(ConfigError, match="cannot join: the run already has 2 workers, its --max-workers 2"):
+        joiner.join()
+    thread.join()
+    late = StoreMembership(store, rank=3, layout=layout, minimum=2, timeout=0.2)
+    with pytest.raises(ConfigError, match="did not admit this worker within --timeout 0.2 s"):
+        late.join()
+    member.maximum = 3
+    assert not member._answer(2, {"admitted": 0})  # withdrawn: the run cannot admit it any more
+
+
+def assert_nobody_waits(member: object) -> None:
+    assert not member.join_requested()

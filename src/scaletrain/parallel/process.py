@@ -137,6 +137,7 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
     layout = layout_of(config)
     host, port = _run_address(config)
     try:
+        _reachable(host, port, config.timeout)  # c10d's own retries would fill the terminal with C++ traces
         store = dist.TCPStore(
             host, port, is_master=False, timeout=datetime.timedelta(seconds=config.timeout), wait_for_workers=False
         )
@@ -147,7 +148,6 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
         ) from None
     rank = max(layout.worker_ranks()) + store.add(JOINED_KEY, 1)
     rendezvous = Rendezvous(rank=rank, world_size=rank + 1, master_addr=host, master_port=port)
-    _record_process(config, rank, WORKER)
     heartbeat = Heartbeat(rendezvous, connect_timeout=config.timeout)  # the members watch it once admitted
     settings = configure_process(config.threads, processes_on_host=1)
     config = dataclasses.replace(config, threads=settings.threads)
@@ -163,6 +163,7 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
             workers_device=torch.device("cpu"),
             label_of=run_label,
         )
+        _record_process(config, rank, WORKER)  # ready: it asks to join now
         summary = layout.plugin.run(prepared, layout, rank, store)
         finished = True
         return summary
@@ -176,6 +177,19 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
 def write_address(out: Path, host: str, port: int) -> None:
     """Say where an elastic run's store listens, for :func:`join_process`."""
     (out / ADDRESS_NAME).write_text(json.dumps({"master_addr": host, "master_port": port}) + "\n", encoding="utf-8")
+
+
+def _reachable(host: str, port: int, timeout: float) -> None:
+    """Return once something listens at ``host:port``; raise :class:`OSError` if nothing does within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _run_address(config: TrainConfig) -> tuple[str, int]:

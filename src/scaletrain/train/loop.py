@@ -55,6 +55,7 @@ class Trainer:
         self.optimizer, self.data = prepared.optimizer, prepared.data
         self.schedule = prepared.schedule
         self.position = Position(**asdict(prepared.position))
+        self._first_step = self.position.step  # of a resumed run, or of a worker that joined one mid-run
         self.state = prepared.state
         self.technique = prepared.technique
         # entered around each training forward pass: the activations' layout, then the technique's (autocast)
@@ -127,7 +128,7 @@ class Trainer:
                 if self._train_batches(self.role.plan.numbers(self.position.batch, stop)):
                     return
             except PeerLost as lost:  # raised only by the exchange of an elastic run, before any update
-                self._regroup(lost)
+                regroup(self, lost)  # agree on who goes on, take the live state of the one furthest ahead
 
     def _train_batches(self, numbers: range) -> bool:
         """Whether every one of ``numbers`` was trained (not: a worker was admitted after one of them)."""
@@ -198,10 +199,6 @@ class Trainer:
                 admit(self)  # a worker joins at this step boundary: the rest of the batches are cut anew
                 return False
         return True
-
-    def _regroup(self, lost: PeerLost) -> None:
-        """Agree with the survivors on who goes on and take the live state (:func:`membership.regroup`)."""
-        regroup(self, lost)
 
     def _step_peak(self, model: nn.Module, rows: int) -> int | None:
         return step_peak(self.prepared, self.role.plan, model, rows, self._forward_context)
@@ -360,7 +357,7 @@ class Trainer:
         """This worker's measurements, for the summary."""
         return WorkerStats(
             rank=self.role.rank,
-            steps=self.position.step - (self.prepared.resumed_from or 0),
+            steps=self.position.step - self._first_step,
             measured_steps=self.meter.measured_steps,
             measured_seconds=self.meter.measured_seconds,
             communication_seconds=self.communication,
