@@ -279,8 +279,11 @@ def test_a_join_beyond_max_workers_is_refused_without_disturbing_the_run() -> No
     from scaletrain.parallel.strategies.elastic import StoreMembership
 
     store, layout = dist.HashStore(), Layout("allreduce", 2, sync="split")
-    member = StoreMembership(store, rank=0, layout=layout, minimum=2, maximum=2, timeout=1)
-    joiner = StoreMembership(store, rank=2, layout=layout, minimum=2, timeout=1)
+    member = StoreMembership(store, rank=0, layout=layout, minimum=2, maximum=2, timeout=1, settings={"seed": 5})
+    other = StoreMembership(store, rank=2, layout=layout, minimum=2, timeout=1, settings={"seed": 6})
+    with pytest.raises(ConfigError, match=r"the run trains with seed 5 \(this worker: 6\); give its settings"):
+        other.join()
+    joiner = StoreMembership(store, rank=2, layout=layout, minimum=2, timeout=1, settings={"seed": 5})
     thread = threading.Thread(target=lambda: time.sleep(0.2) or assert_nobody_waits(member))
     thread.start()
     with pytest.raises(ConfigError, match="cannot join: the run already has 2 workers, its --max-workers 2"):

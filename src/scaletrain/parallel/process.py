@@ -167,6 +167,12 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
         summary = layout.plugin.run(prepared, layout, rank, store)
         finished = True
         return summary
+    except ScaletrainError:
+        raise
+    except Exception as exc:  # c10d/gloo errors once it trains with the others: one line, the traceback to a file
+        path = write_traceback(config.out, rank)
+        where = f"; traceback in {path}" if path else ""
+        raise ProcessFailed(f"joining worker rank {rank}: {describe(exc, config.timeout)}{where}") from exc
     finally:
         heartbeat.stop(finished=finished)
         if dist.is_initialized():

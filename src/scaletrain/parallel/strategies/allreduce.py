@@ -26,6 +26,7 @@ from scaletrain.parallel.strategies.elastic import (
     StoreMembership,
     check_elastic_backend,
     check_elastic_batch,
+    shared_settings,
     watched,
 )
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
@@ -72,8 +73,9 @@ class AllReduce(Strategy):
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
         elastic = config.min_workers is not None and (layout.workers > 1 or config.join)
-        if elastic and not config.join:  # started by another launcher, this process is the first to see the batch
+        if elastic:  # started by another launcher, this process is the first to see the batch
             check_elastic_batch(config, layout, prepared.batch_size)
+        if elastic and not config.join:  # a joining worker has no group yet: it joins a gloo one
             check_elastic_backend(dist.get_backend())
         membership = (
             StoreMembership(
@@ -83,6 +85,7 @@ class AllReduce(Strategy):
                 minimum=config.min_workers,
                 maximum=config.max_workers,
                 timeout=config.timeout,
+                settings=shared_settings(config),
             )
             if elastic
             else None

@@ -51,12 +51,14 @@ from scaletrain.train.state import Membership, Regrouped
 
 __all__ = [
     "DROPPED_EXIT_CODE",
+    "JOINED_KEY",
     "Dropped",
     "HeardOfLoss",
     "StoreMembership",
     "check_elastic",
     "check_elastic_backend",
     "check_elastic_batch",
+    "shared_settings",
     "watched",
 ]
 
@@ -105,18 +107,31 @@ def check_elastic_backend(backend: str) -> None:
 
 
 def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) -> None:
-    """Every membership from ``--min-workers`` to ``--workers`` must divide the global batch evenly."""
+    """Every membership from ``--min-workers`` to ``--max-workers`` must divide the global batch evenly."""
     if config.min_workers is None:
         return
     factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
-    total = batch_size * factor
-    uneven = [count for count in range(config.min_workers, layout.workers + 1) if total % count]
+    total, most = batch_size * factor, config.max_workers or layout.workers
+    uneven = [count for count in range(config.min_workers, most + 1) if total % count]
     if uneven:
+        bound = "--max-workers" if config.max_workers is not None else "--workers"
         raise ConfigError(
             f"with --min-workers {config.min_workers} the global batch of {total} must divide evenly over every "
-            f"worker count from {config.min_workers} to {layout.workers}, and {', '.join(map(str, uneven))} "
+            f"worker count from {config.min_workers} to {bound} {most}, and {', '.join(map(str, uneven))} "
             "does not; choose a batch size that does (or another --min-workers)"
         )
+
+
+#: The settings a joining worker must share with the run: what its steps and its part of each batch follow from.
+SHARED_SETTINGS = (
+    "workload", "options", "workers", "sync", "batch_size", "epochs", "steps", "seed", "lr", "momentum",
+    "weight_decay", "clip_norm", "lr_decay", "lr_decay_start", "wire", "wire_options", "min_workers", "max_workers",
+)  # fmt: skip
+SETTINGS_KEY = "membership/settings"
+
+
+def shared_settings(config: TrainConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in SHARED_SETTINGS}
 
 
 def request_key(number: int) -> str:
@@ -162,11 +177,15 @@ class StoreMembership(Membership):
         minimum: int,
         timeout: float,
         maximum: int | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
         self.store, self.rank, self.layout = store, rank, layout
         self.minimum, self.timeout = minimum, timeout
         self.maximum = maximum or layout.workers
         self._next_request = 1  # the deciding member's: the next joining worker's number (from 1)
+        self.settings = settings or {}
+        if rank == layout.worker_ranks()[0] and settings is not None:  # for workers that join, to compare
+            store.set(SETTINGS_KEY, json.dumps(settings, default=str))
         self.members = layout.worker_ranks()
         self.generation = 0
         # Groups left behind, kept referenced: freeing one would wait for a collective still pending in it.
@@ -251,6 +270,7 @@ class StoreMembership(Membership):
         ask to join, wait (within ``--timeout``) to be admitted at a step boundary, join the new group and
         take the live state from a member."""
         number = self.rank - max(self.layout.worker_ranks())
+        self._check_settings()
         self.store.set(request_key(number), json.dumps({"rank": self.rank, "asked": time.time()}))
         answer = answer_key(number)
         with contextlib.suppress(RuntimeError):  # not admitted in time: withdrawn below
@@ -266,6 +286,24 @@ class StoreMembership(Membership):
             raise ConfigError(f"this worker cannot join: {answer['refused']}")
         self.generation = answer["admitted"]
         return self._regroup_to(self._read(f"membership/{self.generation}/"), lambda: {})
+
+    def _check_settings(self) -> None:
+        """Refuse to join a run whose settings differ: the joiner would compute other steps than its peers."""
+        if not self.settings:
+            return
+        try:
+            self.store.wait([SETTINGS_KEY], datetime.timedelta(seconds=self.timeout))
+        except RuntimeError:
+            raise ConfigError(
+                f"the run at this store did not say its settings within --timeout {self.timeout:g} s: it is no "
+                "elastic all-reduce run (--min-workers), or it has not started training yet"
+            ) from None
+        theirs = json.loads(self.store.get(SETTINGS_KEY))
+        mine = json.loads(json.dumps(self.settings, default=str))
+        differ = [f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})" for name in mine
+                  if theirs.get(name) != mine.get(name)]  # fmt: skip
+        if differ:
+            raise ConfigError(f"this worker cannot join: the run trains with {'; '.join(differ)}; give its settings")
 
     def _admission(self, prefix: str) -> dict[str, Any]:
         """The deciding member: admit the waiting workers while there is room, and say so to them and to the
