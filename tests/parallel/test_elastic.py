@@ -68,12 +68,16 @@ def train_with_fault(
     return summary, samples
 
 
-def assert_every_sample_once(samples: Path, change: dict, before: int = 3, after: int = 2) -> None:
-    """The parts the processes computed: before the change ``before`` per global batch, from the change's batch on
-    ``after``; together every sample of the epoch (less the last incomplete batch) exactly once."""
+def assert_every_sample_once(samples: Path, changes: list[dict], workers: int = 3) -> None:
+    """The parts the processes computed: ``workers`` per global batch, then from each change's batch on its
+    ``workers``; together every sample of the epoch (less the last incomplete batch) exactly once."""
     records = [json.loads(line) for path in samples.glob("samples-*.jsonl") for line in path.read_text().splitlines()]
+
+    def parts(number: int) -> int:
+        return ([workers] + [change["workers"] for change in changes if number >= change["batch"]])[-1]
+
     # after a loss the step in flight was started by three and not applied (steps_redone 1): the two did it again
-    counted = [r for r in records if r["count"] == (before if r["number"] < change["batch"] else after)]
+    counted = [r for r in records if r["count"] == parts(r["number"])]
     seen = sorted(index for record in counted for index in record["indices"])
     assert seen == sorted(epoch_permutation(TRAIN, seed=5, epoch=0)[: TRAIN // BATCH * BATCH].tolist())
 
@@ -113,7 +117,7 @@ def test_run_goes_on_without_a_lost_worker(
     recovered = change["recovered"] - float((samples / "fault-time").read_text())
     print(f"{signal}: {recovered:.2f} s from the fault to the next completed step")
     assert recovered < (timeout if signal == "SIGSTOP" else 0) + 10
-    assert_every_sample_once(samples, change)
+    assert_every_sample_once(samples, [change])
     assert_same_weights(model_weights(tmp_path / "run"), one_process)
 
 
@@ -189,19 +193,29 @@ def test_a_worker_lost_while_buffers_are_handed_over_is_a_lost_peer() -> None:
 
 
 JOIN_AT = 3  # rank 0 holds its third step until the joining worker is ready
+LOST_AT = 8  # then worker rank 1 dies at its eighth forward pass (after the joiner came)
 
 
+@pytest.mark.parametrize("then_lost", [False, True], ids=["joins", "joins-then-a-worker-dies"])
 def test_a_worker_started_mid_run_joins_within_one_step(
-    data: Path, one_process: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+    then_lost: bool,
+    data: Path,
+    one_process: dict,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture,
 ) -> None:
     """Two workers train; a third, started with ``--join`` (the command line, in a process of its own) once the
-    run trains, is admitted at the step boundary after it is ready and the three finish the epoch."""
+    run trains, is admitted at the step boundary after it is ready and the three finish the epoch; or, after it
+    joined, worker rank 1 dies and rank 0 and the joiner finish it."""
     out, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "src"), str(REPO)]))
     monkeypatch.setenv("SCALETRAIN_TEST_SAMPLES", str(samples))
     # the joiner records its process once it is ready, just before it asks to join
     monkeypatch.setenv("SCALETRAIN_TEST_WAIT", f"0:{JOIN_AT}:{out / 'processes' / 'rank-2.json'}")
+    if then_lost:
+        monkeypatch.setenv("SCALETRAIN_TEST_FAULT", f"1:{LOST_AT}:SIGKILL")
     settings = {"batch_size": BATCH, "sync": "split", "min_workers": 2, "max_workers": 3, "timeout": 30}
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**COMMON, **settings}.items()]
     joiner: list = []
@@ -224,7 +238,7 @@ def test_a_worker_started_mid_run_joins_within_one_step(
         thread.join()
     [run] = joiner
     assert run.returncode == 0, run.stderr
-    [change] = summary["membership"]
+    change, *after = summary["membership"]
     assert change["left"] == [] and [who["rank"] for who in change["joined"]] == [2]
     # ready (asked) during step JOIN_AT; rank 0 looks before each step's all-reduce: admitted after it or the next
     assert change["step"] in (JOIN_AT, JOIN_AT + 1), change
@@ -234,12 +248,18 @@ def test_a_worker_started_mid_run_joins_within_one_step(
     print(f"joined {change['joined'][0]['waited_seconds']:.2f} s after asking; {change['seconds_to_recover']:.2f} s "
           "from the admission's start to the end of the first step with three")  # fmt: skip
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r for r in records if r.get("kind") == "membership"] == [{"kind": "membership", **change}]
-    assert (summary["steps"], summary["workers_at_end"], summary["max_workers"]) == (TRAIN // BATCH, 3, 3)
+    assert [r for r in records if r.get("kind") == "membership"] == [
+        {"kind": "membership", **c} for c in [change, *after]
+    ]
+    members = [0, 2] if then_lost else [0, 1, 2]
+    if then_lost:  # the joiner's heartbeat and its part count as any member's
+        [lost] = after
+        assert (lost["left"], lost["joined"], lost["members"]) == ([{"rank": 1, "why": "died"}], [], members)
+    assert (summary["steps"], summary["workers_at_end"], summary["max_workers"]) == (TRAIN // BATCH, len(members), 3)
     workers = {worker["rank"]: worker for worker in summary["per_worker"]}
-    assert sorted(workers) == [0, 1, 2] and workers[2]["steps"] == TRAIN // BATCH - change["step"]
+    assert sorted(workers) == members and workers[2]["steps"] == TRAIN // BATCH - change["step"]
     assert len({worker["weights_digest"] for worker in workers.values()}) == 1  # the joiner's weights are theirs
-    assert_every_sample_once(samples, change, before=2, after=3)
+    assert_every_sample_once(samples, summary["membership"], workers=2)
     assert_same_weights(model_weights(out), one_process)  # split keeps the global batch: one process's steps
 
 

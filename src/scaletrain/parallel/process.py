@@ -8,6 +8,7 @@ the rendezvous store, evaluates the final weights once, and writes ``summary.jso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -37,7 +38,15 @@ from scaletrain.train.runtime import configure_process
 if TYPE_CHECKING:  # the parallel package never builds workloads itself
     from scaletrain.workloads import Workload
 
-__all__ = ["ADDRESS_NAME", "PROCESSES_DIR", "join_process", "layout_of", "run_process", "write_address"]
+__all__ = [
+    "ADDRESS_NAME",
+    "PROCESSES_DIR",
+    "join_process",
+    "joined_workers",
+    "layout_of",
+    "run_process",
+    "write_address",
+]
 
 PROCESSES_DIR = "processes"
 #: ``OUT/rendezvous.json``: where the local launcher's elastic run keeps its store, for workers that join it.
@@ -178,6 +187,18 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
         if dist.is_initialized():
             dist.destroy_process_group()
         _record_process(config, rank, WORKER, finished=True)
+
+
+def joined_workers(out: Path, world_size: int) -> int:
+    """How many workers joined the run of ``out`` (``--join``) and have not finished, from their process records:
+    at most that many, as one that was killed is still counted (the survivors hold the run to ``--min-workers``
+    themselves), and one not yet admitted too."""
+    joined = 0
+    for path in (out / PROCESSES_DIR).glob("rank-*.json"):
+        with contextlib.suppress(OSError, ValueError):  # one being written is read at the next look
+            record = json.loads(path.read_text(encoding="utf-8"))
+            joined += record["rank"] >= world_size and not record["finished"]
+    return joined
 
 
 def write_address(out: Path, host: str, port: int) -> None:
