@@ -17,7 +17,7 @@ from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import join_process, layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
-from scaletrain.parallel.strategies.elastic import check_elastic
+from scaletrain.parallel.strategies.elastic_rules import check_elastic
 from scaletrain.plugins import load_plugins
 from scaletrain.workloads import Origin, Workload
 

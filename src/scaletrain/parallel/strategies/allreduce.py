@@ -21,14 +21,8 @@ from torch import nn
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import (
-    HeardOfLoss,
-    StoreMembership,
-    check_elastic_backend,
-    check_elastic_batch,
-    shared_settings,
-    watched,
-)
+from scaletrain.parallel.strategies.elastic import HeardOfLoss, StoreMembership, watched
+from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into

@@ -1,4 +1,5 @@
-"""Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors.
+"""Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors, and workers
+started later (``--join``) are admitted at a step boundary.
 
 When a worker dies (its connections close) or stops answering (the step's collective waits out
 ``--timeout``), every survivor's all-reduce fails before any update of that step is applied
@@ -24,9 +25,18 @@ batch of N·``--batch-size`` as well (so the learning rate stays right), each su
 N/N' of its former share. A global batch that some membership from ``M`` to N cannot divide evenly is
 refused before any process starts.
 
+A worker started later with ``--join`` (up to ``--max-workers``) connects to the store, takes the next
+launch rank (``membership/joined``), and asks under ``membership/request/K``. Rank 0 checks for a request
+before each step's all-reduce and sends "a worker waits" in that step's one-number all-reduce, so every
+member learns it in the same step; at that step's end rank 0 answers ``membership/answer/K`` (a
+compare-and-set: a joiner that gave up waiting has withdrawn and is never admitted), writes
+``membership/G/decision`` with ``joined``, and the members and the joiner build group ``G+1`` as above, the
+joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
+
 Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``),
-the parameter-server strategies, a worker joining, techniques that reconfigure the network,
-synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
+the parameter-server strategies, torchrun's ``--nnodes MIN:MAX``, a loss while a change is being agreed,
+techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU) process groups: elastic
+runs use gloo.
 """
 
 from __future__ import annotations
@@ -40,7 +50,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from scaletrain.config import TrainConfig
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.parallel.agreement import StoreAgreement
@@ -55,10 +64,6 @@ __all__ = [
     "Dropped",
     "HeardOfLoss",
     "StoreMembership",
-    "check_elastic",
-    "check_elastic_backend",
-    "check_elastic_batch",
-    "shared_settings",
     "watched",
 ]
 
@@ -83,55 +88,8 @@ class Dropped(ScaletrainError):
     exit_code = DROPPED_EXIT_CODE
 
 
-def check_elastic(config: TrainConfig, layout: Layout) -> None:
-    """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
-    if config.min_workers is None:
-        return
-    if layout.strategy != "allreduce":
-        raise ConfigError(
-            f"--min-workers is supported with --strategy allreduce (--sync join or split) only for now, "
-            f"not {layout.label}; drop --min-workers (a lost worker then stops the run, continue with --resume)"
-        )
-    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
-        if given is not None:
-            raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
-
-
-def check_elastic_backend(backend: str) -> None:
-    """Refuse an elastic run whose process group is not gloo: regrouping is built and tested on gloo only."""
-    if backend != "gloo":
-        raise ConfigError(
-            f"--min-workers regroups gloo process groups only for now, and this run's is {backend}; "
-            "use --device cpu, or drop --min-workers"
-        )
-
-
-def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) -> None:
-    """Every membership from ``--min-workers`` to ``--max-workers`` must divide the global batch evenly."""
-    if config.min_workers is None:
-        return
-    factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
-    total, most = batch_size * factor, config.max_workers or layout.workers
-    uneven = [count for count in range(config.min_workers, most + 1) if total % count]
-    if uneven:
-        bound = "--max-workers" if config.max_workers is not None else "--workers"
-        raise ConfigError(
-            f"with --min-workers {config.min_workers} the global batch of {total} must divide evenly over every "
-            f"worker count from {config.min_workers} to {bound} {most}, and {', '.join(map(str, uneven))} "
-            "does not; choose a batch size that does (or another --min-workers)"
-        )
-
-
-#: The settings a joining worker must share with the run: what its steps and its part of each batch follow from.
-SHARED_SETTINGS = (
-    "workload", "options", "workers", "sync", "batch_size", "epochs", "steps", "seed", "lr", "momentum",
-    "weight_decay", "clip_norm", "lr_decay", "lr_decay_start", "wire", "wire_options", "min_workers", "max_workers",
-)  # fmt: skip
+#: Where rank 0 says the run's settings (:func:`~scaletrain.parallel.strategies.elastic_rules.shared_settings`).
 SETTINGS_KEY = "membership/settings"
-
-
-def shared_settings(config: TrainConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in SHARED_SETTINGS}
 
 
 def request_key(number: int) -> str:
