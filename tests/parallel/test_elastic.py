@@ -23,6 +23,7 @@ import scaletrain
 from scaletrain.data.sampler import epoch_permutation
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.launch import RunFailed
+from scaletrain.parallel.strategies.elastic import request_key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -192,13 +193,24 @@ def test_a_worker_lost_while_buffers_are_handed_over_is_a_lost_peer() -> None:
     assert lost.value.why is None  # only heard of it: the survivor that saw it says why
 
 
-JOIN_AT = 3  # rank 0 holds its third step until the joining worker is ready
-LOST_AT = 8  # then worker rank 1 dies at its eighth forward pass (after the joiner came)
+JOIN_AT = 3  # rank 0 holds its third step until the joining worker has asked to join
+REFUSED_AT = 8  # and its eighth until a fourth one (beyond --max-workers 3) has asked
+LOST_AT = 8  # or worker rank 1 dies at its eighth forward pass (after the joiner came)
 
 
-@pytest.mark.parametrize("then_lost", [False, True], ids=["joins", "joins-then-a-worker-dies"])
+@pytest.mark.parametrize(
+    ("case", "sync", "batch_size"),
+    [
+        ("joins, a fourth is refused", "split", BATCH),
+        ("joins, then a worker dies", "split", BATCH),
+        # join keeps its global batch of 2 × 6 = the one process's 12, the three computing 4 rows each
+        ("joins", "join", BATCH // 2),
+    ],
+)
 def test_a_worker_started_mid_run_joins_within_one_step(
-    then_lost: bool,
+    case: str,
+    sync: str,
+    batch_size: int,
     data: Path,
     one_process: dict,
     tmp_path: Path,
@@ -206,61 +218,86 @@ def test_a_worker_started_mid_run_joins_within_one_step(
     capfd: pytest.CaptureFixture,
 ) -> None:
     """Two workers train; a third, started with ``--join`` (the command line, in a process of its own) once the
-    run trains, is admitted at the step boundary after it is ready and the three finish the epoch; or, after it
-    joined, worker rank 1 dies and rank 0 and the joiner finish it."""
+    run trains, is admitted at the step boundary after it is ready and the three finish the epoch. A fourth is
+    told that the run is at ``--max-workers`` and exits 2; or, after the third joined, worker rank 1 dies and
+    rank 0 and the joiner finish the epoch."""
     out, samples = tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "src"), str(REPO)]))
     monkeypatch.setenv("SCALETRAIN_TEST_SAMPLES", str(samples))
-    # the joiner records its process once it is ready, just before it asks to join
-    monkeypatch.setenv("SCALETRAIN_TEST_WAIT", f"0:{JOIN_AT}:{out / 'processes' / 'rank-2.json'}")
+    # rank 0 goes on with step JOIN_AT once the joiner has asked to join (and with REFUSED_AT once the fourth has)
+    waits = [f"0:{JOIN_AT}:store:{request_key(1)}"]
+    refused = "refused" in case
+    if refused:
+        waits.append(f"0:{REFUSED_AT}:store:{request_key(2)}")
+    monkeypatch.setenv("SCALETRAIN_TEST_WAIT", ",".join(waits))
+    then_lost = "dies" in case
     if then_lost:
         monkeypatch.setenv("SCALETRAIN_TEST_FAULT", f"1:{LOST_AT}:SIGKILL")
-    settings = {"batch_size": BATCH, "sync": "split", "min_workers": 2, "max_workers": 3, "timeout": 30}
+    settings = {"batch_size": batch_size, "sync": sync, "min_workers": 2, "max_workers": 3, "timeout": 30}
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**COMMON, **settings}.items()]
-    joiner: list = []
+    command = ["train", FAULTY, f"--data-dir={data}", f"--out={out}", "--workers=2", *flags, "--join"]
+    joiners: list = []
 
-    def join() -> None:  # once the run says where its store is
+    def join() -> None:  # once the run says where its store is; the fourth once the third has joined
         deadline = time.monotonic() + 60
         while not (out / "rendezvous.json").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        command = ["train", FAULTY, f"--data-dir={data}", f"--out={out}", "--workers=2", *flags, "--join"]
-        joiner.append(run_cli(*command, env={"PYTHONPATH": os.environ["PYTHONPATH"]}, timeout=90))
+        joiners.append(run_cli(*command, env={"PYTHONPATH": os.environ["PYTHONPATH"]}, timeout=90))
 
-    thread = threading.Thread(target=join)
-    thread.start()
+    def join_beyond_max() -> None:
+        deadline = time.monotonic() + 60
+        while "membership" not in _text(out / "metrics.jsonl") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        joiners.append(run_cli(*command, env={"PYTHONPATH": os.environ["PYTHONPATH"]}, timeout=90))
+
+    threads = [threading.Thread(target=join)] + ([threading.Thread(target=join_beyond_max)] if refused else [])
+    for thread in threads:
+        thread.start()
     try:
         summary = scaletrain.train(
             FAULTY, data_dir=data, out=out, workers=2, progress="plain", log_every=4, tensorboard=False,
             **COMMON, **settings,
         )  # fmt: skip
     finally:
-        thread.join()
-    [run] = joiner
+        for thread in threads:
+            thread.join()
+    run, *beyond = joiners
     assert run.returncode == 0, run.stderr
+    if refused:
+        [fourth] = beyond
+        assert fourth.returncode == 2 and fourth.stderr.strip().splitlines() == [
+            "scaletrain: error: this worker cannot join: the run already has 3 workers, its --max-workers 3"
+        ]
     change, *after = summary["membership"]
     assert change["left"] == [] and [who["rank"] for who in change["joined"]] == [2]
-    # ready (asked) during step JOIN_AT; rank 0 looks before each step's all-reduce: admitted after it or the next
-    assert change["step"] in (JOIN_AT, JOIN_AT + 1), change
+    # it asked before step JOIN_AT's all-reduce, where rank 0 looks: admitted at the end of that very step
+    assert change["step"] == JOIN_AT, change
     assert (change["workers"], change["members"], change["steps_redone"]) == (3, [0, 1, 2], 0)
     assert f"rank 2 (joined after step {change['step']}) finished" in run.stdout
     assert f"after step {change['step']}: worker rank 2 joined; going on with 3 workers" in capfd.readouterr().err
-    print(f"joined {change['joined'][0]['waited_seconds']:.2f} s after asking; {change['seconds_to_recover']:.2f} s "
-          "from the admission's start to the end of the first step with three")  # fmt: skip
+    seconds = change["joined"][0]["waited_seconds"], change["seconds_to_recover"]
+    print(f"{case}: joined %.2f s after asking; %.2f s from the admission's start to the next step's end" % seconds)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r for r in records if r.get("kind") == "membership"] == [
-        {"kind": "membership", **c} for c in [change, *after]
-    ]
+    changes = [{"kind": "membership", **record} for record in summary["membership"]]
+    assert [r for r in records if r.get("kind") == "membership"] == changes
     members = [0, 2] if then_lost else [0, 1, 2]
     if then_lost:  # the joiner's heartbeat and its part count as any member's
         [lost] = after
         assert (lost["left"], lost["joined"], lost["members"]) == ([{"rank": 1, "why": "died"}], [], members)
+    else:
+        assert after == []
     assert (summary["steps"], summary["workers_at_end"], summary["max_workers"]) == (TRAIN // BATCH, len(members), 3)
     workers = {worker["rank"]: worker for worker in summary["per_worker"]}
     assert sorted(workers) == members and workers[2]["steps"] == TRAIN // BATCH - change["step"]
     assert len({worker["weights_digest"] for worker in workers.values()}) == 1  # the joiner's weights are theirs
     assert_every_sample_once(samples, summary["membership"], workers=2)
-    assert_same_weights(model_weights(out), one_process)  # split keeps the global batch: one process's steps
+    # split keeps the global batch, join its global batch of 2 × 6: one process's steps at 12 either way
+    assert_same_weights(model_weights(out), one_process)
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 @pytest.mark.parametrize(

@@ -195,7 +195,8 @@ class Trainer:
             if self.membership.recovering:
                 self.membership.step_done(self.records.metrics)
             self._after_step(loss)
-            if self.role.membership is not None and self.role.membership.join_due:
+            joining = self.role.membership is not None and self.role.membership.join_due
+            if joining and position.step < self.schedule.total_steps:  # after the last, it is refused at the end
                 admit(self)  # a worker joins at this step boundary: the rest of the batches are cut anew
                 return False
         return True

@@ -116,6 +116,8 @@ class AllReduce(Strategy):
             return {"rank": rank, "out": str(config.out), "joined": joined}
         if rank != 0:
             return None
+        if membership is not None:
+            membership.refuse_waiting("the run has finished training")
         workers = membership.members if membership is not None else layout.worker_ranks()
         stats = collect_stats(store, workers, set(), config.timeout)
         fields = layout_fields(layout)

@@ -64,6 +64,7 @@ __all__ = [
     "Dropped",
     "HeardOfLoss",
     "StoreMembership",
+    "request_key",
     "watched",
 ]
 
@@ -206,13 +207,16 @@ class StoreMembership(Membership):
         is told so here and never disturbs the run."""
         if self.rank != self.members[0]:
             return False
+        if len(self.members) >= self.maximum:
+            self.refuse_waiting(f"the run already has {len(self.members)} workers, its --max-workers {self.maximum}")
+            return False
+        return self.store.check([request_key(self._next_request)])
+
+    def refuse_waiting(self, why: str) -> None:
+        """The deciding member: tell every worker waiting to join that it cannot, and ``why``."""
         while self.store.check([request_key(self._next_request)]):
-            if len(self.members) < self.maximum:
-                return True
-            self._answer(self._next_request, {"refused": f"the run already has {len(self.members)} workers, "
-                                              f"its --max-workers {self.maximum}"})  # fmt: skip
+            self._answer(self._next_request, {"refused": why})
             self._next_request += 1
-        return False
 
     def admit(self, live_state: Callable[[], dict[str, Any]]) -> tuple[Regrouped, dict[str, Any]]:
         """Every member, at the step boundary where they agreed a worker waits: admit it (the deciding member
