@@ -210,7 +210,11 @@ class StoreMembership(Membership):
         if len(self.members) >= self.maximum:
             self.refuse_waiting(f"the run already has {len(self.members)} workers, its --max-workers {self.maximum}")
             return False
-        return self.store.check([request_key(self._next_request)])
+        while self.store.check([request_key(self._next_request)]):
+            if not self.store.check([answer_key(self._next_request)]):
+                return True
+            self._next_request += 1  # it gave up waiting (withdrawn): nobody to admit
+        return False
 
     def refuse_waiting(self, why: str) -> None:
         """The deciding member: tell every worker waiting to join that it cannot, and ``why``."""
