@@ -327,7 +327,7 @@ def test_joining_a_store_nobody_serves_is_one_line_and_exit_2(tmp_path: Path) ->
     assert "--join: no run answered at 127.0.0.1:" in line and "start the elastic run first" in line
 
 
-def test_a_join_beyond_max_workers_is_refused_without_disturbing_the_run() -> None:
+def test_the_deciding_member_refuses_joins_beyond_max_workers_and_never_admits_a_withdrawn_one() -> None:
     """The deciding member answers a worker that would exceed ``--max-workers`` and says nobody waits; a worker
     that gave up waiting withdraws its request, and is never admitted."""
     import torch.distributed as dist

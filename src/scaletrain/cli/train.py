@@ -317,8 +317,11 @@ def run(args: argparse.Namespace) -> int:
     )
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher, or a joining worker
         joined = summary.get("joined")
-        after = f" (joined after step {joined['step']})" if joined else ""
-        print(f"rank {summary['rank']}{after} finished; rank 0 writes the summary to {summary['out']}")
+        if joined is not None:  # its --out may be another folder than the run's (MASTER_ADDR and MASTER_PORT)
+            rank, step = summary["rank"], joined["step"]
+            print(f"rank {rank} (joined after step {step}) finished; the run's rank 0 writes the summary")
+        else:
+            print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
         exit_now(0)
     metric = summary["metric"]
     rate = summary["batches_per_second"]
