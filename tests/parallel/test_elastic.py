@@ -296,6 +296,55 @@ def test_a_worker_started_mid_run_joins_within_one_step(
     assert_same_weights(model_weights(out), one_process)
 
 
+def test_a_joiner_that_dies_before_it_is_admitted_is_a_lost_worker(
+    data: Path, one_process: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker asks to join and is killed before rank 0 admits it: the members wait for it in the new group
+    for ``--timeout``, then agree without it as after any loss (no step was in flight) and finish the epoch."""
+    import signal
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    out, samples, killed = tmp_path / "run", tmp_path / "samples", tmp_path / "joiner-killed"
+    samples.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO / "src"), str(REPO)]))
+    monkeypatch.setenv("SCALETRAIN_TEST_SAMPLES", str(samples))
+    monkeypatch.setenv("SCALETRAIN_TEST_WAIT", f"0:{JOIN_AT}:{killed}")  # it asked, and then it was killed
+    settings = {"batch_size": BATCH, "sync": "split", "min_workers": 2, "max_workers": 3, "timeout": 5}
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**COMMON, **settings}.items()]
+
+    def join_then_die() -> None:
+        deadline = time.monotonic() + 60
+        while not (out / "rendezvous.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        address = json.loads((out / "rendezvous.json").read_text())
+        command = ["train", FAULTY, f"--data-dir={data}", f"--out={out}", "--workers=2", *flags, "--join"]
+        joiner = subprocess.Popen([sys.executable, "-m", "scaletrain", *command], stdout=subprocess.DEVNULL)
+        store = dist.TCPStore(address["master_addr"], address["master_port"], is_master=False)
+        store.wait([request_key(1)])
+        joiner.send_signal(signal.SIGKILL)
+        joiner.wait()
+        killed.touch()
+
+    thread = threading.Thread(target=join_then_die)
+    thread.start()
+    try:
+        summary = scaletrain.train(
+            FAULTY, data_dir=data, out=out, workers=2, progress="plain", log_every=4, tensorboard=False,
+            **COMMON, **settings,
+        )  # fmt: skip
+    finally:
+        thread.join()
+    [change] = summary["membership"]
+    assert [who["rank"] for who in change["left"]] == [2] and change["left"][0]["why"] in ("died", "stopped answering")
+    assert (change["step"], change["joined"], change["members"], change["steps_redone"]) == (JOIN_AT, [], [0, 1], 0)
+    assert (summary["steps"], summary["workers_at_end"]) == (TRAIN // BATCH, 2)
+    assert_every_sample_once(samples, [change], workers=2)
+    assert_same_weights(model_weights(out), one_process)
+
+
 def _text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 

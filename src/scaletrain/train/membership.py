@@ -47,7 +47,14 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
     who goes on, take the live state of the one furthest ahead (the step in flight is done again unless
     one of them completed it), and go on with the new plan."""
     detected = time.time()
-    regrouped, state = trainer.role.membership.regroup(trainer.position.step, lost.why, _live_state(trainer))
+    while True:
+        try:
+            regrouped, state = trainer.role.membership.regroup(
+                trainer.position.step, lost.why, _live_state(trainer), in_flight=lost.in_flight
+            )
+            break
+        except PeerLost as again:  # another member lost while the group was rebuilt: agree once more
+            lost = PeerLost(again.why, in_flight=lost.in_flight)
     _go_on(trainer, regrouped, state, detected)
     if trainer.records.metrics is not None:
         left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in regrouped.record["left"])

@@ -89,15 +89,18 @@ class Membership:
 
     def admit(self, live_state: Callable[[], dict[str, Any]]) -> tuple[Regrouped, dict[str, Any]]:
         """At the step boundary where ``join_due``: admit the waiting workers, rebuild the group with them and
-        return the new plan with the live state every member (and joiner) continues from."""
+        return the new plan with the live state every member (and joiner) continues from. Raises
+        :class:`~scaletrain.train.exchange.PeerLost` (no step in flight) when one of them never comes."""
         raise NotImplementedError
 
     def regroup(
-        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]], *, in_flight: bool = True
     ) -> tuple[Regrouped, dict[str, Any]]:
-        """After a lost peer at ``step`` (this worker's position, the step in flight not applied): agree on
-        the survivors, rebuild the group over them, and return their plan with the live state
-        (``live_state()`` of the survivor furthest ahead) every survivor continues from."""
+        """After a lost peer at ``step`` (this worker's position, the step in flight not applied; no step in
+        flight when ``in_flight`` is False): agree on the survivors, rebuild the group over them, and return
+        their plan with the live state (``live_state()`` of the survivor furthest ahead) every survivor
+        continues from. Raises :class:`~scaletrain.train.exchange.PeerLost` when another member is lost while
+        the group is rebuilt."""
         raise NotImplementedError
 
 

@@ -34,7 +34,8 @@ compare-and-set: a joiner that gave up waiting has withdrawn and is never admitt
 joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
 
 Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``),
-the parameter-server strategies, torchrun's ``--nnodes MIN:MAX``, a loss while a change is being agreed,
+the parameter-server strategies, torchrun's ``--nnodes MIN:MAX``, a loss found before ``--timeout`` while a
+change is being agreed (one while the new group is built is a loss like any other),
 techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU) process groups: elastic
 runs use gloo.
 """
@@ -55,6 +56,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import ProcessFailed
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.train.exchange import PeerLost
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
 
@@ -171,17 +173,19 @@ class StoreMembership(Membership):
         )
 
     def regroup(
-        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]], *, in_flight: bool = True
     ) -> tuple[Regrouped, dict[str, Any]]:
         prefix = f"membership/{self.generation}/"
         self.join_due = False  # a join agreed in the failed step is asked again at the next one
-        self._abandoned.append(dist.group.WORLD)
-        dist.destroy_process_group()
+        if dist.is_initialized():  # not when the group being built was the one that failed
+            self._abandoned.append(dist.group.WORLD)
+            dist.destroy_process_group()
         try:
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
             # the lost worker), so that they need not wait out --timeout (see watched()).
             self.store.set(f"{prefix}lost", "1")
-            self.store.set(f"{prefix}alive/{self.rank}", json.dumps({"step": step, "why": why}))
+            report = {"step": step, "why": why, "in_flight": in_flight}
+            self.store.set(f"{prefix}alive/{self.rank}", json.dumps(report))
             decision = self._decide(prefix) if self.rank == self.members[0] else self._read(prefix)
         except RuntimeError:
             raise ProcessFailed(
@@ -199,7 +203,7 @@ class StoreMembership(Membership):
                 f"worker rank {self.rank}: lost worker rank {left}; {len(survivors)} workers are left, fewer than "
                 f"--min-workers {self.minimum}"
             )
-        return self._regroup_to(decision, live_state)
+        return self._regroup_to(decision, live_state, in_flight=in_flight)
 
     def join_requested(self) -> bool:
         """Whether a worker waits to join (asked by the deciding member before each step's all-reduce: one
@@ -229,7 +233,7 @@ class StoreMembership(Membership):
         self.join_due = False
         decision = self._admission(prefix) if self.rank == self.members[0] else self._read(prefix)
         dist.destroy_process_group()  # a healthy group: nothing is pending in it
-        return self._regroup_to(decision, live_state)
+        return self._regroup_to(decision, live_state, in_flight=False)
 
     def join(self) -> tuple[Regrouped, dict[str, Any]]:
         """A worker started mid-run (``--join``; ``self.rank``: its launch rank, after the run's own workers):
@@ -251,7 +255,13 @@ class StoreMembership(Membership):
         if "refused" in answer:
             raise ConfigError(f"this worker cannot join: {answer['refused']}")
         self.generation = answer["admitted"]
-        return self._regroup_to(self._read(f"membership/{self.generation}/"), lambda: {})
+        try:
+            return self._regroup_to(self._read(f"membership/{self.generation}/"), lambda: {}, in_flight=False)
+        except PeerLost:
+            raise ProcessFailed(
+                f"joining worker rank {self.rank}: a member of the run was lost while this worker joined; the others "
+                "go on without both; start this worker again to join"
+            ) from None
 
     def _check_settings(self) -> None:
         """Refuse to join a run whose settings differ: the joiner would compute other steps than its peers."""
@@ -299,23 +309,30 @@ class StoreMembership(Membership):
         return self.store.compare_set(answer_key(number), "", text).decode() == text
 
     def _regroup_to(
-        self, decision: dict[str, Any], live_state: Callable[[], dict[str, Any]]
+        self, decision: dict[str, Any], live_state: Callable[[], dict[str, Any]], *, in_flight: bool
     ) -> tuple[Regrouped, dict[str, Any]]:
-        """Join the group of ``decision``'s members and take the live state of its ``source``."""
+        """Join the group of ``decision``'s members and take the live state of its ``source``. A member that
+        never comes (a joiner that died after asking) or is lost meanwhile raises :class:`PeerLost`: the
+        members agree again, as after any loss (``in_flight``: whether a step is still to be done again)."""
         members = decision["members"]
         self.generation += 1
         self.members = members
         index = members.index(self.rank)
-        dist.init_process_group(
-            "gloo",  # elastic runs are gloo only (check_elastic_backend)
-            store=dist.PrefixStore(f"membership/{self.generation}/group/", self.store),
-            rank=index,
-            world_size=len(members),
-            timeout=datetime.timedelta(seconds=self.timeout),
-        )
         source = members.index(decision["source"])
         shared = [live_state() if index == source else None]
-        dist.broadcast_object_list(shared, src=source)
+        try:
+            dist.init_process_group(
+                "gloo",  # elastic runs are gloo only (check_elastic_backend)
+                store=dist.PrefixStore(f"membership/{self.generation}/group/", self.store),
+                rank=index,
+                world_size=len(members),
+                timeout=datetime.timedelta(seconds=self.timeout),
+            )
+            dist.broadcast_object_list(shared, src=source)
+        except RuntimeError as error:
+            print(f"lost a peer while the group was built: {str(error).splitlines()[0]}", flush=True)  # to the log
+            why = "stopped answering" if "timed out" in str(error).lower() else "died"
+            raise PeerLost(why, in_flight=in_flight) from error
         workers = len(members)
         plan = WorkerPlan(
             global_batch_factor=self.factor, part=Part(index, workers), batch_fraction=self.factor / workers
@@ -353,13 +370,13 @@ class StoreMembership(Membership):
         seen = [report["why"] for report in reports.values() if report["why"] is not None]
         why = next((reason for reason in WHY_ORDER if reason in seen), seen[0] if seen else "died")
         steps = {rank: report["step"] for rank, report in reports.items()}
-        furthest = max(steps.values())
+        furthest, in_flight = max(steps.values()), any(report["in_flight"] for report in reports.values())
         decision = {
             "members": reported,
             "left": [{"rank": rank, "why": why} for rank in missing],
             "source": min(rank for rank, step in steps.items() if step == furthest),
             # a survivor that completed the step in flight hands it to the others: nothing is done again
-            "steps_redone": int(min(steps.values()) == furthest),
+            "steps_redone": int(min(steps.values()) == furthest and in_flight),
         }
         self.store.set(f"{prefix}decision", json.dumps(decision))
         return decision
