@@ -34,8 +34,8 @@ compare-and-set: a joiner that gave up waiting has withdrawn and is never admitt
 joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
 
 Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``),
-the parameter-server strategies, torchrun's ``--nnodes MIN:MAX``, a loss found before ``--timeout`` while a
-change is being agreed (one while the new group is built is a loss like any other),
+the parameter-server strategies, torchrun's ``--nnodes MIN:MAX``, finding a worker lost while a change is
+agreed or its group built before ``--timeout`` (it is then a loss like any other),
 techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU) process groups: elastic
 runs use gloo.
 """
