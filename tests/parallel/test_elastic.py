@@ -390,17 +390,16 @@ def test_the_deciding_member_refuses_joins_beyond_max_workers_and_never_admits_a
     with pytest.raises(ConfigError, match=r"the run trains with seed 5 \(this worker: 6\); give its settings"):
         other.join()
     joiner = StoreMembership(store, rank=2, layout=layout, minimum=2, timeout=1, settings={"seed": 5})
-    thread = threading.Thread(target=lambda: time.sleep(0.2) or assert_nobody_waits(member))
+    waits: list[bool] = []  # what the deciding member says at its next step, once the joiner has asked
+    thread = threading.Thread(target=lambda: time.sleep(0.2) or waits.append(member.join_requested()))
     thread.start()
     with pytest.raises(ConfigError, match="cannot join: the run already has 2 workers, its --max-workers 2"):
         joiner.join()
     thread.join()
+    assert waits == [False]  # the run goes on as it was
     late = StoreMembership(store, rank=3, layout=layout, minimum=2, timeout=0.2)
     with pytest.raises(ConfigError, match="did not admit this worker within --timeout 0.2 s"):
         late.join()
     member.maximum = 3
-    assert not member._answer(2, {"admitted": 0})  # withdrawn: the run cannot admit it any more
-
-
-def assert_nobody_waits(member: object) -> None:
-    assert not member.join_requested()
+    assert not member.join_requested()  # the late one withdrew: nobody waits
+    assert not member._answer(2, {"admitted": 0})  # and it can never be admitted
