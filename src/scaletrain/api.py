@@ -71,8 +71,10 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     ``workers``, ``strategy``, ``server``, ``sync`` ...). With more than one process the run is
     distributed: started here on 127.0.0.1 (``workers=N``), or joined as one process of a job started
     elsewhere (``nodefile`` + ``index``, or the torchrun variables); then only rank 0 gets the summary.
-    ``min_workers=M`` (all-reduce only) lets the run go on without a lost worker while M remain; the summary's
-    ``membership`` lists the changes (:mod:`scaletrain.parallel.strategies.elastic`).
+    ``min_workers=M`` (all-reduce only) lets the run go on without a lost worker while M remain, and admits
+    workers started later with ``join=True`` (the run's settings and ``out``) up to ``max_workers``; the summary's
+    ``membership`` lists the changes (:mod:`scaletrain.parallel.strategies.elastic`). A joining worker gets its
+    rank, the folder and ``joined`` (the step it joined after).
 
     The processes started here get an object as what makes it again: its import reference when
     :func:`create_workload` made it from one, otherwise the object pickled (cloudpickle: a class defined

@@ -55,7 +55,9 @@ class TrainConfig:
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
     ``min_workers`` (an all-reduce or synchronous central-server run that loses a worker goes on with the
     survivors while at least this many remain; see :mod:`scaletrain.parallel.strategies.elastic` and
-    :mod:`scaletrain.parallel.ps.membership`; ``None``: a lost worker stops the run), and
+    :mod:`scaletrain.parallel.ps.membership`; ``None``: a lost worker stops the run),
+    ``max_workers`` (the most workers such a run admits, started later with ``join``; default ``workers``),
+    ``join`` (this process joins the running elastic run of ``out``, or of ``MASTER_ADDR``:``MASTER_PORT``), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
@@ -126,6 +128,8 @@ class TrainConfig:
     async_compensation: str = "momentum"
     timeout: float = 60.0
     min_workers: int | None = None
+    max_workers: int | None = None
+    join: bool = False
     nodefile: Path | None = None
     index: int | None = None
     network: str | None = None
@@ -206,6 +210,14 @@ class TrainConfig:
             raise ConfigError(
                 f"min_workers must be a whole number from 1 to the {self.workers} workers of the run, got {minimum!r}"
             )
+        most = self.max_workers
+        if most is not None and (minimum is None or not isinstance(most, int) or most < self.workers):
+            raise ConfigError(
+                f"max_workers bounds an elastic run (--min-workers) from the {self.workers} workers it starts with; "
+                f"give --min-workers and a --max-workers of at least {self.workers}, not {most!r}"
+            )
+        if self.join and minimum is None:
+            raise ConfigError("--join joins an elastic run: give the run's own settings, --min-workers included")
         if (self.nodefile is None) != (self.index is None):
             raise ConfigError("--nodefile and --index go together: the file lists every process, --index is this one")
         if self.network is not None:

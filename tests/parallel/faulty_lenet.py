@@ -5,10 +5,13 @@ each process computed: the elastic tests' workload, named ``tests.parallel.fault
 at the forward pass of its STEP-th step (counted from 1), before the step's all-reduce. ``SCALETRAIN_TEST_SAMPLES``
 names a folder where each process appends, per global batch it starts, the sample indices of its part
 (``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
-fault happened."""
+fault happened. ``SCALETRAIN_TEST_WAIT=RANK:STEP:PATH[,…]``: that rank waits at the forward pass of its STEP-th step
+until PATH exists, or for ``store:KEY`` until the run's store holds KEY (at most a minute), so that a worker
+started mid-run (``--join``) has asked to join at a known step."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -17,15 +20,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from scaletrain.data.sampler import EpochBatches, Part
 from scaletrain.workloads.lenet import LeNetWorkload
 
 ENV_FAULT = "SCALETRAIN_TEST_FAULT"
 ENV_SAMPLES = "SCALETRAIN_TEST_SAMPLES"
+ENV_WAIT = "SCALETRAIN_TEST_WAIT"
 
 
 class FaultyLeNet(LeNetWorkload):
     _forward_passes = 0
+    _waits = 0
+    _store: Any = None
 
     def train_batches(
         self,
@@ -59,6 +67,14 @@ class FaultyLeNet(LeNetWorkload):
             yield batch
 
     def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
+        mine = int(os.environ.get("RANK", "-1"))  # a worker that joined has none
+        waits = [(int(step), what) for rank, step, what in _specs(os.environ.get(ENV_WAIT)) if int(rank) == mine]
+        if waits:
+            FaultyLeNet._waits += 1
+            deadline = time.monotonic() + 60
+            for step, what in waits:
+                while FaultyLeNet._waits == step and not _exists(what) and time.monotonic() < deadline:
+                    time.sleep(0.02)
         fault = os.environ.get(ENV_FAULT)
         if fault:
             rank, step, name = fault.split(":")
@@ -70,3 +86,17 @@ class FaultyLeNet(LeNetWorkload):
                         (Path(folder) / "fault-time").write_text(repr(time.time()))
                     os.kill(os.getpid(), getattr(signal, name))
         return super().training_loss(model, batch, state)
+
+
+def _specs(text: str | None) -> list[list[str]]:
+    return [spec.split(":", 2) for spec in (text or "").split(",") if spec]
+
+
+def _exists(what: str) -> bool:
+    """Whether the file ``what`` exists, or for ``store:KEY`` whether the run's store holds KEY."""
+    if not what.startswith("store:"):
+        return Path(what).exists()
+    if FaultyLeNet._store is None:  # a connection of its own to the run's store, as the launcher says where
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        FaultyLeNet._store = dist.TCPStore(address, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    return FaultyLeNet._store.check([what.removeprefix("store:")])

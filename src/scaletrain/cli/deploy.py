@@ -160,8 +160,8 @@ def _write(objects: list[dict[str, Any]], out: Path | None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    # --min-workers here is the PyTorchJob's elastic bound, not train's (going on with the survivors)
-    unread = ("workload", "out", "min_workers")
+    # --min-workers and --max-workers here are the PyTorchJob's elastic bounds, not train's (its survivors, --join)
+    unread = ("workload", "out", "min_workers", "max_workers", "join")
     training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in unread}
     training["options"] = train.workload_options(args) or None
     training.update(train.technique_settings(args))  # -T options and a technique's own flags, as train takes them

@@ -126,6 +126,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="all-reduce or the central server (join, split): a lost worker does not stop the run; the survivors "
         "go on while at least M remain",
     )
+    group.add_argument(
+        "--max-workers",
+        type=int,
+        metavar="N",
+        help="with --min-workers: the most workers the run admits, started later with --join (default: --workers)",
+    )
+    group.add_argument(
+        "--join",
+        action="store_true",
+        default=None,
+        help="join the running elastic run of --out (or of MASTER_ADDR:MASTER_PORT) as one more worker, at its "
+        "next step boundary; give the run's own settings",
+    )
     group.add_argument("--network", help="emulate a cluster network of this rate, e.g. 100mbit (local, root)")
     group.add_argument("--nodefile", type=Path, help="file with one host:port per process (rank 0 first)")
     group.add_argument("--index", type=int, help="this process's line in --nodefile (its rank)")
@@ -303,8 +316,13 @@ def run(args: argparse.Namespace) -> int:
     summary = train(
         args.workload, config_file=args.config, options=options or None, **{**settings, **technique_settings(args)}
     )
-    if "metric" not in summary:  # a non-zero rank of a job started by another launcher
-        print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
+    if "metric" not in summary:  # a non-zero rank of a job started by another launcher, or a joining worker
+        joined = summary.get("joined")
+        if joined is not None:  # its --out may be another folder than the run's (MASTER_ADDR and MASTER_PORT)
+            rank, step = summary["rank"], joined["step"]
+            print(f"rank {rank} (joined after step {step}) finished; the run's rank 0 writes the summary")
+        else:
+            print(f"rank {summary['rank']} finished; rank 0 writes the summary to {summary['out']}")
         exit_now(0)
     metric = summary["metric"]
     rate = summary["batches_per_second"]
@@ -321,6 +339,6 @@ def run(args: argparse.Namespace) -> int:
             f"lost worker rank {lost['rank']} ({lost['reason']}): {lost['batches_not_done']} of its batches not done",
             file=sys.stderr,
         )
-    if args.nodefile is not None or ENV_RANK in os.environ:
+    if args.nodefile is not None or ENV_RANK in os.environ or args.join:
         exit_now(0)  # this process was a member of a process group started elsewhere
     return 0

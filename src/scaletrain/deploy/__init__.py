@@ -64,12 +64,15 @@ def plan(
     # workload's options are checked by the pods, as ever)
     create_workload(workload)
     given.pop("workload", None)
-    if given.pop("min_workers", None) is not None:  # deploy's own --min-workers is DeployConfig's, not this
-        raise ConfigError(
-            "min_workers in the configuration is train's --min-workers (going on with the survivors), built for "
-            "local runs only; leave it out (deploy's --min-workers with --operator kubeflow renders an elastic "
-            "PyTorchJob)"
-        )
+    for key in ("min_workers", "max_workers"):  # deploy's own --min-workers/--max-workers are DeployConfig's
+        if given.pop(key, None) is not None:
+            raise ConfigError(
+                f"{key} in the configuration is train's --{key.replace('_', '-')} (an elastic run's bound: going on "
+                "with the survivors, admitting --join), built for local runs only; leave it out (deploy's "
+                "--min-workers and --max-workers with --operator kubeflow render an elastic PyTorchJob)"
+            )
+    if given.pop("join", False):
+        raise ConfigError("join in the configuration is train's --join (a worker for a running run); leave it out")
     for key, why in _DECIDED_HERE.items():
         if given.get(key) not in (None, False):
             raise ConfigError(f"--{key.replace('_', '-')} cannot be set for a deployment: {why}; leave it out")

@@ -33,6 +33,7 @@ from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
 from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
+from scaletrain.parallel.process import ADDRESS_NAME, joined_workers, write_address
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
     ENV_LOCAL_WORLD_SIZE,
@@ -102,6 +103,9 @@ def launch_local(config: TrainConfig, layout: Layout, workload: Workload | None 
         if config.network is not None:
             network = stack.enter_context(EmulatedNetwork(layout.world_size, parse_rate(config.network)))
         try:
+            if config.min_workers is not None:  # where workers started later (--join) find the run
+                write_address(out, network.address(0) if network else "127.0.0.1", port)
+                stack.callback((out / ADDRESS_NAME).unlink, missing_ok=True)
             for rank in range(layout.world_size):
                 children.append(_start(rank, layout, [config_path, *filter(None, [handover])], port, out, network))
             _watch(children, layout, config.timeout, config.min_workers)
@@ -222,6 +226,10 @@ def _watch(children: list[_Child], layout: Layout, timeout: float, min_workers: 
     """
     outlives = layout.outlives_lost_workers  # the server finishes without lost workers
     lost: set[int] = set()  # an elastic run's workers that left
+
+    def workers() -> int:  # an elastic run's workers: those started here, and those that joined it (--join)
+        return layout.workers + joined_workers(children[0].log.parent.parent, layout.world_size) - len(lost)
+
     while True:
         running = False
         clock = time.monotonic()
@@ -230,7 +238,7 @@ def _watch(children: list[_Child], layout: Layout, timeout: float, min_workers: 
             if code is None:
                 running = True
                 frozen = child.stopped_since is not None
-                if frozen and _survivable(child, min_workers, layout.workers - len(lost)):
+                if frozen and _survivable(child, min_workers, workers()):
                     if clock - child.stopped_since > timeout + FROZEN_GRACE_SECONDS:
                         child.process.kill()  # the survivors went on without it: it must never come back
                     continue
@@ -240,7 +248,7 @@ def _watch(children: list[_Child], layout: Layout, timeout: float, min_workers: 
                 continue
             lost_worker = outlives and child.role != SERVER and code not in (0, ConfigError.exit_code)
             left = code < 0 or code == DROPPED_EXIT_CODE or child.stopped_since is not None
-            if left and _survivable(child, min_workers, layout.workers - len(lost - {child.rank})):
+            if left and (child.rank in lost or _survivable(child, min_workers, workers())):
                 lost.add(child.rank)
                 continue
             if code != 0 and not lost_worker:

@@ -15,7 +15,7 @@ from scaletrain.data.loading import Loading
 from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
-from scaletrain.parallel.strategies.elastic import check_elastic_batch
+from scaletrain.parallel.strategies.elastic_rules import check_elastic_batch
 from scaletrain.tensors.codec import WireCodec, wire_codec
 from scaletrain.train.checkpoint import (
     CHECKPOINT_NAME,

@@ -8,7 +8,9 @@ the rendezvous store, evaluates the final weights once, and writes ``summary.jso
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import socket
@@ -24,9 +26,10 @@ from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.parallel.failures import ProcessFailed, describe, write_traceback
 from scaletrain.parallel.heartbeat import Heartbeat
-from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.rendezvous import ENV_MASTER_ADDR, ENV_MASTER_PORT, Rendezvous, connect
 from scaletrain.parallel.strategies import WORKER, Layout, run_label
 from scaletrain.parallel.strategies.batch_norm import split_warning
+from scaletrain.parallel.strategies.elastic import JOINED_KEY
 from scaletrain.tensors.device import backend_for, resolve_device
 from scaletrain.train.build import prepare
 from scaletrain.train.checkpoint import resume_advice
@@ -35,9 +38,19 @@ from scaletrain.train.runtime import configure_process
 if TYPE_CHECKING:  # the parallel package never builds workloads itself
     from scaletrain.workloads import Workload
 
-__all__ = ["PROCESSES_DIR", "layout_of", "run_process"]
+__all__ = [
+    "ADDRESS_NAME",
+    "PROCESSES_DIR",
+    "join_process",
+    "joined_workers",
+    "layout_of",
+    "run_process",
+    "write_address",
+]
 
 PROCESSES_DIR = "processes"
+#: ``OUT/rendezvous.json``: where the local launcher's elastic run keeps its store, for workers that join it.
+ADDRESS_NAME = "rendezvous.json"
 
 
 def layout_of(config: TrainConfig) -> Layout:
@@ -118,6 +131,106 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             dist.destroy_process_group()
         if prepared is not None:
             _record_process(prepared.config, rank, layout.role(rank), finished=True)
+
+
+def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[str, Any]:
+    """Join the running elastic all-reduce run (``--join``): meet it at its store (``MASTER_ADDR`` and
+    ``MASTER_PORT``, else ``OUT/rendezvous.json``), take the next launch rank, load the data and build the
+    model, then wait to be admitted at a step boundary (:meth:`StoreMembership.join
+    <scaletrain.parallel.strategies.elastic.StoreMembership.join>`) and train with the others to the end.
+    Returns this worker's rank, folder and the record of its joining (``joined``: step, members).
+
+    >>> settings = {"workers": 2, "min_workers": 2, "max_workers": 3, "out": "runs/elastic"}
+    >>> joined = scaletrain.train("lenet", join=True, **settings)  # doctest: +SKIP
+    """
+    layout = layout_of(config)
+    host, port = _run_address(config)
+    try:
+        _reachable(host, port, config.timeout)  # c10d's own retries would fill the terminal with C++ traces
+        store = dist.TCPStore(
+            host, port, is_master=False, timeout=datetime.timedelta(seconds=config.timeout), wait_for_workers=False
+        )
+    except (RuntimeError, OSError) as exc:
+        raise ConfigError(
+            f"--join: no run answered at {host}:{port} within --timeout {config.timeout:g} s "
+            f"({str(exc).splitlines()[0]}); start the elastic run first (--min-workers) and join it while it trains"
+        ) from None
+    rank = max(layout.worker_ranks()) + store.add(JOINED_KEY, 1)
+    rendezvous = Rendezvous(rank=rank, world_size=rank + 1, master_addr=host, master_port=port)
+    heartbeat = Heartbeat(rendezvous, connect_timeout=config.timeout)  # the members watch it once admitted
+    settings = configure_process(config.threads, processes_on_host=1)
+    config = dataclasses.replace(config, threads=settings.threads)
+    finished = False
+    try:
+        prepared = prepare(
+            config,
+            workload,
+            process=settings,
+            global_batch_factor=layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor,
+            coordinator=False,
+            device=torch.device("cpu"),  # elastic runs are gloo, on the CPU
+            workers_device=torch.device("cpu"),
+            label_of=run_label,
+        )
+        _record_process(config, rank, WORKER)  # ready: it asks to join now
+        summary = layout.plugin.run(prepared, layout, rank, store)
+        finished = True
+        return summary
+    except ScaletrainError:
+        raise
+    except Exception as exc:  # c10d/gloo errors once it trains with the others: one line, the traceback to a file
+        path = write_traceback(config.out, rank)
+        where = f"; traceback in {path}" if path else ""
+        raise ProcessFailed(f"joining worker rank {rank}: {describe(exc, config.timeout)}{where}") from exc
+    finally:
+        heartbeat.stop(finished=finished)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _record_process(config, rank, WORKER, finished=True)
+
+
+def joined_workers(out: Path, world_size: int) -> int:
+    """How many workers joined the run of ``out`` (``--join``) and have not finished, from their process records:
+    at most that many, as one that was killed is still counted (the survivors hold the run to ``--min-workers``
+    themselves), and one not yet admitted too."""
+    joined = 0
+    for path in (out / PROCESSES_DIR).glob("rank-*.json"):
+        with contextlib.suppress(OSError, ValueError):  # one being written is read at the next look
+            record = json.loads(path.read_text(encoding="utf-8"))
+            joined += record["rank"] >= world_size and not record["finished"]
+    return joined
+
+
+def write_address(out: Path, host: str, port: int) -> None:
+    """Say where an elastic run's store listens, for :func:`join_process`."""
+    (out / ADDRESS_NAME).write_text(json.dumps({"master_addr": host, "master_port": port}) + "\n", encoding="utf-8")
+
+
+def _reachable(host: str, port: int, timeout: float) -> None:
+    """Return once something listens at ``host:port``; raise :class:`OSError` if nothing does within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic())).close()
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _run_address(config: TrainConfig) -> tuple[str, int]:
+    if ENV_MASTER_ADDR in os.environ and ENV_MASTER_PORT in os.environ:
+        return os.environ[ENV_MASTER_ADDR], int(os.environ[ENV_MASTER_PORT])
+    path = Path(config.out or ".") / ADDRESS_NAME
+    try:
+        address = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ConfigError(
+            f"--join: found no running elastic run: {path} does not exist; give the --out of a run started with "
+            "--min-workers that is still training (or MASTER_ADDR and MASTER_PORT of its store)"
+        ) from None
+    return address["master_addr"], int(address["master_port"])
 
 
 def _record_process(config: TrainConfig, rank: int, role: str, *, finished: bool = False) -> None:

@@ -14,10 +14,10 @@ from scaletrain.efficient import with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
-from scaletrain.parallel.process import layout_of, run_process
+from scaletrain.parallel.process import join_process, layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
-from scaletrain.parallel.strategies.elastic import check_elastic
+from scaletrain.parallel.strategies.elastic_rules import check_elastic
 from scaletrain.plugins import load_plugins
 from scaletrain.workloads import Origin, Workload
 
@@ -82,6 +82,10 @@ def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, 
     """
     layout = layout_of(config)  # checks the strategy flags before anything starts
     check_elastic(config, layout)
+    if config.join:  # a worker started mid-run: the run it joins is already going
+        if config.out is None:
+            raise ConfigError("--join needs the --out of the run it joins (where the run says where to meet it)")
+        return join_process(config, own)
     if config.nodefile is not None:
         return _run_launched(config, Rendezvous.from_nodefile(config.nodefile, config.index), own)
     if layout.world_size == 1:  # the same driver as every process of a distributed run, in this process

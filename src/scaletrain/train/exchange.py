@@ -22,11 +22,12 @@ class PeerLost(Exception):
     before this worker applied any update of it: the loop regroups the survivors and does the step again.
     The collective's own error is its ``__cause__``; ``why``: what this worker saw (``died``: the peer's
     connections closed; ``stopped answering``: a wait ran out), ``None`` when it only heard of the loss
-    from another survivor."""
+    from another survivor. ``in_flight``: False when no step was under way (a worker admitted at a step
+    boundary never came into the new group)."""
 
-    def __init__(self, why: str | None) -> None:
-        super().__init__("a peer was lost during the step")
-        self.why = why
+    def __init__(self, why: str | None, *, in_flight: bool = True) -> None:
+        super().__init__("a peer was lost during the step" if in_flight else "a peer was lost between steps")
+        self.why, self.in_flight = why, in_flight
 
 
 @dataclass

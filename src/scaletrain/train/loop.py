@@ -27,7 +27,7 @@ from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import loss_bound
 from scaletrain.train.exchange import PeerLost
-from scaletrain.train.membership import MembershipLog, regroup
+from scaletrain.train.membership import MembershipLog, admit, regroup
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
@@ -55,6 +55,7 @@ class Trainer:
         self.optimizer, self.data = prepared.optimizer, prepared.data
         self.schedule = prepared.schedule
         self.position = Position(**asdict(prepared.position))
+        self._first_step = self.position.step  # of a resumed run, or of a worker that joined one mid-run
         self.state = prepared.state
         self.technique = prepared.technique
         # entered around each training forward pass: the activations' layout, then the technique's (autocast)
@@ -116,19 +117,21 @@ class Trainer:
 
     def _train_epoch(self, stop: int) -> None:
         """The epoch's global batches from the current one to ``stop``; in an elastic run, a lost worker's
-        survivors regroup and go on from the step in flight with the rest of the epoch re-partitioned."""
+        survivors regroup and go on from the step in flight with the rest of the epoch re-partitioned, and a worker
+        admitted at a step boundary has the rest re-partitioned the same way."""
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate_at_step(self.prepared, self.schedule.first_step(self.position.epoch))
         while True:
             try:
-                self._train_batches(self.role.plan.numbers(self.position.batch, stop))
-                return
+                if self._train_batches(self.role.plan.numbers(self.position.batch, stop)):
+                    return
             except PeerLost as lost:  # raised only by the exchange of an elastic run, before any update
-                self._regroup(lost)
+                regroup(self, lost)  # agree on who goes on, take the live state of the one furthest ahead
 
-    def _train_batches(self, numbers: range) -> None:
+    def _train_batches(self, numbers: range) -> bool:
+        """Whether every one of ``numbers`` was trained (not: a worker was admitted after one of them)."""
         config, position, plan = self.config, self.position, self.role.plan
         batches = self.workload.train_batches(
             self.data,
@@ -143,9 +146,9 @@ class Trainer:
             self.state = self.workload.initial_state(self.model, rows)
         # closed however the epoch ends, so that a loader's worker processes stop with it
         with contextlib.closing(_timed(batches)) as timed:
-            self._steps(numbers, timed)
+            return self._steps(numbers, timed)
 
-    def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> None:
+    def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> bool:
         config, position, device = self.config, self.position, self.prepared.device
         for number, (begin, fetched, batch) in zip(numbers, batches, strict=True):
             if self.schedule.warming_up(position.step):  # the rate moves every update of a warm-up
@@ -192,10 +195,11 @@ class Trainer:
             if self.membership.recovering:
                 self.membership.step_done(self.records.metrics)
             self._after_step(loss)
-
-    def _regroup(self, lost: PeerLost) -> None:
-        """Agree with the survivors on who goes on and take the live state (:func:`membership.regroup`)."""
-        regroup(self, lost)
+            joining = self.role.membership is not None and self.role.membership.join_due
+            if joining and position.step < self.schedule.total_steps:  # after the last, it is refused at the end
+                admit(self)  # a worker joins at this step boundary: the rest of the batches are cut anew
+                return False
+        return True
 
     def _step_peak(self, model: nn.Module, rows: int) -> int | None:
         return step_peak(self.prepared, self.role.plan, model, rows, self._forward_context)
@@ -354,7 +358,7 @@ class Trainer:
         """This worker's measurements, for the summary."""
         return WorkerStats(
             rank=self.role.rank,
-            steps=self.position.step - (self.prepared.resumed_from or 0),
+            steps=self.position.step - self._first_step,
             measured_steps=self.meter.measured_steps,
             measured_seconds=self.meter.measured_seconds,
             communication_seconds=self.communication,

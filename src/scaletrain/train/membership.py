@@ -1,17 +1,18 @@
 """An elastic run's membership changes as the training loop sees them (``--min-workers``): regrouping with
-the survivors after a lost worker, and the record of each change (``membership`` in ``summary.json``,
-``"kind": "membership"`` in ``metrics.jsonl``)."""
+the survivors after a lost worker, admitting a worker started later (``--join``), and the record of each
+change (``membership`` in ``summary.json``, ``"kind": "membership"`` in ``metrics.jsonl``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from scaletrain.train.exchange import PeerLost
 
-__all__ = ["MembershipLog", "regroup"]
+__all__ = ["MembershipLog", "admit", "regroup", "take_live_state"]
 
 
 class MembershipLog:
@@ -30,7 +31,7 @@ class MembershipLog:
 
     def step_done(self, metrics: Any) -> None:
         """The first step after a regroup is done: the change's record, with the seconds it took to recover
-        (from the loss's detection here to the end of that step)."""
+        (from the loss's detection, or the admission's start, here to the end of that step)."""
         record = dict(self._pending or {})
         detected = record.pop("detected")
         record["seconds_to_recover"] = round(time.time() - detected, 3)
@@ -46,24 +47,56 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
     who goes on, take the live state of the one furthest ahead (the step in flight is done again unless
     one of them completed it), and go on with the new plan."""
     detected = time.time()
-
-    def live_state() -> dict[str, Any]:  # what a survivor hands the others: weights, optimizer state, position
-        return {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "position": asdict(trainer.position)}  # fmt: skip
-
-    regrouped, state = trainer.role.membership.regroup(trainer.position.step, lost.why, live_state)
-    if state is not None:  # None: this worker holds the state to go on from (a central server's reply)
-        trainer.model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        for name, value in state["position"].items():
-            setattr(trainer.position, name, value)
-    trainer.role = dataclasses.replace(trainer.role, plan=regrouped.plan, agreement=regrouped.agreement)
-    trainer.role.exchange.resize(regrouped.workers)
-    rows = trainer.prepared.batch_size * regrouped.plan.global_batch_factor // regrouped.plan.part.count
-    trainer.state = trainer.workload.initial_state(trainer.model, rows)
-    trainer.membership.regrouped(regrouped.record, detected)
+    while True:
+        try:
+            regrouped, state = trainer.role.membership.regroup(
+                trainer.position.step, lost.why, _live_state(trainer), in_flight=lost.in_flight
+            )
+            break
+        except PeerLost as again:  # another member lost while the group was rebuilt: agree once more
+            lost = PeerLost(again.why, in_flight=lost.in_flight)
+    _go_on(trainer, regrouped, state, detected)
     if trainer.records.metrics is not None:
         left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in regrouped.record["left"])
         trainer.records.progress.message(
             f"step {trainer.position.step + 1}: {left} left; going on with {regrouped.workers} workers"
         )
+
+
+def admit(trainer: Any) -> None:
+    """At the step boundary where every member learnt that a worker waits: admit it, hand it the live state of
+    the deciding member, and go on with the batches re-partitioned over the new membership."""
+    detected = time.time()
+    regrouped, state = trainer.role.membership.admit(_live_state(trainer))
+    _go_on(trainer, regrouped, state, detected)
+    if trainer.records.metrics is not None:
+        joined = ", ".join(f"worker rank {who['rank']}" for who in regrouped.record["joined"])
+        trainer.records.progress.message(
+            f"after step {trainer.position.step}: {joined} joined; going on with {regrouped.workers} workers"
+        )
+
+
+def take_live_state(model: Any, optimizer: Any, position: Any, state: dict[str, Any]) -> None:
+    """Continue from a peer's live state: its weights, optimizer state and position."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for name, value in state["position"].items():
+        setattr(position, name, value)
+
+
+def _live_state(trainer: Any) -> Callable[[], dict[str, Any]]:
+    def live_state() -> dict[str, Any]:  # what a member hands the others: weights, optimizer state, position
+        return {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+                "position": asdict(trainer.position)}  # fmt: skip
+
+    return live_state
+
+
+def _go_on(trainer: Any, regrouped: Any, state: dict[str, Any] | None, detected: float) -> None:
+    if state is not None:  # None: this worker holds the state to go on from (a central server's reply)
+        take_live_state(trainer.model, trainer.optimizer, trainer.position, state)
+    trainer.role = dataclasses.replace(trainer.role, plan=regrouped.plan, agreement=regrouped.agreement)
+    trainer.role.exchange.resize(regrouped.workers)
+    rows = trainer.prepared.batch_size * regrouped.plan.global_batch_factor // regrouped.plan.part.count
+    trainer.state = trainer.workload.initial_state(trainer.model, rows)
+    trainer.membership.regrouped(regrouped.record, detected)

@@ -75,16 +75,33 @@ class Agreement:
 
 
 class Membership:
-    """Which workers take part in each step of an elastic run (``--min-workers``), and how the survivors of
-    a lost worker go on: :class:`scaletrain.parallel.strategies.elastic.StoreMembership`. Here, the base contract."""
+    """Which workers take part in each step of an elastic run (``--min-workers``), how the survivors of a lost
+    worker go on, and how workers started later join:
+    :class:`scaletrain.parallel.strategies.elastic.StoreMembership`. Here, the base contract."""
+
+    #: Set by the exchange when every member has learnt, in the same step, that a worker waits to join: the
+    #: loop admits it at that step's end (:meth:`admit`).
+    join_due: bool = False
+
+    def join_requested(self) -> bool:
+        """Whether a worker waits to join (the deciding member asks; the others answer no)."""
+        return False
+
+    def admit(self, live_state: Callable[[], dict[str, Any]]) -> tuple[Regrouped, dict[str, Any]]:
+        """At the step boundary where ``join_due``: admit the waiting workers, rebuild the group with them and
+        return the new plan with the live state every member (and joiner) continues from. Raises
+        :class:`~scaletrain.train.exchange.PeerLost` (no step in flight) when one of them never comes."""
+        raise NotImplementedError
 
     def regroup(
-        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]], *, in_flight: bool = True
     ) -> tuple[Regrouped, dict[str, Any] | None]:
-        """After a lost peer at ``step`` (this worker's position, the step in flight not applied): agree on
-        the survivors, rebuild the group over them, and return their plan with the live state
-        (``live_state()`` of the survivor furthest ahead) every survivor continues from, or None when this
-        worker already holds it (a central server's weights came with its reply)."""
+        """After a lost peer at ``step`` (this worker's position, the step in flight not applied; no step in
+        flight when ``in_flight`` is False): agree on the survivors, rebuild the group over them, and return
+        their plan with the live state (``live_state()`` of the survivor furthest ahead) every survivor
+        continues from, or None when this worker already holds it (a central server's weights came with its
+        reply). Raises :class:`~scaletrain.train.exchange.PeerLost` when another member is lost while
+        the group is rebuilt."""
         raise NotImplementedError
 
 

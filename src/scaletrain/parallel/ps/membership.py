@@ -145,7 +145,7 @@ class CentralMembership(Membership):
         self.factor, self.timeout = factor, timeout
 
     def regroup(
-        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]], *, in_flight: bool = True
     ) -> tuple[Regrouped, dict[str, Any] | None]:
         generation, self.exchange.redo_generation = self.exchange.redo_generation, None
         record = json.loads(self.store.get(membership_key(generation)))  # written before the reply was sent

@@ -11,7 +11,6 @@ worker's optimizer step; the thesis's distributed-server formula stands for it (
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,19 +21,15 @@ from torch import nn
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import (
-    HeardOfLoss,
-    StoreMembership,
-    check_elastic_backend,
-    check_elastic_batch,
-    watched,
-)
+from scaletrain.parallel.strategies.elastic import HeardOfLoss, StoreMembership, watched
+from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost, clip_and_step
+from scaletrain.train.membership import take_live_state
 from scaletrain.train.meter import now
-from scaletrain.train.state import Prepared, Role
+from scaletrain.train.state import Membership, Prepared, Role
 from scaletrain.train.summary import write_summary
 
 __all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
@@ -71,43 +66,68 @@ class AllReduce(Strategy):
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
-        elastic = config.min_workers is not None and layout.workers > 1
+        elastic = config.min_workers is not None and (layout.workers > 1 or config.join)
         if elastic:  # started by another launcher, this process is the first to see the batch
             check_elastic_batch(config, layout, prepared.batch_size)
+        if elastic and not config.join:  # a joining worker has no group yet: it joins a gloo one
             check_elastic_backend(dist.get_backend())
         membership = (
-            StoreMembership(store, rank=rank, layout=layout, minimum=config.min_workers, timeout=config.timeout)
+            StoreMembership(
+                store,
+                rank=rank,
+                layout=layout,
+                minimum=config.min_workers,
+                maximum=config.max_workers,
+                timeout=config.timeout,
+                settings=shared_settings(config),
+            )
             if elastic
             else None
         )
+        plan, workers = layout.worker_plan(rank), layout.workers
+        agreement = StoreAgreement(
+            store,
+            deciding=rank == 0,
+            timeout=config.timeout,
+            rank=rank,
+            workers=tuple(layout.worker_ranks()),
+            lost=membership.peer_lost if membership is not None else None,
+        )
+        joined = None
+        if config.join:  # admitted by the run, with its live state: nothing is read from a checkpoint
+            regrouped, state = membership.join()
+            take_live_state(prepared.model, prepared.optimizer, prepared.position, state)
+            plan, workers, agreement, joined = regrouped.plan, regrouped.workers, regrouped.agreement, regrouped.record
+            print(f"joined the run after step {joined['step']}; {workers} workers now", flush=True)
+        exchange = AllReduceExchange(workers, wire_codec(config), membership=membership, synced=config.join)
         role = Role(
             rank=rank,
-            plan=layout.worker_plan(rank),
-            exchange=AllReduceExchange(
-                layout.workers, wire_codec(config), lost=membership.peer_lost if membership is not None else None
-            ),
+            plan=plan,
+            exchange=exchange,
             coordinator=rank == 0,
             checkpoints=rank == 0,
             evaluate_each_epoch=False,
-            agreement=StoreAgreement(
-                store,
-                deciding=rank == 0,
-                timeout=config.timeout,
-                rank=rank,
-                workers=tuple(layout.worker_ranks()),
-                lost=membership.peer_lost if membership is not None else None,
-            ),
+            agreement=agreement,
             batch_group=batch_group(config, layout),
             membership=membership,
         )
         trainer = train_worker(prepared, role, store)
+        if joined is not None:
+            return {"rank": rank, "out": str(config.out), "joined": joined}
         if rank != 0:
             return None
+        if membership is not None:
+            membership.refuse_waiting("the run has finished training")
         workers = membership.members if membership is not None else layout.worker_ranks()
         stats = collect_stats(store, workers, set(), config.timeout)
         fields = layout_fields(layout)
         if config.min_workers is not None:
-            fields |= {"min_workers": config.min_workers, "membership": trainer.membership.changes}
+            fields |= {
+                "min_workers": config.min_workers,
+                "max_workers": membership.maximum if membership is not None else layout.workers,
+                "workers_at_end": len(workers),
+                "membership": trainer.membership.changes,
+            }
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 
@@ -115,12 +135,21 @@ class AllReduceExchange(GradientExchange):
     """Gradients averaged over all workers by the codec's collective (``all_reduce`` of a cast; a codec
     whose payload does not add up runs its own); every worker then takes the same step."""
 
-    def __init__(self, workers: int, codec: WireCodec | None = None, *, lost: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        workers: int,
+        codec: WireCodec | None = None,
+        *,
+        membership: Membership | None = None,
+        synced: bool = False,
+    ) -> None:
         self.workers = workers
         self.codec = codec or WireCodec()
-        # elastic (--min-workers): whether another survivor has said a peer was lost; a lost peer raises
-        # PeerLost (the survivors regroup) instead of stopping the run
-        self.lost = lost
+        # elastic (--min-workers): a lost peer raises PeerLost (the survivors regroup) instead of stopping the
+        # run, and a worker waiting to join is agreed on in the step's first all-reduce
+        self.membership = membership
+        self.lost = getattr(membership, "peer_lost", None)
+        self.synced = synced  # a worker that joined has its weights from a live peer already
         self._ready = torch.zeros(1)
 
     def resize(self, workers: int) -> None:
@@ -128,7 +157,7 @@ class AllReduceExchange(GradientExchange):
         self.codec.reset()  # residuals and factors were the old group's
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        if self.workers == 1:
+        if self.workers == 1 or self.synced:
             return
         parameters = list(model.parameters())
         check_same_layout(parameters)
@@ -151,6 +180,8 @@ class AllReduceExchange(GradientExchange):
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:
+            if self.membership is not None:
+                self.membership.join_due = self.membership.join_requested()
             return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
         parameters = [p for p in model.parameters() if p.grad is not None]
         begin = now()
@@ -178,8 +209,13 @@ class AllReduceExchange(GradientExchange):
 
     def _reduce(self, gradients: list[torch.Tensor], layout: TensorLayout) -> tuple[float, torch.Tensor]:
         # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it
-        # takes is waiting, and the big all-reduce after it is (mostly) transfer.
+        # takes is waiting, and the big all-reduce after it is (mostly) transfer. In an elastic run it also
+        # carries the deciding member's "a worker waits to join", so every member learns it in the same step.
+        membership = self.membership
+        self._ready.fill_(float(membership is not None and membership.join_requested()))
         self._all_reduce(self._ready)
+        if membership is not None:
+            membership.join_due = bool(self._ready.item() > 0)
         arrived = now()
         flat = self.codec.pack(gradients)
         if self.lost is None or type(self.codec).allreduce is not WireCodec.allreduce:

@@ -1,4 +1,5 @@
-"""Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors.
+"""Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors, and workers
+started later (``--join``) are admitted at a step boundary.
 
 When a worker dies (its connections close) or stops answering (its heartbeat stands still for
 :data:`~scaletrain.parallel.heartbeat.SILENCE_SECONDS`, which rank 0 watches while it waits in the step's
@@ -26,13 +27,24 @@ batch of N·``--batch-size`` as well (so the learning rate stays right), each su
 its former share. A global batch that some membership from ``M`` to N cannot divide evenly is refused
 before any process starts.
 
+A worker started later with ``--join`` (up to ``--max-workers``) connects to the store, takes the next
+launch rank (``membership/joined``), and asks under ``membership/request/K``. Rank 0 checks for a request
+before each step's all-reduce and sends "a worker waits" in that step's one-number all-reduce, so every
+member learns it in the same step; at that step's end rank 0 answers ``membership/answer/K`` (a
+compare-and-set: a joiner that gave up waiting has withdrawn and is never admitted), writes
+``membership/G/decision`` with ``joined``, and the members and the joiner build group ``G+1`` as above, the
+joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
+
 Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``), the
-sharded parameter server (the central one goes on: :mod:`scaletrain.parallel.ps.membership`), a worker
-joining, techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU) process groups:
-elastic runs use gloo."""
+sharded parameter server (the central one goes on without a lost worker: :mod:`scaletrain.parallel.ps.membership`;
+workers do not join it), torchrun's ``--nnodes MIN:MAX``, finding a worker lost while a change is agreed or
+its group built before ``--timeout`` (it is then a loss like any other), techniques that reconfigure the
+network, synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import time
@@ -41,24 +53,23 @@ from typing import Any
 
 import torch.distributed as dist
 
-from scaletrain.config import TrainConfig
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE, Dropped, ProcessFailed
 from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SILENCE_SECONDS, SilenceWatch
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.train.exchange import PeerLost
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
 
 __all__ = [
     "DROPPED_EXIT_CODE",
+    "JOINED_KEY",
     "Dropped",
     "HeardOfLoss",
     "StoreMembership",
-    "check_elastic",
-    "check_elastic_backend",
-    "check_elastic_batch",
+    "request_key",
     "watched",
 ]
 
@@ -70,46 +81,21 @@ WHY_ORDER = ("stopped answering", "died")
 #: Groups left behind, referenced until the process leaves (without destructors, parallel.teardown): freeing one
 #: waits for a collective still pending in it (on a frozen peer: until --timeout).
 _ABANDONED: list[dist.ProcessGroup] = []
+#: What a joining worker that gave up waiting leaves as its answer, so that the run never admits it.
+WITHDRAWN = "withdrawn"
+#: Each joining worker draws its number here (1, 2 …); its launch rank follows the run's own workers.
+JOINED_KEY = "membership/joined"
+#: Where rank 0 says the run's settings (:func:`~scaletrain.parallel.strategies.elastic_rules.shared_settings`).
+SETTINGS_KEY = "membership/settings"
 
 
-def check_elastic(config: TrainConfig, layout: Layout) -> None:
-    """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
-    if config.min_workers is None:
-        return
-    central = layout.strategy == "ps" and layout.server == "central" and layout.sync != "async"
-    if layout.strategy != "allreduce" and not central:
-        raise ConfigError(
-            f"--min-workers is supported with --strategy allreduce and the central parameter server (--sync join "
-            f"or split) only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, "
-            "continue with --resume; an asynchronous central server goes on without lost workers by itself)"
-        )
-    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
-        if given is not None:
-            raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
+def request_key(number: int) -> str:
+    """Where joining worker ``number`` asks to join."""
+    return f"membership/request/{number}"
 
 
-def check_elastic_backend(backend: str) -> None:
-    """Refuse an elastic run whose process group is not gloo: regrouping is built and tested on gloo only."""
-    if backend != "gloo":
-        raise ConfigError(
-            f"--min-workers regroups gloo process groups only for now, and this run's is {backend}; "
-            "use --device cpu, or drop --min-workers"
-        )
-
-
-def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) -> None:
-    """Every membership from ``--min-workers`` to ``--workers`` must divide the global batch evenly."""
-    if config.min_workers is None:
-        return
-    factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
-    total = batch_size * factor
-    uneven = [count for count in range(config.min_workers, layout.workers + 1) if total % count]
-    if uneven:
-        raise ConfigError(
-            f"with --min-workers {config.min_workers} the global batch of {total} must divide evenly over every "
-            f"worker count from {config.min_workers} to {layout.workers}, and {', '.join(map(str, uneven))} "
-            "does not; choose a batch size that does (or another --min-workers)"
-        )
+def answer_key(number: int) -> str:
+    return f"membership/answer/{number}"
 
 
 class HeardOfLoss(RuntimeError):
@@ -137,9 +123,24 @@ class StoreMembership(Membership):
     """The members of an elastic all-reduce run, agreed through the rendezvous ``store`` (its keys of the
     whole run, not a group's prefix). ``rank``: this process's rank at launch, which names it throughout."""
 
-    def __init__(self, store: dist.Store, *, rank: int, layout: Layout, minimum: int, timeout: float) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        *,
+        rank: int,
+        layout: Layout,
+        minimum: int,
+        timeout: float,
+        maximum: int | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.store, self.rank, self.layout = store, rank, layout
         self.minimum, self.timeout = minimum, timeout
+        self.maximum = maximum or layout.workers
+        self._next_request = 1  # the deciding member's: the next joining worker's number (from 1)
+        self.settings = settings or {}
+        if rank == layout.worker_ranks()[0] and settings is not None:  # for workers that join, to compare
+            store.set(SETTINGS_KEY, json.dumps(settings, default=str))
         self.members = layout.worker_ranks()
         self.generation = 0
         self.factor = layout.worker_plan(self.members[0]).global_batch_factor
@@ -173,18 +174,20 @@ class StoreMembership(Membership):
         )
 
     def regroup(
-        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]]
+        self, step: int, why: str | None, live_state: Callable[[], dict[str, Any]], *, in_flight: bool = True
     ) -> tuple[Regrouped, dict[str, Any] | None]:
         prefix = f"membership/{self.generation}/"
         why, self._noticed = why if why is not None else self._noticed, None
-        backend = dist.get_backend()
-        _ABANDONED.append(dist.group.WORLD)
-        dist.destroy_process_group()
+        self.join_due = False  # a join agreed in the failed step is asked again at the next one
+        if dist.is_initialized():  # not when the group being built was the one that failed
+            _ABANDONED.append(dist.group.WORLD)
+            dist.destroy_process_group()
         try:
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
             # the lost worker), so that they need not wait out --timeout (see watched()).
             self.store.set(f"{prefix}lost", "1")
-            self.store.set(f"{prefix}alive/{self.rank}", json.dumps({"step": step, "why": why}))
+            report = {"step": step, "why": why, "in_flight": in_flight}
+            self.store.set(f"{prefix}alive/{self.rank}", json.dumps(report))
             decision = self._decide(prefix) if self.rank == self.members[0] else self._read(prefix)
         except RuntimeError:
             raise ProcessFailed(
@@ -202,20 +205,137 @@ class StoreMembership(Membership):
                 f"worker rank {self.rank}: lost worker rank {left}; {len(survivors)} workers are left, fewer than "
                 f"--min-workers {self.minimum}"
             )
+        return self._regroup_to(decision, live_state, in_flight=in_flight)
+
+    def join_requested(self) -> bool:
+        """Whether a worker waits to join (asked by the deciding member before each step's all-reduce: one
+        store check; the others learn it from that all-reduce). A worker that would exceed ``--max-workers``
+        is told so here and never disturbs the run."""
+        if self.rank != self.members[0]:
+            return False
+        if len(self.members) >= self.maximum:
+            self.refuse_waiting(f"the run already has {len(self.members)} workers, its --max-workers {self.maximum}")
+            return False
+        while self.store.check([request_key(self._next_request)]):
+            if not self.store.check([answer_key(self._next_request)]):
+                return True
+            self._next_request += 1  # it gave up waiting (withdrawn): nobody to admit
+        return False
+
+    def refuse_waiting(self, why: str) -> None:
+        """The deciding member: tell every worker waiting to join that it cannot, and ``why``."""
+        while self.store.check([request_key(self._next_request)]):
+            self._answer(self._next_request, {"refused": why})
+            self._next_request += 1
+
+    def admit(self, live_state: Callable[[], dict[str, Any]]) -> tuple[Regrouped, dict[str, Any]]:
+        """Every member, at the step boundary where they agreed a worker waits: admit it (the deciding member
+        decides who), rebuild the group with it, and hand it the live state of the deciding member."""
+        prefix = f"membership/{self.generation}/"
+        self.join_due = False
+        decision = self._admission(prefix) if self.rank == self.members[0] else self._read(prefix)
+        dist.destroy_process_group()  # a healthy group: nothing is pending in it
+        return self._regroup_to(decision, live_state, in_flight=False)
+
+    def join(self) -> tuple[Regrouped, dict[str, Any]]:
+        """A worker started mid-run (``--join``; ``self.rank``: its launch rank, after the run's own workers):
+        ask to join, wait (within ``--timeout``) to be admitted at a step boundary, join the new group and
+        take the live state from a member."""
+        number = self.rank - max(self.layout.worker_ranks())
+        self._check_settings()
+        self.store.set(request_key(number), json.dumps({"rank": self.rank, "asked": time.time()}))
+        answer = answer_key(number)
+        with contextlib.suppress(RuntimeError):  # not admitted in time: withdrawn below
+            self.store.wait([answer], datetime.timedelta(seconds=self.timeout))
+        # withdraws the request unless the run answered first, so that it never admits a worker that left
+        if self.store.compare_set(answer, "", WITHDRAWN).decode() == WITHDRAWN:
+            raise ConfigError(
+                f"the run did not admit this worker within --timeout {self.timeout:g} s (it admits at step "
+                "boundaries); give a longer --timeout, or check that the run is still training"
+            )
+        answer = json.loads(self.store.get(answer))
+        if "refused" in answer:
+            raise ConfigError(f"this worker cannot join: {answer['refused']}")
+        self.generation = answer["admitted"]
+        try:
+            return self._regroup_to(self._read(f"membership/{self.generation}/"), lambda: {}, in_flight=False)
+        except PeerLost:
+            raise ProcessFailed(
+                f"joining worker rank {self.rank}: a member of the run was lost while this worker joined; the others "
+                "go on without both; start this worker again to join"
+            ) from None
+
+    def _check_settings(self) -> None:
+        """Refuse to join a run whose settings differ: the joiner would compute other steps than its peers."""
+        if not self.settings:
+            return
+        try:
+            self.store.wait([SETTINGS_KEY], datetime.timedelta(seconds=self.timeout))
+        except RuntimeError:
+            raise ConfigError(
+                f"the run at this store did not say its settings within --timeout {self.timeout:g} s: it is no "
+                "elastic all-reduce run (--min-workers), or it has not started training yet"
+            ) from None
+        theirs = json.loads(self.store.get(SETTINGS_KEY))
+        mine = json.loads(json.dumps(self.settings, default=str))
+        differ = [f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})" for name in mine
+                  if theirs.get(name) != mine.get(name)]  # fmt: skip
+        if differ:
+            raise ConfigError(f"this worker cannot join: the run trains with {'; '.join(differ)}; give its settings")
+
+    def _admission(self, prefix: str) -> dict[str, Any]:
+        """The deciding member: admit the waiting workers while there is room, and say so to them and to the
+        members (the same decision as after a loss, with ``joined``)."""
+        admitted, joined = list(self.members), []
+        while len(admitted) < self.maximum and self.store.check([request_key(self._next_request)]):
+            request = json.loads(self.store.get(request_key(self._next_request)))
+            # the worker may have given up waiting just now: then it is not admitted
+            if self._answer(self._next_request, {"admitted": self.generation}):
+                admitted.append(request["rank"])
+                waited = round(time.time() - request["asked"], 3)
+                joined.append({"rank": request["rank"], "why": "asked to join", "waited_seconds": waited})
+            self._next_request += 1
+        decision = {
+            "members": admitted,
+            "left": [],
+            "joined": joined,
+            "source": self.members[0],
+            "steps_redone": 0,
+        }
+        self.store.set(f"{prefix}decision", json.dumps(decision))  # the members' and the joiners'
+        return decision
+
+    def _answer(self, number: int, answer: dict[str, Any]) -> bool:
+        """Answer request ``number`` unless its worker withdrew it; whether the answer stands."""
+        text = json.dumps(answer)
+        return self.store.compare_set(answer_key(number), "", text).decode() == text
+
+    def _regroup_to(
+        self, decision: dict[str, Any], live_state: Callable[[], dict[str, Any]], *, in_flight: bool
+    ) -> tuple[Regrouped, dict[str, Any]]:
+        """Join the group of ``decision``'s members and take the live state of its ``source``. A member that
+        never comes (a joiner that died after asking) or is lost meanwhile raises :class:`PeerLost`: the
+        members agree again, as after any loss (``in_flight``: whether a step is still to be done again)."""
+        members = decision["members"]
         self.generation += 1
-        self.members = survivors
-        index = survivors.index(self.rank)
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f"membership/{self.generation}/group/", self.store),
-            rank=index,
-            world_size=len(survivors),
-            timeout=datetime.timedelta(seconds=self.timeout),
-        )
-        source = survivors.index(decision["source"])
+        self.members = members
+        index = members.index(self.rank)
+        source = members.index(decision["source"])
         shared = [live_state() if index == source else None]
-        dist.broadcast_object_list(shared, src=source)
-        workers = len(survivors)
+        try:
+            dist.init_process_group(
+                "gloo",  # elastic runs are gloo only (check_elastic_backend)
+                store=dist.PrefixStore(f"membership/{self.generation}/group/", self.store),
+                rank=index,
+                world_size=len(members),
+                timeout=datetime.timedelta(seconds=self.timeout),
+            )
+            dist.broadcast_object_list(shared, src=source)
+        except RuntimeError as error:
+            print(f"lost a peer while the group was built: {str(error).splitlines()[0]}", flush=True)  # to the log
+            why = "stopped answering" if "timed out" in str(error).lower() else "died"
+            raise PeerLost(why, in_flight=in_flight) from error
+        workers = len(members)
         plan = WorkerPlan(
             global_batch_factor=self.factor, part=Part(index, workers), batch_fraction=self.factor / workers
         )
@@ -224,8 +344,9 @@ class StoreMembership(Membership):
             "epoch": shared[0]["position"]["epoch"],
             "batch": shared[0]["position"]["batch"],
             "left": decision["left"],
+            "joined": decision.get("joined", []),
             "workers": workers,
-            "members": survivors,
+            "members": members,
             "steps_redone": decision["steps_redone"],
         }
         return Regrouped(plan=plan, workers=workers, agreement=self.agreement(), record=record), shared[0]
@@ -248,13 +369,13 @@ class StoreMembership(Membership):
         seen = [report["why"] for report in reports.values() if report["why"] is not None]
         why = next((reason for reason in WHY_ORDER if reason in seen), seen[0] if seen else "died")
         steps = {rank: report["step"] for rank, report in reports.items()}
-        furthest = max(steps.values())
+        furthest, in_flight = max(steps.values()), any(report["in_flight"] for report in reports.values())
         decision = {
             "members": reported,
             "left": [{"rank": rank, "why": why} for rank in missing],
             "source": min(rank for rank, step in steps.items() if step == furthest),
             # a survivor that completed the step in flight hands it to the others: nothing is done again
-            "steps_redone": int(min(steps.values()) == furthest),
+            "steps_redone": int(min(steps.values()) == furthest and in_flight),
         }
         self.store.set(f"{prefix}decision", json.dumps(decision))
         return decision
@@ -265,7 +386,7 @@ class StoreMembership(Membership):
             self.store.wait([f"{prefix}decision"], datetime.timedelta(seconds=limit))
         except RuntimeError:
             raise ProcessFailed(
-                f"worker rank {self.rank}: lost a peer, and worker rank 0 did not say who goes on within "
-                f"{limit:.0f} s; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
+                f"worker rank {self.rank}: worker rank 0 did not say who goes on within {limit:.0f} s of a "
+                "membership change; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
             ) from None
         return json.loads(self.store.get(f"{prefix}decision"))

@@ -27,7 +27,7 @@ from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import check_elastic_backend, check_elastic_batch
+from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch
 from scaletrain.parallel.strategies.ps_summary import server_extra
 from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms

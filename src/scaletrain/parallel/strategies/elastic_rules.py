@@ -1,0 +1,71 @@
+"""What an elastic run (``--min-workers``, ``--max-workers``, ``--join``) may be, checked before
+any process starts or as a process starts (:mod:`scaletrain.parallel.strategies.elastic` does the rest), and
+the settings a worker that joins must share with the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies.base import Layout
+
+__all__ = ["SHARED_SETTINGS", "check_elastic", "check_elastic_backend", "check_elastic_batch", "shared_settings"]
+
+
+def check_elastic(config: TrainConfig, layout: Layout) -> None:
+    """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
+    if config.min_workers is None:
+        return
+    central = layout.strategy == "ps" and layout.server == "central" and layout.sync != "async"
+    if layout.strategy != "allreduce" and not central:
+        raise ConfigError(
+            f"--min-workers is supported with --strategy allreduce and the central parameter server (--sync join "
+            f"or split) only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, "
+            "continue with --resume; an asynchronous central server goes on without lost workers by itself)"
+        )
+    grows = config.join or (config.max_workers is not None and config.max_workers > layout.workers)
+    if central and grows:
+        raise ConfigError(
+            "workers join elastic all-reduce runs only for now; the central server goes on without lost workers "
+            "but admits none: drop --join and --max-workers, or use --strategy allreduce"
+        )
+    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
+        if given is not None:
+            raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
+
+
+def check_elastic_backend(backend: str) -> None:
+    """Refuse an elastic run whose process group is not gloo: regrouping is built and tested on gloo only."""
+    if backend != "gloo":
+        raise ConfigError(
+            f"--min-workers regroups gloo process groups only for now, and this run's is {backend}; "
+            "use --device cpu, or drop --min-workers"
+        )
+
+
+def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) -> None:
+    """Every membership from ``--min-workers`` to ``--max-workers`` must divide the global batch evenly."""
+    if config.min_workers is None:
+        return
+    factor = layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor
+    total, most = batch_size * factor, config.max_workers or layout.workers
+    uneven = [count for count in range(config.min_workers, most + 1) if total % count]
+    if uneven:
+        bound = "--max-workers" if config.max_workers is not None else "--workers"
+        raise ConfigError(
+            f"with --min-workers {config.min_workers} the global batch of {total} must divide evenly over every "
+            f"worker count from {config.min_workers} to {bound} {most}, and {', '.join(map(str, uneven))} "
+            "does not; choose a batch size that does (or another --min-workers)"
+        )
+
+
+#: The settings a joining worker must share with the run: what its steps and its part of each batch follow from.
+SHARED_SETTINGS = (
+    "workload", "options", "workers", "sync", "batch_size", "epochs", "steps", "seed", "lr", "momentum",
+    "weight_decay", "clip_norm", "lr_decay", "lr_decay_start", "wire", "wire_options", "min_workers", "max_workers",
+)  # fmt: skip
+
+
+def shared_settings(config: TrainConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in SHARED_SETTINGS}
