@@ -3,6 +3,8 @@ staleness-aware learning rate and the staleness-compensated momentum."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -84,3 +86,56 @@ def test_flatten_round_trip() -> None:
     targets = [torch.zeros(2, 3), torch.zeros(1)]
     unflatten_into(flatten(tensors), targets)
     assert all(torch.equal(a, b) for a, b in zip(tensors, targets, strict=True))
+
+
+def test_an_elastic_server_redoes_the_update_in_flight_with_the_survivors() -> None:
+    """Workers 1 and 2 wait in an update of three when worker 3 is lost: the update is not made, both are told
+    to redo it (and only once), and the update of the two survivors is their mean; below the minimum, no."""
+    import threading
+
+    import torch.distributed as dist
+
+    from scaletrain.parallel.ps.membership import Members, membership_key
+    from scaletrain.parallel.ps.server import _Redo
+    from scaletrain.tensors.flat import views_of
+
+    store = dist.HashStore()
+    members = Members([1, 2, 3], minimum=2, store=store)
+    master = [nn.Parameter(torch.zeros(3))]
+    ps = ShardServer(
+        master=master, optimizer=torch.optim.SGD(master, lr=0.5), peers={}, contributors=3, synchronous=True,
+        members=members, timeout=30,
+    )  # fmt: skip
+    gradients = {1: torch.tensor([2.0, 0.0, 0.0]), 2: torch.tensor([0.0, 4.0, 0.0])}
+    outcome: dict[int, object] = {}
+
+    def push(peer: int) -> None:
+        try:
+            outcome[peer] = ps._apply(gradients[peer], views_of(gradients[peer], master), 0, peer=peer)
+        except _Redo:
+            outcome[peer] = "redo"
+
+    threads = [threading.Thread(target=push, args=(peer,)) for peer in (1, 2)]
+    for thread in threads:
+        thread.start()
+    while ps._arrived < 2:  # both wait for the third gradient
+        threading.Event().wait(0.01)
+    with ps._condition:
+        assert ps._dropped(3, "lost the connection to worker rank 3: it died or its machine went away")
+        ps._condition.notify_all()
+    for thread in threads:
+        thread.join(30)
+    assert outcome == {1: "redo", 2: "redo"} and ps.version == 0  # nothing applied of the step in flight
+    record = json.loads(store.get(membership_key(1)))
+    assert (record["members"], record["left"], ps.contributors) == ([1, 2], [{"rank": 3, "why": "died"}], 2)
+    threads = [threading.Thread(target=push, args=(peer,)) for peer in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert ps.version == 1 and all(outcome[peer] != "redo" for peer in (1, 2))
+    torch.testing.assert_close(ps.weights(), torch.tensor([-0.5, -1.0, 0.0]))  # 0.5 × the mean of the two
+    [change] = members.changes
+    assert (change["step"], change["steps_redone"], change["workers"]) == (0, 1, 2)
+    with ps._condition:
+        assert not ps._dropped(2, "no answer from worker rank 2 within 30 s: it stopped answering")  # 1 < minimum 2
