@@ -101,7 +101,7 @@ class ServerObserver:
     def __call__(self, version: int) -> None:
         self.version = version
         prepared, config = self.prepared, self.config
-        epoch = prepared.schedule.position(version).epoch
+        epoch = prepared.schedule.position(max(version - 1, 0)).epoch  # of the update just made (version counts them)
         periodic = version % config.log_every == 0 or version == prepared.total_steps
         if periodic:
             began, first = self._window
