@@ -2,7 +2,7 @@
 started later (``--join``) are admitted at a step boundary.
 
 When a worker dies (its connections close) or stops answering (its heartbeat stands still for
-:data:`~scaletrain.parallel.heartbeat.SILENCE_SECONDS`, which rank 0 watches while it waits in the step's
+:data:`~scaletrain.parallel.heartbeat.FROZEN_SECONDS`, which rank 0 watches while it waits in the step's
 collective; otherwise the collective waits out ``--timeout``), every survivor's all-reduce fails before
 any update of that step is applied (:class:`~scaletrain.train.exchange.PeerLost`). The survivors then
 agree on the new membership through the rendezvous store, as reconfiguration decisions are agreed
@@ -14,8 +14,9 @@ agree on the new membership through the rendezvous store, as reconfiguration dec
    ``stopped answering``: its wait ran out; nothing when it only heard of the loss);
 2. rank 0, which hosts the store, waits until every member of generation ``G`` has either reported or
    has a heartbeat (:mod:`scaletrain.parallel.heartbeat`) that stood still for :data:`SILENCE_SECONDS`
-   (at most ``--timeout``), and writes ``membership/G/decision``: the survivors, who left and why,
-   and the survivor furthest ahead (one may have completed the step in flight before the loss);
+   since the decision began (at most ``--timeout``), and writes ``membership/G/decision``: the survivors,
+   who left and why, and the survivor furthest ahead (one may have completed the step in flight before
+   the loss);
 3. every survivor joins a new gloo group over the survivors (ranks in the old ranks' order, the store's
    keys under a fresh prefix ``membership/G+1/``), takes weights, optimizer state and position from the
    survivor furthest ahead, and does the step in flight again with its new part of each global batch.
