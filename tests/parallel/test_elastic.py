@@ -122,6 +122,10 @@ def test_run_goes_on_without_a_lost_worker(
     assert change["left"] == [{"rank": victim, "why": why}]
     assert (change["workers"], change["members"], change["step"], change["steps_redone"]) == (2, survivors, STEP - 1, 1)
     assert summary["steps"] == TRAIN // BATCH
+    # throughput per membership: three workers before the loss, two after the step that recovered
+    segments = summary["membership_segments"]
+    assert [(s["workers"], s["steps"]) for s in segments] == [(3, STEP - 1), (2, TRAIN // BATCH - STEP)]
+    assert all(s["steps_per_second"] > 0 for s in segments)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in records if r.get("kind") == "membership"] == [{"kind": "membership", **change}]
     assert f"step {STEP}: worker rank {victim} ({why}) left; going on with 2 workers" in capfd.readouterr().err

@@ -75,7 +75,7 @@ class Trainer:
         self._epoch_started = time.time()
         self._epoch_steps = EpochSteps()
         self._named_parameters = dict(self.model.named_parameters())  # made again when the network changes
-        self.membership = MembershipLog()  # an elastic run's membership changes (``membership`` in the summary)
+        self.membership = MembershipLog(self.position.step)  # an elastic run's changes (``membership`` in the summary)
         self.bound = loss_bound(config, prepared.first_losses)  # fills prepared.first_losses, which checkpoints keep
         role.exchange.skip_nonfinite = self.technique is not None and self.technique.skips_nonfinite
 

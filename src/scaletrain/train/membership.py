@@ -12,15 +12,50 @@ from typing import Any
 
 from scaletrain.train.exchange import PeerLost
 
-__all__ = ["MembershipLog", "admit", "regroup", "take_live_state"]
+__all__ = ["MembershipLog", "admit", "membership_segments", "regroup", "take_live_state"]
+
+
+def membership_segments(
+    changes: list[dict[str, Any]], *, workers: int, start: tuple[int, float], end: tuple[int, float]
+) -> list[dict[str, Any]]:
+    """The run's throughput per membership: the steps between one change's recovery and the next change's
+    detection (``start`` and ``end``: the run's first and last step count, with the clock then), each with its
+    worker count; the recoveries themselves (detection to the first step after it) are left out, so a
+    segment's rate is what that many workers did undisturbed. ``changes``: the ``membership`` records.
+
+    >>> change = {"step": 10, "workers": 2, "recovered": 12.0, "seconds_to_recover": 1.5}
+    >>> [(s["workers"], s["steps"], s["seconds"]) for s in membership_segments([change], workers=3,
+    ...     start=(0, 0.0), end=(20, 21.0))]
+    [(3, 10, 10.5), (2, 9, 9.0)]
+    """
+    segments, (step, clock), count = [], start, workers
+    for change in changes:
+        detected = change["recovered"] - change["seconds_to_recover"]
+        segments.append(_segment(count, step, change["step"], clock, detected))
+        step, clock, count = change["step"] + 1, change["recovered"], change["workers"]  # one step to recover
+    segments.append(_segment(count, step, end[0], clock, end[1]))
+    return segments
+
+
+def _segment(workers: int, first: int, last: int, began: float, ended: float) -> dict[str, Any]:
+    steps, seconds = max(last - first, 0), max(ended - began, 0.0)
+    rate = steps / seconds if steps and seconds > 0 else None
+    return {"workers": workers, "first_step": first, "steps": steps, "seconds": round(seconds, 3),
+            "steps_per_second": None if rate is None else round(rate, 3)}  # fmt: skip
 
 
 class MembershipLog:
-    """The changes so far, and the one being recovered from until the first step after it is done."""
+    """The changes so far, and the one being recovered from until the first step after it is done.
+    ``start``: the step count and the clock where this process began training (for the segments)."""
 
-    def __init__(self) -> None:
+    def __init__(self, start_step: int = 0) -> None:
         self.changes: list[dict[str, Any]] = []
         self._pending: dict[str, Any] | None = None
+        self.start = (start_step, time.time())
+
+    def segments(self, workers: int, end_step: int) -> list[dict[str, Any]]:
+        """Throughput per membership up to now (:func:`membership_segments`), starting with ``workers``."""
+        return membership_segments(self.changes, workers=workers, start=self.start, end=(end_step, time.time()))
 
     @property
     def recovering(self) -> bool:

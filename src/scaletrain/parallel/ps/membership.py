@@ -36,6 +36,7 @@ from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import Dropped
 from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SilenceWatch
 from scaletrain.parallel.ps.records import ServerObserver
+from scaletrain.train.membership import membership_segments
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
 
@@ -71,6 +72,7 @@ class Members:
         self.observer, self.watch = observer, watch
         self.generation = 0
         self.changes: list[dict[str, Any]] = []
+        self.start = (observer.prepared.position.step if observer is not None else 0, time.time())
         self._told = dict.fromkeys(peers, 0)  # the generation each peer last heard of
         self._pending: dict[str, Any] | None = None
 
@@ -128,6 +130,10 @@ class Members:
             self.observer.metrics.write({"kind": "membership", **record})
             left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in record["left"])
             self.observer.message(f"step {record['step'] + 1}: {left} left; going on with {record['workers']} workers")
+
+    def segments(self, workers: int, end_step: int) -> list[dict[str, Any]]:
+        """Throughput per membership from the server's start to now (:func:`membership_segments`)."""
+        return membership_segments(self.changes, workers=workers, start=self.start, end=(end_step, time.time()))
 
     def _position(self, step: int) -> dict[str, int]:
         """Where the step in flight after ``step`` updates stands in its epoch."""

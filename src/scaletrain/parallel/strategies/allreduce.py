@@ -127,6 +127,7 @@ class AllReduce(Strategy):
                 "max_workers": membership.maximum if membership is not None else layout.workers,
                 "workers_at_end": len(workers),
                 "membership": trainer.membership.changes,
+                "membership_segments": trainer.membership.segments(layout.workers, trainer.position.step),
             }
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 

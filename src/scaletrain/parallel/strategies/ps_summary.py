@@ -31,7 +31,9 @@ def server_extra(
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
     if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
-        return extra | {"min_workers": prepared.config.min_workers, "membership": members.changes, "lost_workers": []}
+        segments = members.segments(layout.workers, stats.updates + stats.skipped + prepared.position.step)
+        extra |= {"min_workers": prepared.config.min_workers, "membership": members.changes, "lost_workers": []}
+        return extra | {"membership_segments": segments}
     planned = _planned_batches(prepared, layout)
     extra["lost_workers"] = [
         {"rank": rank, "reason": reason, "batches_not_done": planned[rank] - stats.batches_done.get(rank, 0)}
