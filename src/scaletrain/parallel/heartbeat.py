@@ -109,7 +109,9 @@ class SilenceWatch:
         self._seen: dict[int, tuple[int, float]] = {}  # rank: its count, and when it last moved
         self._asked = float("-inf")
 
-    def silent(self, ranks: list[int]) -> list[int]:
+    def silent(self, ranks: list[int], seconds: float | None = None) -> list[int]:
+        """Those of ``ranks`` whose count stood still for ``seconds`` (default: the watch's) as far as seen."""
+        seconds = self.seconds if seconds is None else seconds
         clock = time.monotonic()
         if clock - self._asked >= INTERVAL_SECONDS:
             self._asked = clock
@@ -117,7 +119,7 @@ class SilenceWatch:
                 count = self.count(rank)
                 if self._seen.get(rank, (None,))[0] != count:
                     self._seen[rank] = (count, clock)
-        return [rank for rank in ranks if rank in self._seen and clock - self._seen[rank][1] >= self.seconds]
+        return [rank for rank in ranks if rank in self._seen and clock - self._seen[rank][1] >= seconds]
 
     def still_for(self, rank: int) -> float:
         """How long ``rank``'s count has stood still as far as this watch saw (0 when never read)."""

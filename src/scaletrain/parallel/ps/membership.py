@@ -103,9 +103,10 @@ class Members:
             self.observer.agreement.workers = tuple(self.active)
         return True
 
-    def silent(self) -> list[int]:
-        """The members whose heartbeat stood still (asked while the server waits for an update's gradients)."""
-        return self.watch.silent(self.active) if self.watch is not None else []
+    def silent(self, seconds: float | None = None) -> list[int]:
+        """The members whose heartbeat stood still (asked while the server waits for an update's gradients):
+        for the watch's seconds, or for ``seconds`` (a shorter silence: a member to probe)."""
+        return self.watch.silent(self.active, seconds) if self.watch is not None else []
 
     def redo(self, peer: int) -> bool:
         """Whether ``peer``'s gradient was computed without knowing of the last change (it must be done again);

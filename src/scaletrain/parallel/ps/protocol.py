@@ -24,6 +24,7 @@ __all__ = [
     "FINAL_SHARD",
     "GRADIENT",
     "GRANT",
+    "PROBE",
     "RECONFIGURE",
     "REPLY",
     "REPLY_FIELDS",
@@ -39,6 +40,9 @@ __all__ = [
 REQUEST, REPLY, GRANT = 1, 2, 3
 #: owner → rank 0 once training has ended (sharded server): the owner's final master tensors.
 FINAL_SHARD = 4
+#: server → a worker whose heartbeat stood still: never received; sending it fails at once if the worker's
+#: connection closed (a gloo receive posted before the close is not always woken by it).
+PROBE = 5
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
 REQUEST_FIELDS, REPLY_FIELDS = 6, 6
 

@@ -1,4 +1,5 @@
-"""What parameter servers write while they serve: progress and metrics, ``checkpoint.pt``, shard files.
+"""What parameter servers write while they serve (progress and metrics, ``checkpoint.pt``, shard files) and
+what an owner counts (:class:`ServerStats`).
 
 The central server logs and checkpoints through :class:`ServerObserver`; each owner of a sharded
 server saves its master tensors and optimizer state through :class:`ShardCheckpointer`. Both follow
@@ -8,6 +9,8 @@ the loop's rule for when a checkpoint is due (:func:`scaletrain.train.loop.check
 from __future__ import annotations
 
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -19,9 +22,31 @@ from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import now
 from scaletrain.train.state import Agreement, Prepared, checkpoint_due
 
-__all__ = ["SHARDS_DIR", "ServerObserver", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
+__all__ = ["SHARDS_DIR", "ServerObserver", "ServerStats", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
 
 SHARDS_DIR = "shards"
+
+
+@dataclass
+class ServerStats:
+    """What an owner observed: updates, staleness of applied gradients, lost peers."""
+
+    updates: int = 0
+    skipped: int = 0  # overflowed gradients not applied (dynamic loss scaling)
+    staleness: Counter = field(default_factory=Counter)
+    lost: dict[int, str] = field(default_factory=dict)
+    batches_done: dict[int, int] = field(default_factory=dict)
+
+    def staleness_summary(self) -> dict[str, object]:
+        count = sum(self.staleness.values())
+        if not count:
+            return {"mean": None, "max": None, "histogram": {}}
+        mean = sum(value * times for value, times in self.staleness.items()) / count
+        return {
+            "mean": mean,
+            "max": max(self.staleness),
+            "histogram": {str(value): self.staleness[value] for value in sorted(self.staleness)},
+        }
 
 
 def save_checkpoint_at(prepared: Prepared, version: int, buffers: dict[str, torch.Tensor] | None = None) -> None:

@@ -4,9 +4,7 @@ threads that serve its peers."""
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -14,11 +12,13 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import describe
+from scaletrain.parallel.heartbeat import SILENCE_SECONDS
 from scaletrain.parallel.ps.membership import REDO, Members
 from scaletrain.parallel.ps.protocol import (
     DONE,
     GRADIENT,
     GRANT,
+    PROBE,
     RECONFIGURE,
     REPLY,
     REQUEST,
@@ -27,34 +27,13 @@ from scaletrain.parallel.ps.protocol import (
     receive_header,
     send_message,
 )
+from scaletrain.parallel.ps.records import ServerStats
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.flat import finite, flatten, views_of
 from scaletrain.train.meter import now
 
-__all__ = ["ServerStats", "ShardServer"]
-
-
-@dataclass
-class ServerStats:
-    """What an owner observed: updates, staleness of applied gradients, lost peers."""
-
-    updates: int = 0
-    skipped: int = 0  # overflowed gradients not applied (dynamic loss scaling)
-    staleness: Counter = field(default_factory=Counter)
-    lost: dict[int, str] = field(default_factory=dict)
-    batches_done: dict[int, int] = field(default_factory=dict)
-
-    def staleness_summary(self) -> dict[str, object]:
-        count = sum(self.staleness.values())
-        if not count:
-            return {"mean": None, "max": None, "histogram": {}}
-        mean = sum(value * times for value, times in self.staleness.items()) / count
-        return {
-            "mean": mean,
-            "max": max(self.staleness),
-            "histogram": {str(value): self.staleness[value] for value in sorted(self.staleness)},
-        }
+__all__ = ["ShardServer"]
 
 
 class ShardServer:
@@ -127,6 +106,7 @@ class ShardServer:
         self._own_sent: torch.Tensor | None = None  # the owner's worker's weights, as the last update left them
         self._failure: tuple[int, str] | None = None
         self._mismatch: ScaletrainError | None = None  # a worker's network or codec differs
+        self._probed: dict[int, float] = {}  # when each peer was last probed (elastic: see _closed)
         self._receiving = threading.Semaphore(1) if exclusive else None
         self._sending = threading.Semaphore(1) if exclusive else None
         self._threads = [
@@ -324,15 +304,34 @@ class ShardServer:
             return self._condition.wait_for(done, timeout=self.timeout)
         deadline = now() + 2 * self.timeout
         while not done():
+            closed = [peer for peer in self.members.silent(SILENCE_SECONDS) if self._closed(peer)]
+            for peer in closed:
+                self._lose(peer, f"lost the connection to worker rank {peer}: it died or its machine went away")
             for peer in self.members.silent():
-                reason = f"no heartbeat from worker rank {peer}: it stopped answering (frozen, or unreachable)"
-                self.stats.lost[peer] = reason
-                if not self._dropped(peer, reason):
-                    self._failure = self._failure or (peer, reason)
+                self._lose(peer, f"no heartbeat from worker rank {peer}: it stopped answering (frozen, or unreachable)")
             if done() or now() > deadline:
                 return done()
             self._condition.wait(timeout=0.1)
         return True
+
+    def _lose(self, peer: int, reason: str) -> None:
+        """An elastic server's peer found lost while it waits (under the lock): dropped, or the run stops."""
+        self.stats.lost[peer] = reason
+        if not self._dropped(peer, reason):
+            self._failure = self._failure or (peer, reason)
+
+    def _closed(self, peer: int) -> bool:
+        """Whether ``peer``'s connection closed (it died), asked by a send it never receives; at most once a
+        second per peer. A peer that is alive leaves the send pending (kept referenced: freeing it would wait)."""
+        clock = now()
+        if clock - self._probed.get(peer, float("-inf")) < 1.0:
+            return False
+        self._probed[peer] = clock
+        try:
+            _PROBES.append(dist.isend(torch.zeros(1), dst=peer, group=self.peers[peer], tag=PROBE))
+        except RuntimeError:
+            return True
+        return False
 
     def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
         """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
@@ -369,6 +368,10 @@ class ShardServer:
 
     def _generation(self) -> int:
         return self.members.generation if self.members is not None else 0
+
+
+#: Probe sends left pending on live peers (see ShardServer._closed), referenced until the process leaves.
+_PROBES: list[dist.Work] = []
 
 
 class _Redo(Exception):

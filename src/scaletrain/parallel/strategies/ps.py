@@ -21,8 +21,8 @@ from scaletrain.parallel.agreement import StoreAgreement, load_buffers
 from scaletrain.parallel.ps.exchange import PSExchange
 from scaletrain.parallel.ps.membership import CentralMembership, Members
 from scaletrain.parallel.ps.protocol import FINAL_SHARD, pair_groups
-from scaletrain.parallel.ps.records import ServerObserver, ShardCheckpointer, restore_shard
-from scaletrain.parallel.ps.server import ServerStats, ShardServer
+from scaletrain.parallel.ps.records import ServerObserver, ServerStats, ShardCheckpointer, restore_shard
+from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaletrain.parallel.ps.membership import Members
-from scaletrain.parallel.ps.server import ServerStats
+from scaletrain.parallel.ps.records import ServerStats
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.strategies.base import Layout
 from scaletrain.train.state import Prepared
