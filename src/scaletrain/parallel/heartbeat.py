@@ -33,9 +33,9 @@ __all__ = ["FROZEN_SECONDS", "SILENCE_SECONDS", "Heartbeat", "SilenceWatch"]
 #: (:data:`SILENCE_SECONDS`); 4 counts a second per process.
 INTERVAL_SECONDS = 0.25
 #: An elastic run's decision drops a member whose heartbeat did not move for this long since the decision
-#: began, and that did not report: six missed beats. A process that is alive but slow keeps beating from its
+#: began, and that did not report: five missed beats. A process that is alive but slow keeps beating from its
 #: own thread, and no step's traffic competes with the beats then.
-SILENCE_SECONDS = 1.5
+SILENCE_SECONDS = 1.25
 #: A member waiting in a step calls a peer frozen whose heartbeat stood still this long (and starts the
 #: decision). Longer than :data:`SILENCE_SECONDS`: under a step's traffic on a slow link a beat may wait for
 #: TCP to resend it (on an emulated 100 Mbit/s link, 1.5 s of silence happened to live workers).
