@@ -13,7 +13,7 @@ one in flight (``steps_redone`` ≤ 1). The median of ``--repeats`` runs per row
 
 Run: ``sudo PYTHONPATH=src .venv/bin/python benchmarks/elastic_recovery.py [--repeats 3 --timeout 20
 --networks loopback,100mbit --json out.json]`` (root for the emulated network: namespaces, veth, tc;
-about 4 minutes on this 2-core CPU).
+about 20 minutes with --repeats 3 on this 2-core CPU, shared with other work).
 """
 
 from __future__ import annotations
