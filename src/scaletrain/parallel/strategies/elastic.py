@@ -145,6 +145,7 @@ class StoreMembership(Membership):
         self.members = layout.worker_ranks()
         self.generation = 0
         self.factor = layout.worker_plan(self.members[0]).global_batch_factor
+        self._unrecorded: list[dict[str, Any]] = []  # joiners of an admission a loss interrupted
         self.watch = SilenceWatch(store, FROZEN_SECONDS)
         self._noticed: str | None = None  # why the first member saw a peer lost itself (a heartbeat stood still)
 
@@ -335,6 +336,7 @@ class StoreMembership(Membership):
         except RuntimeError as error:
             print(f"lost a peer while the group was built: {str(error).splitlines()[0]}", flush=True)  # to the log
             why = "stopped answering" if "timed out" in str(error).lower() else "died"
+            self._unrecorded += decision.get("joined", [])  # the next decision records who joined, if they go on
             raise PeerLost(why, in_flight=in_flight) from error
         workers = len(members)
         plan = WorkerPlan(
@@ -371,9 +373,11 @@ class StoreMembership(Membership):
         why = next((reason for reason in WHY_ORDER if reason in seen), seen[0] if seen else "died")
         steps = {rank: report["step"] for rank, report in reports.items()}
         furthest, in_flight = max(steps.values()), any(report["in_flight"] for report in reports.values())
+        joined, self._unrecorded = [who for who in self._unrecorded if who["rank"] in reported], []
         decision = {
             "members": reported,
             "left": [{"rank": rank, "why": why} for rank in missing],
+            "joined": joined,  # admitted while a member was lost: this change records both
             "source": min(rank for rank, step in steps.items() if step == furthest),
             # a survivor that completed the step in flight hands it to the others: nothing is done again
             "steps_redone": int(min(steps.values()) == furthest and in_flight),
