@@ -211,7 +211,7 @@ def test_a_worker_lost_while_buffers_are_handed_over_is_a_lost_peer() -> None:
     assert lost.value.why is None  # only heard of it: the survivor that saw it says why
 
 
-JOIN_AT = 3  # rank 0 holds its third step until the joining worker has asked to join
+JOIN_AT = 3  # rank 0 holds its third step until the joining worker has asked to join (it may ask sooner)
 REFUSED_AT = 8  # and its eighth until a fourth one (beyond --max-workers 3) has asked
 LOST_AT = 8  # or worker rank 1 dies at its eighth forward pass (after the joiner came)
 
@@ -289,8 +289,10 @@ def test_a_worker_started_mid_run_joins_within_one_step(
         ]
     change, *after = summary["membership"]
     assert change["left"] == [] and [who["rank"] for who in change["joined"]] == [2]
-    # it asked before step JOIN_AT's all-reduce, where rank 0 looks: admitted at the end of that very step
-    assert change["step"] == JOIN_AT, change
+    # rank 0 looks for a request before each step's all-reduce and holds step JOIN_AT until there is one: the
+    # joiner is admitted at the end of the first step after it asked, JOIN_AT at the latest (earlier when it
+    # was ready before the run's own workers had trained that far)
+    assert 1 <= change["step"] <= JOIN_AT, change
     assert (change["workers"], change["members"], change["steps_redone"]) == (3, [0, 1, 2], 0)
     assert f"rank 2 (joined after step {change['step']}) finished" in run.stdout
     assert f"after step {change['step']}: worker rank 2 joined; going on with 3 workers" in capfd.readouterr().err
@@ -357,7 +359,8 @@ def test_a_joiner_that_dies_before_it_is_admitted_is_a_lost_worker(
         thread.join()
     [change] = summary["membership"]
     assert [who["rank"] for who in change["left"]] == [2] and change["left"][0]["why"] in ("died", "stopped answering")
-    assert (change["step"], change["joined"], change["members"], change["steps_redone"]) == (JOIN_AT, [], [0, 1], 0)
+    assert 1 <= change["step"] <= JOIN_AT  # the first step after it asked (rank 0 holds JOIN_AT until then)
+    assert (change["joined"], change["members"], change["steps_redone"]) == ([], [0, 1], 0)
     assert (summary["steps"], summary["workers_at_end"]) == (TRAIN // BATCH, 2)
     assert_every_sample_once(samples, [change], workers=2)
     assert_same_weights(model_weights(out), one_process)

@@ -55,6 +55,7 @@ CAUSE_SETTLE_SECONDS = 0.3
 #: An elastic run's frozen worker is killed this long after ``--timeout``: its peers' waits time out first,
 #: so they name it as having stopped answering rather than died.
 FROZEN_GRACE_SECONDS = 3.0
+_TERMINAL = {"line_open": False}  # whether rank 0's stderr, as copied here, ended mid-line (see _tee)
 LOGS_DIR = "logs"
 #: Set for the processes this launcher starts: they report errors in their logs, the launcher on the terminal.
 ENV_LAUNCHER = "SCALETRAIN_LAUNCHER"
@@ -202,6 +203,7 @@ def spawn_rank(
 def _tee(source: IO[bytes], log_file: IO[bytes]) -> None:
     """Copy rank 0's stderr to this terminal and to its log, as it comes (progress bars included)."""
     for chunk in iter(lambda: source.read1(4096), b""):
+        _TERMINAL["line_open"] = not chunk.endswith(b"\n")  # rank 0 may stop mid-line (frozen, killed)
         if hasattr(sys.stderr, "buffer"):
             sys.stderr.buffer.write(chunk)
         else:  # a replaced stderr (e.g. under a test runner) takes text
@@ -292,6 +294,8 @@ def _fail(children: list[_Child], *, elastic: bool = False) -> None:
     message = _failure_message(cause, cause.process.returncode, stopped=stopped)
     if elastic and cause.rank == 0:
         message += " (--min-workers goes on without a lost worker, but not without rank 0: it hosts the store)"
+    if _TERMINAL["line_open"]:  # the one line must start a line of its own
+        print(file=sys.stderr, flush=True)
     error = RunFailed(message)
     if cause.process.returncode == ConfigError.exit_code:
         error.exit_code = ConfigError.exit_code  # the process refused the settings: bad input, as in one process
