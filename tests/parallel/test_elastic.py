@@ -85,6 +85,7 @@ def assert_every_sample_once(samples: Path, changes: list[dict], workers: int = 
 
 ALLREDUCE = {"strategy": "allreduce"}
 CENTRAL = {"strategy": "ps", "server": "central"}
+SHARDED = {"strategy": "ps", "server": "sharded"}
 
 
 @pytest.mark.parametrize(
@@ -96,6 +97,9 @@ CENTRAL = {"strategy": "ps", "server": "central"}
         (ALLREDUCE, "SIGKILL", "died", "join", BATCH // 3),
         (CENTRAL, "SIGKILL", "died", "join", BATCH // 3),
         (CENTRAL, "SIGSTOP", "stopped answering", "split", BATCH),
+        # the victim owns a shard: its momentum is rebuilt from the survivors' weights (same weights as one process)
+        (SHARDED, "SIGKILL", "died", "join", BATCH // 3),
+        (SHARDED, "SIGSTOP", "stopped answering", "split", BATCH),
     ],
     ids=lambda value: value.get("server", value["strategy"]) if isinstance(value, dict) else None,
 )
@@ -113,7 +117,7 @@ def test_run_goes_on_without_a_lost_worker(
 ) -> None:
     # a frozen worker is dropped once its heartbeat stood still (5 s), not after --timeout: a long one shows it
     timeout = 20 if signal == "SIGSTOP" else 5
-    first = 1 if layout["strategy"] == "ps" else 0  # rank 0 of the central server's run is the server
+    first = 1 if layout.get("server") == "central" else 0  # rank 0 of the central server's run is the server
     victim, survivors = first + 2, [first, first + 1]
     settings = {**layout, "sync": sync, "batch_size": batch_size, "min_workers": 2, "timeout": timeout}
     summary, samples = train_with_fault(data, tmp_path, monkeypatch, f"{victim}:{STEP}:{signal}", **settings)
@@ -122,6 +126,8 @@ def test_run_goes_on_without_a_lost_worker(
     assert change["left"] == [{"rank": victim, "why": why}]
     assert (change["workers"], change["members"], change["step"], change["steps_redone"]) == (2, survivors, STEP - 1, 1)
     assert summary["steps"] == TRAIN // BATCH
+    if layout == SHARDED:  # the victim's shard: its momentum rebuilt by the survivor furthest ahead, none reset
+        assert (change["momentum_rebuilt"], change["momentum_reset"]) == ([victim], [])
     # throughput per membership: three workers before the loss, two after the step that recovered
     segments = summary["membership_segments"]
     assert [(s["workers"], s["steps"]) for s in segments] == [(3, STEP - 1), (2, TRAIN // BATCH - STEP)]
@@ -223,6 +229,7 @@ LOST_AT = 8  # or worker rank 1 dies at its eighth forward pass (after the joine
         ("joins, then a worker dies", "split", BATCH),
         # join keeps its global batch of 2 × 6 = the one process's 12, the three computing 4 rows each
         ("joins", "join", BATCH // 2),
+        ("joins a sharded run", "split", BATCH),
     ],
 )
 def test_a_worker_started_mid_run_joins_within_one_step(
@@ -253,6 +260,8 @@ def test_a_worker_started_mid_run_joins_within_one_step(
     if then_lost:
         monkeypatch.setenv("SCALETRAIN_TEST_FAULT", f"1:{LOST_AT}:SIGKILL")
     settings = {"batch_size": batch_size, "sync": sync, "min_workers": 2, "max_workers": 3, "timeout": 30}
+    if "sharded" in case:  # the joiner owns a shard of the three planned anew
+        settings |= SHARDED
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**COMMON, **settings}.items()]
     command = ["train", FAULTY, f"--data-dir={data}", f"--out={out}", "--workers=2", *flags, "--join"]
     joiners: list = []

@@ -96,7 +96,7 @@ def test_an_elastic_server_redoes_the_update_in_flight_with_the_survivors() -> N
     import torch.distributed as dist
 
     from scaletrain.parallel.ps.membership import Members, membership_key
-    from scaletrain.parallel.ps.server import _Redo
+    from scaletrain.parallel.ps.losses import Redo
     from scaletrain.tensors.flat import views_of
 
     store = dist.HashStore()
@@ -112,7 +112,7 @@ def test_an_elastic_server_redoes_the_update_in_flight_with_the_survivors() -> N
     def push(peer: int) -> None:
         try:
             outcome[peer] = ps._apply(gradients[peer], views_of(gradients[peer], master), 0, peer=peer)
-        except _Redo:
+        except Redo:
             outcome[peer] = "redo"
 
     threads = [threading.Thread(target=push, args=(peer,)) for peer in (1, 2)]

@@ -87,10 +87,10 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
             regrouped, state = trainer.role.membership.regroup(
                 trainer.position.step, lost.why, _live_state(trainer), in_flight=lost.in_flight
             )
+            _go_on(trainer, regrouped, state, detected)
             break
         except PeerLost as again:  # another member lost while the group was rebuilt: agree once more
             lost = PeerLost(again.why, in_flight=lost.in_flight)
-    _go_on(trainer, regrouped, state, detected)
     if trainer.records.metrics is not None:
         left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in regrouped.record["left"])
         trainer.records.progress.message(

@@ -156,7 +156,7 @@ class PSExchange(GradientExchange):
         """An owner's first reply (after a start or a reconfiguration), header first: a server whose network
         or wire codec differs is told so and named, and its weights are not taken."""
         dist.recv(self._headers[owner], src=owner, group=self.groups[owner], tag=REPLY)
-        version, layout_id, numel, _, size, _ = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, _, size, _, _ = (int(v) for v in self._headers[owner])
         theirs, mine = TensorLayout(layout_id, numel), self._layouts[owner]
         if theirs != mine:
             self._stop_at_first_reply(owner, version, theirs.numel)
@@ -192,7 +192,7 @@ class PSExchange(GradientExchange):
         begin = now()
         self._wait_reply(header)
         waited = now() - begin
-        version, layout_id, numel, skipped, size, generation = (int(v) for v in self._headers[owner])
+        version, layout_id, numel, skipped, size, generation, _ = (int(v) for v in self._headers[owner])
         if TensorLayout(layout_id, numel) != self._layouts[owner]:  # the server refused (version -1): no body
             raise LayoutMismatch(
                 f"the server at rank {owner} refused worker rank {self.rank}'s tensors of layout "
@@ -271,6 +271,10 @@ class PSExchange(GradientExchange):
             [kind, version, self.batches_done, layout.layout_id, layout.numel, size], dtype=torch.int64
         )
         body = torch.zeros(1, dtype=torch.uint8) if body is None else body
+        self._send(header, body, owner)
+
+    def _send(self, header: torch.Tensor, body: torch.Tensor, owner: int) -> None:
+        """Send ``owner`` a message (a request); returns when both parts are sent."""
         send_message(header, body, owner, self.groups[owner], REQUEST)
 
     def _await_grant(self, owner: int) -> float:

@@ -4,15 +4,18 @@ worker–owner pair, and sending or receiving one message (a header and a body).
 A request's header is ``kind, version, batches done, layout id, element count, payload bytes``; a
 gradient's body is the wire codec's payload as one message (``WireCodec.to_message``: its size need
 not be the element count's), the other kinds send a one-byte stand-in. A reply's header is
-``version, layout id, element count, skipped, payload bytes, generation`` and its body the weights
-(version -1: refused, no body; skipped 2: the step was not applied, do it again with the members of
-``generation``, :mod:`scaletrain.parallel.ps.membership`). Both sides put the bytes of a gradient
+``version, layout id, element count, skipped, payload bytes, generation, joining`` and its body the
+weights (version -1: refused, no body; skipped 2: the step was not applied, do it again with the members of
+``generation``, :mod:`scaletrain.parallel.ps.membership`; joining 1: the first owner's, in an elastic sharded
+run, says a worker waits to join at this step's end). Both sides put the bytes of a gradient
 message of their codec in every header, so a worker and an owner that encode gradients differently
 stop, naming both, before a gradient travels."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
 
 import torch
 import torch.distributed as dist
@@ -31,6 +34,7 @@ __all__ = [
     "REQUEST",
     "REQUEST_FIELDS",
     "PeerLost",
+    "held",
     "pair_groups",
     "post_message",
     "receive_header",
@@ -44,7 +48,7 @@ FINAL_SHARD = 4
 #: connection closed (a gloo receive posted before the close is not always woken by it).
 PROBE = 5
 GRADIENT, DONE, RECONFIGURE = 0, 1, 2
-REQUEST_FIELDS, REPLY_FIELDS = 6, 6
+REQUEST_FIELDS, REPLY_FIELDS = 6, 7
 
 
 class PeerLost(ScaletrainError):
@@ -88,3 +92,8 @@ def send_message(header: torch.Tensor, body: torch.Tensor, peer: int, group: dis
     works = [dist.isend(header, dst=peer, group=group, tag=tag), dist.isend(body, dst=peer, group=group, tag=tag)]
     for work in works:
         work.wait()
+
+
+def held(semaphore: threading.Semaphore | None) -> contextlib.AbstractContextManager:
+    """``with held(semaphore)``: the semaphore held, or nothing when admission control is off."""
+    return semaphore if semaphore is not None else contextlib.nullcontext()

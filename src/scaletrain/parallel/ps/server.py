@@ -12,18 +12,18 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import describe
-from scaletrain.parallel.heartbeat import SILENCE_SECONDS
+from scaletrain.parallel.ps.losses import Closed, LossHandling, Redo
 from scaletrain.parallel.ps.membership import REDO, Members
 from scaletrain.parallel.ps.protocol import (
     DONE,
     GRADIENT,
     GRANT,
-    PROBE,
     RECONFIGURE,
     REPLY,
     REQUEST,
     REQUEST_FIELDS,
     PeerLost,
+    held,
     receive_header,
     send_message,
 )
@@ -36,7 +36,7 @@ from scaletrain.train.meter import now
 __all__ = ["ShardServer"]
 
 
-class ShardServer:
+class ShardServer(LossHandling):
     """Holds the master copy of some tensors and their optimizer; serves peers from threads.
 
     ``master`` must not be trained on by anyone else: a sharded worker passes clones of its
@@ -70,6 +70,7 @@ class ShardServer:
         codec: WireCodec | None = None,
         skip_nonfinite: bool = False,
         members: Members | None = None,
+        lost: Callable[[], bool] | None = None,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
@@ -86,6 +87,15 @@ class ShardServer:
         # elastic (--min-workers, synchronous central server): a lost peer is dropped and the survivors go on
         self.members = members if synchronous else None
         self._skipped = False  # whether the last update was skipped
+        # elastic sharded (--min-workers): ``lost()`` says a peer was lost while the owner's own worker waits for
+        # an update; the owner's momentum before the last update is kept, as a step of a lost peer is undone
+        self.lost = lost
+        self._before: tuple[int, torch.Tensor] | None = None
+        self.closed = False  # the survivors regrouped: nothing more is applied, the threads end quietly
+        #: Set by the owner's worker before it contributes (the first owner, elastic): a worker waits to join;
+        #: every reply of the update it is part of says so (``announced``), so all members learn it in one step.
+        self.announce = 0
+        self.announced = 0
         #: Peers that reached a reconfiguration (their thread ended); the epoch each named.
         self.reconfiguring: dict[int, int] = {}
         self._condition = threading.Condition()
@@ -166,7 +176,7 @@ class ShardServer:
             sent = self.weights()  # what this peer computes its next gradient on (DC-ASGD reads it)
             self._reply(peer, group, self.version, sent)
             while True:
-                with _held(self._receiving):
+                with held(self._receiving):
                     if self._receiving is not None:
                         dist.send(torch.zeros(1, dtype=torch.int64), dst=peer, group=group, tag=GRANT)
                     body = receive_header(header, wire, peer, group, REQUEST)
@@ -192,27 +202,21 @@ class ShardServer:
                     return
                 try:
                     new_version, sent, skipped = self._apply(gradient, gradient_views, version, sent, peer)
-                except _Redo:  # computed before the membership changed: the same weights, and do it again
+                except Redo:  # computed before the membership changed: the same weights, and do it again
                     self._reply(peer, group, self.version, sent, REDO)
                     continue
                 self._reply(peer, group, new_version, sent, skipped)
+        except Closed:
+            return
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
+            if self.closed:  # a group the survivors left behind
+                return
             reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
                 self.stats.lost[peer] = reason
                 if self.synchronous and self._failure is None and not self._dropped(peer, reason):
                     self._failure = (peer, reason)
                 self._condition.notify_all()
-
-    def _dropped(self, peer: int, reason: str) -> bool:
-        """An elastic server's survivors go on without ``peer`` (the update in flight is done again by them);
-        False when the run cannot (not elastic, or fewer than ``--min-workers`` would be left). Under the lock."""
-        why = "stopped answering" if "stopped answering" in reason else "died"
-        if self.members is None or not self.members.drop(peer, why, self.version):
-            return False
-        self.contributors = len(self.members.active)
-        self._arrived = 0  # the update in flight is not made: its gradients come again
-        return True
 
     def _other_network(self, peer: int, theirs: TensorLayout) -> LayoutMismatch:
         return LayoutMismatch(
@@ -232,18 +236,19 @@ class ShardServer:
             self._mismatch = self._mismatch or error
             self._failure = self._failure or (peer, str(error))
             self._condition.notify_all()
-        with _held(self._sending):
+        with held(self._sending):
             dist.send(self._reply_header(-1), dst=peer, group=group, tag=REPLY)
 
     def _reply_header(self, version: int, skipped: int = 0) -> torch.Tensor:
-        layout, generation = self.layout, self.members.generation if self.members is not None else 0
+        layout, generation = self.layout, self._generation()
         fields = [version, layout.layout_id, layout.numel, int(skipped), self.payload_bytes, generation]
+        fields.append(self.announced)
         return torch.tensor(fields, dtype=torch.int64)
 
     def _reply(
         self, peer: int, group: dist.ProcessGroup, version: int, weights: torch.Tensor, skipped: int = 0
     ) -> None:
-        with _held(self._sending):
+        with held(self._sending):
             send_message(self._reply_header(version, skipped), self.codec.encode(weights), peer, group, REPLY)
 
     # -- updates --------------------------------------------------------------------------------
@@ -256,7 +261,7 @@ class ShardServer:
         peer: int | None = None,
     ) -> tuple[int, torch.Tensor, bool]:
         """``stale``: the weights the gradient was computed on, when known (async replies are snapshots).
-        ``peer``: who sent it (an elastic server raises :class:`_Redo` for a gradient of an old membership)."""
+        ``peer``: who sent it (an elastic server raises :class:`Redo` for a gradient of an old membership)."""
         with self._condition:
             if not self.synchronous:
                 staleness = self.version - version
@@ -267,7 +272,9 @@ class ShardServer:
                 self._update(views, scale, momentum)
                 return self.version, self._snapshot, self._skipped
             if self.members is not None and peer is not None and self.members.redo(peer):
-                raise _Redo
+                raise Redo
+            if self.closed:
+                raise Closed
             my_round, generation = self._round, self._generation()
             if self.contributors == 1:  # nothing to add up: the optimizer reads the received buffer
                 self._update(views, 1.0)
@@ -285,53 +292,24 @@ class ShardServer:
                 self._round += 1
                 self._condition.notify_all()
             elif not self._wait_round(
-                lambda: self._round != my_round or self._failure is not None or self._generation() != generation
+                lambda: (
+                    self._round != my_round
+                    or self._failure is not None
+                    or self._generation() != generation
+                    or self.closed
+                ),
+                own=peer is None,
             ):
                 raise PeerLost(f"no synchronous update within {self.timeout:.0f} s: a worker is stuck or gone")
+            if self.closed and self._round == my_round:
+                raise Closed
             if self._round == my_round and self._generation() != generation:
                 self.members.redo(peer)
-                raise _Redo
+                raise Redo
             if self._failure is not None and self._round == my_round:
                 peer, reason = self._failure
                 raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
             return self.version, self._snapshot, self._skipped
-
-    def _wait_round(self, done: Callable[[], bool]) -> bool:
-        """Wait (holding the lock between waits) until ``done()``, at most ``--timeout``; an elastic server also
-        drops a peer whose heartbeat stood still meanwhile, and waits twice as long (a lost peer's own wait
-        on its pair runs out first: it began before this one)."""
-        if self.members is None:
-            return self._condition.wait_for(done, timeout=self.timeout)
-        deadline = now() + 2 * self.timeout
-        while not done():
-            closed = [peer for peer in self.members.silent(SILENCE_SECONDS) if self._closed(peer)]
-            for peer in closed:
-                self._lose(peer, f"lost the connection to worker rank {peer}: it died or its machine went away")
-            for peer in self.members.silent():
-                self._lose(peer, f"no heartbeat from worker rank {peer}: it stopped answering (frozen, or unreachable)")
-            if done() or now() > deadline:
-                return done()
-            self._condition.wait(timeout=0.1)
-        return True
-
-    def _lose(self, peer: int, reason: str) -> None:
-        """An elastic server's peer found lost while it waits (under the lock): dropped, or the run stops."""
-        self.stats.lost[peer] = reason
-        if not self._dropped(peer, reason):
-            self._failure = self._failure or (peer, reason)
-
-    def _closed(self, peer: int) -> bool:
-        """Whether ``peer``'s connection closed (it died), asked by a send it never receives; at most once a
-        second per peer. A peer that is alive leaves the send pending (kept referenced: freeing it would wait)."""
-        clock = now()
-        if clock - self._probed.get(peer, float("-inf")) < 1.0:
-            return False
-        self._probed[peer] = clock
-        try:
-            _PROBES.append(dist.isend(torch.zeros(1), dst=peer, group=self.peers[peer], tag=PROBE))
-        except RuntimeError:
-            return True
-        return False
 
     def _update(self, gradients: list[torch.Tensor], scale: float, momentum: float | None = None) -> None:
         """One optimizer step on the master tensors with these gradients (caller holds the lock); the rate
@@ -349,6 +327,8 @@ class ShardServer:
         if self.clip_norm:
             nn.utils.clip_grad_norm_(self.master, self.clip_norm)
         rate = self.learning_rate(self.version) if self.learning_rate else self._base_rate
+        if self.lost is not None:  # elastic sharded: the momentum this update starts from (see momentum_at)
+            self._before = (self.version, self._momentum())
         for group in self.optimizer.param_groups:
             group["lr"] = rate * scale
             if momentum is not None:
@@ -358,6 +338,7 @@ class ShardServer:
             self.after_step(self.master, rate * scale)
         self.version += 1
         self.stats.updates += 1
+        self.announced = self.announce
         if self.members is not None:
             self.members.updated()
         # Synchronous replies go out before the next update can start (it needs every worker's next
@@ -365,29 +346,3 @@ class ShardServer:
         self._snapshot = self._flat if self.synchronous else self._flat.clone()
         if self.on_update is not None:
             self.on_update(self.version)
-
-    def _generation(self) -> int:
-        return self.members.generation if self.members is not None else 0
-
-
-#: Probe sends left pending on live peers (see ShardServer._closed), referenced until the process leaves.
-_PROBES: list[dist.Work] = []
-
-
-class _Redo(Exception):
-    """The gradient belongs to the step in flight of a membership that changed: the peer must do it again."""
-
-
-class _held:
-    """``with _held(semaphore)`` — a no-op when admission control is off."""
-
-    def __init__(self, semaphore: threading.Semaphore | None) -> None:
-        self.semaphore = semaphore
-
-    def __enter__(self) -> None:
-        if self.semaphore is not None:
-            self.semaphore.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.semaphore is not None:
-            self.semaphore.release()

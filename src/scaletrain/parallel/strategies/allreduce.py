@@ -21,8 +21,9 @@ from torch import nn
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import HeardOfLoss, StoreMembership, watched
+from scaletrain.parallel.strategies.elastic import StoreMembership, elastic_fields
 from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
+from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, watched
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
@@ -121,14 +122,12 @@ class AllReduce(Strategy):
         workers = membership.members if membership is not None else layout.worker_ranks()
         stats = collect_stats(store, workers, set(), config.timeout)
         fields = layout_fields(layout)
-        if config.min_workers is not None:
-            fields |= {
-                "min_workers": config.min_workers,
-                "max_workers": membership.maximum if membership is not None else layout.workers,
-                "workers_at_end": len(workers),
-                "membership": trainer.membership.changes,
-                "membership_segments": trainer.membership.segments(layout.workers, trainer.position.step),
-            }
+        if membership is not None:
+            fields |= elastic_fields(membership, trainer, layout)
+        elif config.min_workers is not None:  # one worker: nothing to go on without
+            segments = trainer.membership.segments(1, trainer.position.step)
+            fields |= {"min_workers": config.min_workers, "max_workers": layout.workers, "workers_at_end": 1,
+                       "membership": [], "membership_segments": segments}  # fmt: skip
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 

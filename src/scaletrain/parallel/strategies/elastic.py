@@ -60,6 +60,7 @@ from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE, Dropped, ProcessFailed
 from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SILENCE_SECONDS, SilenceWatch
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.parallel.strategies.elastic_waits import ABANDONED
 from scaletrain.train.exchange import PeerLost
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped
@@ -68,20 +69,14 @@ __all__ = [
     "DROPPED_EXIT_CODE",
     "JOINED_KEY",
     "Dropped",
-    "HeardOfLoss",
     "StoreMembership",
+    "elastic_fields",
     "request_key",
-    "watched",
 ]
 
 POLL_SECONDS = 0.05
-#: How often a waiting collective asks the store whether another survivor has seen a peer lost.
-WATCH_SECONDS = 0.02
 #: How a lost worker is named, most telling first (a survivor can also report a reason of its own).
 WHY_ORDER = ("stopped answering", "died")
-#: Groups left behind, referenced until the process leaves (without destructors, parallel.teardown): freeing one
-#: waits for a collective still pending in it (on a frozen peer: until --timeout).
-_ABANDONED: list[dist.ProcessGroup] = []
 #: What a joining worker that gave up waiting leaves as its answer, so that the run never admits it.
 WITHDRAWN = "withdrawn"
 #: Each joining worker draws its number here (1, 2 …); its launch rank follows the run's own workers.
@@ -97,27 +92,6 @@ def request_key(number: int) -> str:
 
 def answer_key(number: int) -> str:
     return f"membership/answer/{number}"
-
-
-class HeardOfLoss(RuntimeError):
-    """Another survivor said that a peer of the group was lost."""
-
-
-def watched(work: dist.Work, lost: Callable[[], bool]) -> None:
-    """Wait for ``work`` (an asynchronous collective), and give up as soon as ``lost()`` says another survivor
-    has seen a peer lost. A gloo wait on a peer whose connection closed before the wait began is not woken
-    by the close: without this a survivor would wait out ``--timeout``."""
-    asked, pause = time.monotonic(), 0.00005
-    while not work.is_completed():
-        if time.monotonic() - asked > WATCH_SECONDS:
-            if lost():
-                raise HeardOfLoss("another survivor saw a peer lost during this collective")
-            asked = time.monotonic()
-        # short at first (a collective of small tensors ends in microseconds), then at most 2 ms, so a long
-        # wait for a slower worker does not take a core from it with thousands of wake-ups a second
-        time.sleep(pause)
-        pause = min(2 * pause, 0.002)
-    work.wait()  # raises the collective's own error, if it failed
 
 
 class StoreMembership(Membership):
@@ -147,6 +121,9 @@ class StoreMembership(Membership):
         self.factor = layout.worker_plan(self.members[0]).global_batch_factor
         self._unrecorded: list[dict[str, Any]] = []  # joiners of an admission a loss interrupted
         self.watch = SilenceWatch(store, FROZEN_SECONDS)
+        #: the last change's record, as this worker joined its group (a strategy may add to it before it is written)
+        self.record: dict[str, Any] | None = None
+        self.source: int | None = None  # whose live state the members went on from, at the last change
         self._noticed: str | None = None  # why the first member saw a peer lost itself (a heartbeat stood still)
 
     @property
@@ -182,7 +159,7 @@ class StoreMembership(Membership):
         why, self._noticed = why if why is not None else self._noticed, None
         self.join_due = False  # a join agreed in the failed step is asked again at the next one
         if dist.is_initialized():  # not when the group being built was the one that failed
-            _ABANDONED.append(dist.group.WORLD)
+            ABANDONED.append(dist.group.WORLD)
             dist.destroy_process_group()
         try:
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
@@ -352,6 +329,7 @@ class StoreMembership(Membership):
             "members": members,
             "steps_redone": decision["steps_redone"],
         }
+        self.record, self.source = record, decision["source"]
         return Regrouped(plan=plan, workers=workers, agreement=self.agreement(), record=record), shared[0]
 
     def _decide(self, prefix: str) -> dict[str, Any]:
@@ -395,3 +373,15 @@ class StoreMembership(Membership):
                 "membership change; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
             ) from None
         return json.loads(self.store.get(f"{prefix}decision"))
+
+
+def elastic_fields(membership: StoreMembership, trainer: Any, layout: Layout) -> dict[str, Any]:
+    """An elastic run's fields of ``summary.json``: its bounds, its workers at the end, each membership change
+    and the throughput of each membership (``trainer``: rank 0's :class:`~scaletrain.train.loop.Trainer`)."""
+    return {
+        "min_workers": membership.minimum,
+        "max_workers": membership.maximum,
+        "workers_at_end": len(membership.members),
+        "membership": trainer.membership.changes,
+        "membership_segments": trainer.membership.segments(layout.workers, trainer.position.step),
+    }

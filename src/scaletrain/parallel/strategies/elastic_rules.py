@@ -17,18 +17,18 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
     """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
     if config.min_workers is None:
         return
-    central = layout.strategy == "ps" and layout.server == "central" and layout.sync != "async"
-    if layout.strategy != "allreduce" and not central:
+    server = layout.strategy == "ps" and layout.sync != "async"
+    if layout.strategy != "allreduce" and not server:
         raise ConfigError(
-            f"--min-workers is supported with --strategy allreduce and the central parameter server (--sync join "
-            f"or split) only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, "
-            "continue with --resume; an asynchronous central server goes on without lost workers by itself)"
+            f"--min-workers is supported with --strategy allreduce and the parameter servers with --sync join or "
+            f"split only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, continue "
+            "with --resume; an asynchronous central server goes on without lost workers by itself)"
         )
     grows = config.join or (config.max_workers is not None and config.max_workers > layout.workers)
-    if central and grows:
+    if server and layout.server == "central" and grows:
         raise ConfigError(
-            "workers join elastic all-reduce runs only for now; the central server goes on without lost workers "
-            "but admits none: drop --join and --max-workers, or use --strategy allreduce"
+            "workers join elastic all-reduce and sharded-server runs only for now; the central server goes on without "
+            "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
     for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
         if given is not None:

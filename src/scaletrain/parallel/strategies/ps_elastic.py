@@ -1,0 +1,305 @@
+"""Elastic sharded parameter server (``--strategy ps --server sharded --sync join|split --min-workers M``): a
+worker that dies or stops answering is dropped and the survivors go on; a worker started later (``--join``)
+is admitted at a step boundary.
+
+Every worker owns a shard (Šlampa 2017 Algorithm 3.7), so a lost worker is also a lost owner. Its weights
+lose nothing: after each step every worker holds all of them. Its momentum is lost: the survivors go on
+with that shard's momentum at zero (``momentum_reset`` in the change's record; ``benchmarks/elastic_recovery.py
+--sharded-momentum`` measures what it costs in accuracy), and every other owner hands its shard's momentum on.
+
+The survivors agree on the new membership exactly as an elastic all-reduce run does
+(:class:`~scaletrain.parallel.strategies.elastic.StoreMembership`: the first to see the loss says so in the
+store, rank 0 decides who goes on and who is furthest ahead). Here a worker sees a loss when a send or a
+reply fails (its connection closed: ``died``), when its own server's update waits and a thread serving the
+lost peer fails, or when rank 0, waiting for every gradient of its shard, finds a heartbeat that stood still
+(``stopped answering``); the others hear of it from the store. A worker's model then goes back to the
+weights the step began from: an owner may have applied that step (with the lost worker's gradient) and
+another not, so the step in flight is done again by the survivors, from the weights and momentum it began
+from (each owner keeps the momentum before its last update: :meth:`ShardServer.momentum_at`), unless a
+survivor had completed it (then the others take that survivor's weights, as after an all-reduce loss).
+
+Then every survivor rebuilds (:meth:`ElasticShardExchange.resize`): each owner still a member broadcasts its
+shard's momentum at the agreed step over the new group, the pairs are made anew over the members (ranks are
+indices among them, rank 0 staying 0), ownership is planned again (Algorithm 3.7 over the survivors), and
+each worker starts its new server over its new shard from the agreed step. A worker admitted at a step
+boundary takes part in the same rebuild after it took the weights and position from rank 0; every member
+learns in the same step that a worker waits, from the first owner's reply to that step's gradient.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.parallel.ps.exchange import PSExchange
+from scaletrain.parallel.ps.protocol import REQUEST, pair_groups
+from scaletrain.parallel.ps.protocol import PeerLost as ServerPeerLost
+from scaletrain.parallel.ps.records import ServerStats
+from scaletrain.parallel.ps.server import ShardServer
+from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies.elastic import StoreMembership
+from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
+from scaletrain.parallel.strategies.elastic_waits import ABANDONED, WATCH_SECONDS, HeardOfLoss
+from scaletrain.parallel.strategies.ps_shards import Shards
+from scaletrain.tensors.codec import wire_codec
+from scaletrain.tensors.flat import views_of
+from scaletrain.train.exchange import ExchangeTimes, PeerLost
+from scaletrain.train.membership import take_live_state
+from scaletrain.train.state import Regrouped
+
+__all__ = ["ElasticShardExchange", "elastic_sharded"]
+
+#: The first owner: the first tensor goes to the first worker (assign_greedy's ties), rank 0 in every generation.
+FIRST_OWNER = 0
+#: Where the first owner says a worker waits to join, in a reply's header (``joining``: ps.protocol).
+JOINING_FIELD = 6
+
+
+class ElasticShardExchange(PSExchange):
+    """A sharded worker's exchange that turns a lost peer into :class:`PeerLost` (the loop regroups) and rebuilds
+    the shards over the members after each change. ``before``: for a worker that joined, the members before it
+    was admitted (whose shards' momentum it takes)."""
+
+    def __init__(
+        self,
+        *,
+        shards: Shards,
+        membership: StoreMembership,
+        before: list[int] | None = None,
+        momentum: bool = True,
+        learning_rate: Callable[[int], float] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(rank=shards.rank, plan=shards.plan, groups=shards.peers, serve=shards.serve, **options)
+        self.shards, self.membership = shards, membership
+        self._members = list(before if before is not None else membership.members)  # whom this exchange's ranks index
+        self._joined = before is not None
+        self._momentum = momentum  # whether the optimizer keeps momentum (--momentum above 0)
+        self._learning_rate = learning_rate  # the servers' rate at each update (of the step it is numbered by)
+        self._began: dict[int, torch.Tensor] = {}  # each owner's weights as the step began
+        self._previous: dict[int, torch.Tensor] = {}  # and as the step before began (when _previous_known)
+        self._previous_known = self._stepped = False
+        self._retired: ShardServer | None = None  # this worker's server before the change being rebuilt
+        self._model: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self._model, self._optimizer = model, optimizer
+        if self._joined:  # admitted: the members rebuild their shards with this worker now
+            self._joined = False
+            self._rebuild()
+        else:
+            super().start(model, optimizer)
+            self._keep_began()
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
+        server = self.local_server
+        if self.rank == FIRST_OWNER and server is not None:
+            server.announce = int(self.membership.join_requested())
+        if self._stepped:  # the weights at the start of this step and the one before
+            self._previous, self._began = self._began, self._previous
+            self._previous_known = True
+        self._stepped = False
+        for owner, weights in self._weights.items():
+            self._began[owner].copy_(weights)
+        try:
+            times = super().step(model, optimizer, clip_norm)
+        except (RuntimeError, TimeoutError, HeardOfLoss, ServerPeerLost) as error:
+            print(f"a peer was lost during the step: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+            self._close()
+            for owner, weights in self._weights.items():  # the model goes back to the weights the step began from
+                weights.copy_(self._began[owner])
+            raise PeerLost(_why(error)) from error
+        self._stepped = True
+        if self.rank == FIRST_OWNER:
+            due = server is not None and bool(server.announced)
+        else:
+            due = bool(self._headers[FIRST_OWNER][JOINING_FIELD])
+        self.membership.join_due = due
+        if due:
+            self._close()  # the step is done everywhere; the members rebuild after admitting the worker
+        return times
+
+    def resize(self, workers: int) -> None:
+        """The members changed (a loss or an admission): rebuild the shards over them."""
+        self._rebuild()
+
+    # -- waits that give up when a peer was lost ------------------------------------------------------------
+    def _send(self, header: torch.Tensor, body: torch.Tensor, owner: int) -> None:
+        group = self.groups[owner]
+        for work in (dist.isend(header, dst=owner, group=group, tag=REQUEST),
+                     dist.isend(body, dst=owner, group=group, tag=REQUEST)):  # fmt: skip
+            self._wait(work)
+
+    def _wait_reply(self, header: dist.Work) -> None:
+        self._wait(header)
+
+    def _wait(self, work: dist.Work) -> None:
+        """Wait for ``work`` (a send or receive on a pair), and give up when a survivor says a peer was lost (rank 0
+        also reads the heartbeats) or after ``--timeout``. A gloo send or receive says it is done only to a wait,
+        and a wait that runs out fails it: so a thread waits, and this one asks the store meanwhile."""
+        finished, failure = threading.Event(), []
+
+        def wait() -> None:
+            try:
+                work.wait()
+            except Exception as error:  # a group left behind after a loss: its wait fails, nobody asks
+                failure.append(error)
+            finally:
+                finished.set()
+
+        threading.Thread(target=wait, name="pair-wait", daemon=True).start()
+        deadline = time.monotonic() + self.membership.timeout
+        while not finished.wait(WATCH_SECONDS):
+            if self.membership.peer_lost():
+                raise HeardOfLoss("another survivor saw a peer lost during this step")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer within --timeout {self.membership.timeout:g} s")
+        if failure:
+            raise failure[0]
+
+    # -- after a change ---------------------------------------------------------------------------------
+    def _close(self) -> None:
+        """Retire this worker's server (once per change: a rebuild tried again keeps the first)."""
+        if self._retired is None and self.local_server is not None:
+            self._retired = self.local_server
+            self._retired.close()
+
+    def _keep_began(self) -> None:
+        self._began = {owner: weights.clone() for owner, weights in self._weights.items()}
+        self._previous = {owner: weights.clone() for owner, weights in self._weights.items()}
+        self._previous_known = self._stepped = False  # the step before this one's start is not known here
+
+    def _rebuild(self) -> None:
+        """Momentum from the owners still members, new pairs and ownership over the members, new servers from the
+        agreed step, every owner's first reply. A peer lost meanwhile raises :class:`PeerLost` (no step in flight):
+        the members agree again, and this exchange still knows the owners before the change."""
+        members, step = self.membership.members, self.membership.record["step"]  # the step the members go on from
+        index = members.index(self.membership.rank)
+        try:
+            reset = self._share_momentum(members, index, step)
+            pairs = [(a, b) for a in range(len(members)) for b in range(a + 1, len(members))]
+            groups = pair_groups(len(members), pairs, timeout=self.membership.timeout)
+        except RuntimeError as error:
+            raise PeerLost(_why(error), in_flight=False) from error
+        ABANDONED.extend(self.groups.values())  # a server thread may still wait in one (see elastic.ABANDONED)
+        peers = {b if a == index else a: group for (a, b), group in groups.items() if index in (a, b)}
+        old = self.local_server
+        stats = old.stats if old is not None else ServerStats()
+        shards = self.shards
+        shards.rank, shards.peers, shards.workers, shards.version = index, peers, list(range(len(members))), step
+        shards.agreement = self.membership.agreement()
+        shards.stats = ServerStats(updates=stats.updates, skipped=stats.skipped)  # the old pairs' peers are gone
+        self.rank, self.groups = index, peers
+        self.codec.reset()  # residuals and factors were the old owners'
+        try:
+            super().start(self._model, self._optimizer)
+        except RuntimeError as error:
+            raise PeerLost(_why(error), in_flight=False) from error
+        self.versions = {owner: step for owner in self.owners}
+        self._members = list(members)
+        if self.membership.record is not None and self._momentum:  # the change's record: how each lost shard's went on
+            self.membership.record |= reset
+        self._retired = None
+        self._keep_began()
+
+    def _share_momentum(self, members: list[int], index: int, step: int) -> dict[str, list[int]]:
+        """Every shard's momentum at ``step`` into this worker's optimizer (the new servers start from it), in the old
+        owners' order: an owner still a member broadcasts its own; a lost owner's is rebuilt by the survivor the
+        members go on from, out of its weights at the start of this step and the step before: SGD moved them by
+        the rate times the momentum (``momentum_rebuilt``); where it does not know the step before (the first
+        step after a start or a change) the momentum is zero (``momentum_reset``). Both name the owners' launch
+        ranks."""
+        if not self._momentum:
+            return {}
+        parameters = list(self._model.parameters())
+        before = self._members
+        owner_of = assign_greedy([p.numel() * p.element_size() for p in parameters], list(range(len(before))))
+        source = members.index(self.membership.source)
+        lost = step > 0 and any(member not in members for member in before)  # at step 0 zero is exact
+        known = torch.tensor([int(self._previous_known)])
+        if lost:  # whether the survivor the members go on from knows the step before
+            dist.broadcast(known, src=source)
+        rebuilt = bool(known.item())
+        record: dict[str, list[int]] = {"momentum_rebuilt": [], "momentum_reset": []}
+        for old in sorted(set(owner_of)):
+            shard = [p for p, owner in zip(parameters, owner_of, strict=True) if owner == old]
+            buffer = torch.zeros(sum(p.numel() for p in shard))
+            if before[old] in members:  # its owner hands it on
+                if members.index(before[old]) == index:
+                    buffer = self._own_momentum(step, buffer)
+                dist.broadcast(buffer, src=members.index(before[old]))
+            elif step > 0:
+                record["momentum_rebuilt" if rebuilt else "momentum_reset"].append(before[old])
+                if index == source and rebuilt:
+                    torch.sub(self._previous[old], self._began[old], out=buffer)
+                    buffer /= self._learning_rate(step - 1)
+                dist.broadcast(buffer, src=source)
+            for parameter, view in zip(shard, views_of(buffer, shard), strict=True):
+                self._optimizer.state[parameter]["momentum_buffer"] = view.to(parameter.device, copy=True)
+        return record
+
+    def _own_momentum(self, step: int, zeros: torch.Tensor) -> torch.Tensor:
+        server = self._retired
+        momentum = server.momentum_at(step) if server is not None else None
+        if momentum is None:  # cannot happen by the rule in the module's text; said in the log if it does
+            print(f"worker rank {self.membership.rank}: no momentum of its shard at step {step}: zero", flush=True)
+            return zeros
+        return momentum
+
+
+def _why(error: BaseException) -> str | None:
+    """What a worker saw (:class:`PeerLost`'s ``why``): ``None`` when it only heard of the loss."""
+    text = str(error).lower()
+    if isinstance(error, HeardOfLoss) or "another worker saw" in text:
+        return None
+    if (
+        isinstance(error, TimeoutError)
+        or "timed out" in text
+        or "stopped answering" in text
+        or "no synchronous" in text
+    ):
+        return "stopped answering"
+    return "died"
+
+
+def elastic_sharded(setup: Any, rank: int) -> tuple[ElasticShardExchange, StoreMembership, Regrouped | None]:
+    """A sharded worker's exchange and membership in an elastic run; a worker started with ``--join`` is admitted
+    first (its weights and position from rank 0; the change's :class:`Regrouped` is returned, else None)."""
+    prepared, layout, config = setup.prepared, setup.layout, setup.prepared.config
+    check_elastic_batch(config, layout, prepared.batch_size)
+    if not config.join:  # a joining worker has no group yet: it joins a gloo one
+        check_elastic_backend(dist.get_backend())
+    membership = StoreMembership(
+        setup.store,
+        rank=rank,
+        layout=layout,
+        minimum=config.min_workers,
+        maximum=config.max_workers,
+        timeout=config.timeout,
+        settings=shared_settings(config),
+    )
+    before, regrouped = None, None
+    if config.join:
+        regrouped, state = membership.join()
+        take_live_state(prepared.model, prepared.optimizer, prepared.position, state)
+        joined = {who["rank"] for who in regrouped.record["joined"]}
+        before = [member for member in membership.members if member not in joined]
+    shards = Shards(setup, rank)
+    shards.lost = membership.peer_lost  # the owner's own worker gives up its wait for an update on a loss
+    exchange = ElasticShardExchange(
+        shards=shards,
+        membership=membership,
+        before=before,
+        momentum=config.momentum > 0,
+        learning_rate=setup.options["learning_rate"],
+        exclusive=config.ps_admission == "exclusive",
+        codec=wire_codec(config),
+    )
+    return exchange, membership, regrouped
