@@ -1,5 +1,5 @@
-"""Chaos: an elastic all-reduce run that loses a random worker every ~30 s and admits a replacement each
-time, against the same run left alone.
+"""Chaos: an elastic all-reduce (or sharded-server: ``--strategy ps-sharded``) run that loses a random worker
+every ~30 s and admits a replacement each time, against the same run left alone.
 
 The run: ``scaletrain train lenet --workers 4 --strategy allreduce --sync split --min-workers 2
 --max-workers 4 --batch-size 60 --log-every 1`` on the real Fashion-MNIST on loopback, started as the user
@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from scaletrain.data.sampler import EpochBatches, Part, epoch_permutation
-from training_runs import SRC, add_run_flags, fashion_mnist, finish, run_records, train_run
+from training_runs import ELASTIC_STRATEGIES, SRC, add_run_flags, fashion_mnist, finish, pid_of, run_records, train_run
 
 TRAIN_SAMPLES = 60_000
 PROBE_STEPS = 200
@@ -89,7 +89,7 @@ def run_flags(args: argparse.Namespace, data: Path, *, epochs: int | None, steps
     """The flags of every run here: the chaos run, its replacements, the references and the probe."""
     length = ["--epochs", str(epochs)] if epochs is not None else ["--steps", str(steps)]
     return [
-        *("--workers", str(args.workers), "--strategy", "allreduce", "--sync", "split"),
+        *("--workers", str(args.workers), *ELASTIC_STRATEGIES[args.strategy], "--sync", "split"),
         *("--min-workers", str(args.min_workers), "--max-workers", str(args.workers)),
         *("--batch-size", str(args.batch_size), *length, "--log-every", "1"),
         *("--threads", str(args.threads), "--seed", str(seed), "--timeout", str(args.timeout)),
@@ -137,14 +137,6 @@ def process_state(pid: int) -> str | None:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, IndexError, ProcessLookupError):
-        return None
-
-
-def pid_of(out: Path, rank: int) -> int | None:
-    path = out / "processes" / f"rank-{rank}.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))["pid"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return None
 
 
@@ -323,6 +315,8 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=30.0, help="mean seconds between faults")
     parser.add_argument("--timeout", type=float, default=20.0, help="the runs' --timeout")
     parser.add_argument("--workers", type=int, default=4)
+    joinable = ["allreduce", "ps-sharded"]  # the central server admits no joiner
+    parser.add_argument("--strategy", choices=joinable, default="allreduce")
     parser.add_argument("--min-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=60, help="must divide by every count of workers")
     parser.add_argument("--epochs", type=int, help="epochs of each run (default: sized from a probe run)")

@@ -1,4 +1,4 @@
-"""Time to recover from a lost worker (``--min-workers``): all-reduce and the central server, a worker
+"""Time to recover from a lost worker (``--min-workers``): all-reduce, the central and the sharded server, a worker
 killed (``SIGKILL``) or frozen (``SIGSTOP``), on loopback and on an emulated 100 Mbit/s network.
 
 Each run: ``scaletrain train lenet --workers 3 --sync split --min-workers 2`` on the real Fashion-MNIST,
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training_runs import SRC, add_run_flags, fashion_mnist, finish
+from training_runs import ELASTIC_STRATEGIES, SRC, add_run_flags, fashion_mnist, finish, pid_of
 
-STRATEGIES = {"allreduce": ["--strategy", "allreduce"], "ps-central": ["--strategy", "ps", "--server", "central"]}
+STRATEGIES = ELASTIC_STRATEGIES
 DEAD_GOAL_SECONDS = 2.0
 
 
@@ -73,16 +73,16 @@ def one_run(args: argparse.Namespace, data: Path, strategy: str, network: str, f
 
 def _fault_when_ready(out: Path, victim: int, steps: int, sig: int, process: subprocess.Popen) -> float:
     """Wait until the run has made ``steps`` updates, send ``sig`` to the victim's process; when it was sent."""
-    metrics, record = out / "metrics.jsonl", out / "processes" / f"rank-{victim}.json"
+    metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SystemExit(f"the run ended before step {steps}: {process.stderr.read()[-2000:]}")
-        if metrics.exists() and record.exists():
+        pid = pid_of(out, victim)
+        if metrics.exists() and pid is not None:
             lines = metrics.read_text(encoding="utf-8").splitlines()
             done = [json.loads(line) for line in lines if line.strip()]
             if any(r.get("kind") == "step" and r["step"] >= steps for r in done):
-                pid = json.loads(record.read_text(encoding="utf-8"))["pid"]
                 sent = time.time()
                 os.kill(pid, sig)
                 return sent

@@ -16,6 +16,13 @@ from scaletrain.data.idx import find_fashion_mnist
 from scaletrain.errors import DataError
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+#: The strategies of elastic runs (``--min-workers``) as the command line names them; the central server admits
+#: no worker that joins later.
+ELASTIC_STRATEGIES = {
+    "allreduce": ["--strategy", "allreduce"],
+    "ps-central": ["--strategy", "ps", "--server", "central"],
+    "ps-sharded": ["--strategy", "ps", "--server", "sharded"],
+}
 
 
 def fashion_mnist(parser: argparse.ArgumentParser, given: Path | None) -> Path:
@@ -64,3 +71,12 @@ def finish(args: argparse.Namespace, report: dict[str, Any], met: bool) -> int:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"settings": settings, **report}, indent=2) + "\n")
     return 0 if met else 1
+
+
+def pid_of(out: Path, rank: int) -> int | None:
+    """The process id of a run's launch rank, from ``OUT/processes/rank-K.json`` (None: not written yet)."""
+    path = out / "processes" / f"rank-{rank}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))["pid"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return None

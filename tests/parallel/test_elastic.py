@@ -143,6 +143,25 @@ def test_run_goes_on_without_a_lost_worker(
     assert_same_weights(model_weights(tmp_path / "run"), one_process)
 
 
+def test_a_sharded_run_that_went_on_with_two_resumes_with_its_three(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a loss the survivors' shard files are those of two owners (a third, stale, is left from before): a
+    resume with the three the run started with plans ownership over three again, takes each tensor and its
+    momentum from the file of its owner then, and trains on as an uninterrupted run of two epochs does."""
+    settings = {**SHARDED, "sync": "split", "min_workers": 2, "timeout": 5}
+    summary, _ = train_with_fault(data, tmp_path, monkeypatch, f"2:{STEP}:SIGKILL", **settings)
+    assert summary["workers_at_end"] == 2
+    monkeypatch.delenv("SCALETRAIN_TEST_FAULT")
+    more = {"data_dir": data, "out": tmp_path / "run", "progress": "off", "tensorboard": False, "resume": True}
+    resumed = scaletrain.train(FAULTY, workers=3, **more, **{**COMMON, "epochs": 2, "batch_size": BATCH, **settings})
+    assert resumed["steps"] == 2 * (TRAIN // BATCH)
+    two_epochs = tmp_path / "two"
+    scaletrain.train("lenet", data_dir=data, out=two_epochs, batch_size=BATCH, progress="off", tensorboard=False,
+                     **{**COMMON, "epochs": 2})  # fmt: skip
+    assert_same_weights(model_weights(tmp_path / "run"), model_weights(two_epochs))
+
+
 def test_below_min_workers_the_run_stops_as_without_the_option(
     data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -171,7 +190,9 @@ def test_losing_rank_0_stops_the_run_with_one_true_line(
     [
         ({"min_workers": 0}, "min_workers must be a whole number from 1 to the 3 workers"),
         ({"min_workers": 4}, "min_workers must be a whole number from 1 to the 3 workers"),
-        ({"min_workers": 2, "strategy": "ps", "server": "sharded"}, "--min-workers is supported with --strategy"),
+        ({"min_workers": 2, "strategy": "ps", "server": "sharded", "sync": "async"}, "is supported with --strategy"),
+        ({"min_workers": 2, "strategy": "ps", "max_workers": 4}, "the central server goes on without lost workers but"),
+        ({"min_workers": 2, "strategy": "ps", "server": "sharded", "ps_admission": "exclusive"}, "--ps-admission"),
         ({"min_workers": 2, "strategy": "ps", "sync": "async"}, "an asynchronous central server goes on without"),
         ({"min_workers": 2, "batch_size": 5, "sync": "join"}, "global batch of 15 must divide evenly"),
     ],
@@ -186,13 +207,13 @@ def test_bad_min_workers_is_one_line_and_exit_2(tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text("min_workers = 2\n")  # the config file's key
     run = run_cli(
-        "train", "lenet", "--workers", "2", "--strategy", "ps", "--server", "sharded", "--config", str(config),
-        "--out", str(tmp_path / "r"),
+        "train", "lenet", "--workers", "2", "--strategy", "ps", "--server", "sharded", "--sync", "async",
+        "--config", str(config), "--out", str(tmp_path / "r"),
     )  # fmt: skip
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "scaletrain: error: --min-workers is supported with --strategy allreduce and the central parameter server "
-        "(--sync join or split) only for now, not ps-sharded-join; drop --min-workers (a lost worker then stops the "
+        "scaletrain: error: --min-workers is supported with --strategy allreduce and the parameter servers with "
+        "--sync join or split only for now, not ps-sharded-async; drop --min-workers (a lost worker then stops the "
         "run, continue with --resume; an asynchronous central server goes on without lost workers by itself)"
     ]
 

@@ -95,8 +95,8 @@ def test_an_elastic_server_redoes_the_update_in_flight_with_the_survivors() -> N
 
     import torch.distributed as dist
 
-    from scaletrain.parallel.ps.membership import Members, membership_key
     from scaletrain.parallel.ps.losses import Redo
+    from scaletrain.parallel.ps.membership import Members, membership_key
     from scaletrain.tensors.flat import views_of
 
     store = dist.HashStore()

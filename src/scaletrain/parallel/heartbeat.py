@@ -56,7 +56,7 @@ class Heartbeat:
         self._thread.start()
 
     def _beat(self) -> None:
-        key = f"heartbeat/{self.rendezvous.rank}"
+        key = _beat_key(self.rendezvous.rank)
         while not self._stop.is_set():
             # A beat that fails (a busy store, or one that is gone as the run ends or its host stopped)
             # is tried again at the next: the survivors say which process stopped.
@@ -89,7 +89,7 @@ class Heartbeat:
         return [rank for rank in range(self.rendezvous.world_size) if rank != self.rendezvous.rank]
 
     def _count(self, rank: int) -> int:
-        return self._store.add(f"heartbeat/{rank}", 0)
+        return self._store.add(_beat_key(rank), 0)
 
     def stop(self, *, finished: bool = False) -> None:
         """Stop beating; ``finished``: this process did its part, so it is named as having left, not stopped."""
@@ -126,7 +126,12 @@ class SilenceWatch:
         return time.monotonic() - self._seen[rank][1] if rank in self._seen else 0.0
 
     def count(self, rank: int) -> int:
-        return self.store.add(f"heartbeat/{rank}", 0)
+        return self.store.add(_beat_key(rank), 0)
+
+
+def _beat_key(rank: int) -> str:
+    """Where ``rank`` counts up its heartbeat in the store."""
+    return f"heartbeat/{rank}"
 
 
 def _finished_key(rank: int) -> str:

@@ -11,18 +11,27 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.agreement import load_buffers
+from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, atomic_save, checkpoint_payload, load_checkpoint
 from scaletrain.train.logs import MetricsLog, Progress, TensorBoardLog
 from scaletrain.train.meter import now
 from scaletrain.train.state import Agreement, Prepared, checkpoint_due
 
-__all__ = ["SHARDS_DIR", "ServerObserver", "ServerStats", "ShardCheckpointer", "restore_shard", "save_checkpoint_at"]
+__all__ = [
+    "SHARDS_DIR",
+    "ServerObserver",
+    "ServerStats",
+    "ShardCheckpointer",
+    "restore_shard",
+    "save_checkpoint_at",
+]
 
 SHARDS_DIR = "shards"
 
@@ -65,12 +74,20 @@ class ShardCheckpointer:
 
     Synchronous owners update in lockstep, so their files share a version; rank 0 also writes
     ``checkpoint.pt`` with the position. Asynchronous owners' files are each their own latest state.
+    ``owners``: how many workers own shards (an elastic run's members; the files say it, for a resume).
     """
 
     def __init__(
-        self, prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, agreement: Agreement | None = None
+        self,
+        prepared: Prepared,
+        rank: int,
+        master: list[nn.Parameter],
+        optimizer,
+        agreement: Agreement | None = None,
+        owners: int | None = None,
     ) -> None:
         self.prepared, self.rank, self.master, self.optimizer = prepared, rank, master, optimizer
+        self.owners = owners
         self.agreement = agreement or Agreement()  # the workers' buffers, for checkpoint.pt
         (prepared.config.out / SHARDS_DIR).mkdir(exist_ok=True)
 
@@ -83,6 +100,7 @@ class ShardCheckpointer:
             "version": version,
             "master": [p.detach() for p in self.master],
             "optimizer": self.optimizer.state_dict(),
+            "owners": self.owners,
         }
         atomic_save(shard, self.prepared.config.out / SHARDS_DIR / f"rank-{self.rank}.pt")
         if self.rank == 0:  # synchronous: this worker's buffers are the workers' mean already
@@ -90,20 +108,55 @@ class ShardCheckpointer:
             save_checkpoint_at(self.prepared, version, self.agreement.worker_buffers(None) if asynchronous else None)
 
 
-def restore_shard(prepared: Prepared, rank: int, master: list[nn.Parameter], optimizer, synchronous: bool) -> int:
-    """Load this owner's shard file on ``--resume``; returns the version to continue from."""
-    path = prepared.config.out / SHARDS_DIR / f"rank-{rank}.pt"
+def restore_shard(
+    prepared: Prepared,
+    rank: int,
+    master: list[nn.Parameter],
+    optimizer,
+    synchronous: bool,
+    *,
+    owners: int | None = None,
+    owned: list[int] | None = None,
+    sizes: list[int] | None = None,
+) -> int:
+    """Load this owner's shard on ``--resume``; returns the version to continue from. ``owners``: how many workers
+    own shards now; ``owned``: the indices of this owner's tensors among the model's; ``sizes``: every tensor's
+    bytes. When another number of owners wrote the files (an elastic run went on with fewer or more workers:
+    rank 0's file, written with every ``checkpoint.pt``, says how many), each tensor and its optimizer state are
+    taken from the file of the owner that held it then."""
+    folder = prepared.config.out / SHARDS_DIR
+    written = load_checkpoint(folder / "rank-0.pt").get("owners") if owners is not None else None
+    if owned is None or sizes is None or written in (None, owners):  # planned as now
+        shard = _shard_file(folder / f"rank-{rank}.pt", prepared, synchronous)
+        with torch.no_grad():
+            for parameter, saved in zip(master, shard["master"], strict=True):
+                parameter.copy_(saved)
+        optimizer.load_state_dict(shard["optimizer"])
+        return shard["version"]
+    then = assign_greedy(sizes, range(written))
+    files: dict[int, dict] = {}
+    state = optimizer.state_dict()  # this owner's groups, filled with the states its tensors had
+    for position, index in enumerate(owned):
+        owner = then[index]
+        if owner not in files:
+            files[owner] = _shard_file(folder / f"rank-{owner}.pt", prepared, synchronous)
+        there = [i for i, o in enumerate(then) if o == owner].index(index)
+        with torch.no_grad():
+            master[position].copy_(files[owner]["master"][there])
+        if there in files[owner]["optimizer"]["state"]:
+            state["state"][position] = files[owner]["optimizer"]["state"][there]
+    optimizer.load_state_dict(state)
+    return next(iter(files.values()))["version"] if files else prepared.position.step
+
+
+def _shard_file(path: Path, prepared: Prepared, synchronous: bool) -> dict:
     shard = load_checkpoint(path)
     if synchronous and shard["version"] != prepared.position.step:
         raise ConfigError(
             f"shard checkpoint {path} is at update {shard['version']} but checkpoint.pt at "
             f"{prepared.position.step} (a run stopped while writing them); start afresh"
         )
-    with torch.no_grad():
-        for parameter, saved in zip(master, shard["master"], strict=True):
-            parameter.copy_(saved)
-    optimizer.load_state_dict(shard["optimizer"])
-    return shard["version"]
+    return shard
 
 
 class ServerObserver:

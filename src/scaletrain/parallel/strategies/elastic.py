@@ -36,11 +36,13 @@ compare-and-set: a joiner that gave up waiting has withdrawn and is never admitt
 ``membership/G/decision`` with ``joined``, and the members and the joiner build group ``G+1`` as above, the
 joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
 
-Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``), the
-sharded parameter server (the central one goes on without a lost worker: :mod:`scaletrain.parallel.ps.membership`;
-workers do not join it), torchrun's ``--nnodes MIN:MAX``, finding a worker lost while a change is agreed or
-its group built before ``--timeout`` (it is then a loss like any other), techniques that reconfigure the
-network, synchronised batch norm, and NCCL (GPU) process groups: elastic runs use gloo.
+The sharded parameter server's workers use this membership too (:mod:`scaletrain.parallel.strategies.ps_elastic`);
+the central server drops lost workers itself (:mod:`scaletrain.parallel.ps.membership`) and admits none.
+
+Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``), torchrun's
+``--nnodes MIN:MAX``, finding a worker lost while a change is agreed or its group built before ``--timeout`` (it
+is then a loss like any other), techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU)
+process groups: elastic runs use gloo.
 """
 
 from __future__ import annotations

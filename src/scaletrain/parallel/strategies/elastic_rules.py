@@ -30,7 +30,9 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
             "workers join elastic all-reduce and sharded-server runs only for now; the central server goes on without "
             "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
-    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
+    exclusive = layout.server == "sharded" and config.ps_admission == "exclusive"
+    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None),
+                        ("--ps-admission exclusive with --server sharded", exclusive or None)):  # fmt: skip
         if given is not None:
             raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
 

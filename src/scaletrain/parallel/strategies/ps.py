@@ -181,7 +181,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
         worker_stats,
         layout_fields=layout_fields(layout),
         steps=server.version,
-        extra=server_extra(stats, layout, prepared, server.compensation, members),
+        extra=server_extra(stats, layout, prepared, server.compensation, members, steps=server.version),
     )
 
 

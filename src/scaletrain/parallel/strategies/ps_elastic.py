@@ -3,9 +3,12 @@ worker that dies or stops answering is dropped and the survivors go on; a worker
 is admitted at a step boundary.
 
 Every worker owns a shard (Šlampa 2017 Algorithm 3.7), so a lost worker is also a lost owner. Its weights
-lose nothing: after each step every worker holds all of them. Its momentum is lost: the survivors go on
-with that shard's momentum at zero (``momentum_reset`` in the change's record; ``benchmarks/elastic_recovery.py
---sharded-momentum`` measures what it costs in accuracy), and every other owner hands its shard's momentum on.
+lose nothing: after each step every worker holds all of them. Its momentum is rebuilt: plain SGD moved the
+shard's weights by the rate times the momentum, so the survivor the members go on from computes it from
+its weights at the start of the last two steps (``momentum_rebuilt`` in the change's record, equal up to
+float32 rounding, no traffic during training); only where that survivor does not know the step before
+(the first step after a start or a change) is it zero (``momentum_reset``). Every other owner hands its
+shard's momentum on.
 
 The survivors agree on the new membership exactly as an elastic all-reduce run does
 (:class:`~scaletrain.parallel.strategies.elastic.StoreMembership`: the first to see the loss says so in the

@@ -62,13 +62,16 @@ class Shards:
                 shard_optimizer.state[copy] = {
                     k: v.detach().cpu().clone() if torch.is_tensor(v) else v for k, v in state.items()
                 }
-        checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer, self.agreement)
+        owners = len(self.workers)
+        parameters = list(prepared.model.parameters())
+        indices = [next(i for i, p in enumerate(parameters) if p is tensor) for tensor in owned]
+        sizes = [p.numel() * p.element_size() for p in parameters]
+        checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer, self.agreement, owners)
         if self.version is None:
-            version = (
-                restore_shard(prepared, self.rank, master, shard_optimizer, setup.synchronous)
-                if prepared.config.resume
-                else 0
-            )
+            version = 0
+            if prepared.config.resume:
+                plan = {"owners": owners, "owned": indices, "sizes": sizes}
+                version = restore_shard(prepared, self.rank, master, shard_optimizer, setup.synchronous, **plan)
         else:
             version = self.version
             if self.lost is None:  # not after an elastic regroup: nothing about the network changed

@@ -21,7 +21,9 @@ def server_extra(
     prepared: Prepared,
     compensation: Compensation | None,
     members: Members | None = None,
+    steps: int = 0,
 ) -> dict[str, Any]:
+    """``steps``: the updates the run made in all (an elastic central server's last membership ends there)."""
     extra: dict[str, Any] = {
         "server_updates": stats.updates,
         "server_skipped_updates": stats.skipped,
@@ -31,7 +33,7 @@ def server_extra(
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
     if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
-        segments = members.segments(layout.workers, stats.updates + stats.skipped + prepared.position.step)
+        segments = members.segments(layout.workers, steps)
         extra |= {"min_workers": prepared.config.min_workers, "membership": members.changes, "lost_workers": []}
         return extra | {"membership_segments": segments}
     planned = _planned_batches(prepared, layout)
