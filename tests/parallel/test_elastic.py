@@ -251,6 +251,8 @@ LOST_AT = 8  # or worker rank 1 dies at its eighth forward pass (after the joine
         # join keeps its global batch of 2 × 6 = the one process's 12, the three computing 4 rows each
         ("joins", "join", BATCH // 2),
         ("joins a sharded run", "split", BATCH),
+        # the lost owner's momentum, rebuilt by a survivor, after ownership was planned over three
+        ("joins a sharded run, then a worker dies", "split", BATCH),
     ],
 )
 def test_a_worker_started_mid_run_joins_within_one_step(
@@ -335,6 +337,8 @@ def test_a_worker_started_mid_run_joins_within_one_step(
     if then_lost:  # the joiner's heartbeat and its part count as any member's
         [lost] = after
         assert (lost["left"], lost["joined"], lost["members"]) == ([{"rank": 1, "why": "died"}], [], members)
+        if "sharded" in case:  # rank 1 owned a shard of the three: its momentum rebuilt, none reset
+            assert (lost["momentum_rebuilt"], lost["momentum_reset"]) == ([1], [])
     else:
         assert after == []
     assert (summary["steps"], summary["workers_at_end"], summary["max_workers"]) == (TRAIN // BATCH, len(members), 3)
