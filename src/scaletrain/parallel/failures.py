@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scaletrain.errors import ScaletrainError
 
-__all__ = ["DROPPED_EXIT_CODE", "Dropped", "ProcessFailed", "describe", "write_traceback"]
+__all__ = ["DROPPED_EXIT_CODE", "Dropped", "ProcessFailed", "connection_closed", "describe", "write_traceback"]
 
 LOGS_DIR = "logs"
 
@@ -48,10 +48,23 @@ def describe(exc: BaseException, timeout: float, peer: str = "another process") 
             f"no answer from {peer} within {timeout:.0f} s: it stopped answering "
             "(frozen, or its machine is unreachable)"
         )
-    if any(word in lowered for word in ("connection closed", "connection reset", "broken pipe", "peer")):
+    if connection_closed(exc):
         return f"lost the connection to {peer}: it died or its machine went away"
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"unexpected {type(exc).__name__}" + (f": {first}" if first else "")
+
+
+def connection_closed(exc: BaseException) -> bool:
+    """Whether a gloo error says the other end's connection closed (its process died, or its machine went away).
+
+    >>> connection_closed(RuntimeError("Connection reset by peer")), connection_closed(RuntimeError("Timed out"))
+    (True, False)
+    """
+    lowered = str(exc).lower()
+    timed_out = "timed out" in lowered or "timeout" in lowered
+    return not timed_out and any(
+        words in lowered for words in ("connection closed", "connection reset", "broken pipe", "peer")
+    )
 
 
 def write_traceback(out: Path | None, rank: int) -> Path | None:

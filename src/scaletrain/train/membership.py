@@ -12,7 +12,7 @@ from typing import Any
 
 from scaletrain.train.exchange import PeerLost
 
-__all__ = ["MembershipLog", "admit", "membership_segments", "regroup", "take_live_state"]
+__all__ = ["MembershipLog", "admit", "elastic_fields", "membership_segments", "regroup", "take_live_state"]
 
 
 def membership_segments(
@@ -135,3 +135,17 @@ def _go_on(trainer: Any, regrouped: Any, state: dict[str, Any] | None, detected:
     rows = trainer.prepared.batch_size * regrouped.plan.global_batch_factor // regrouped.plan.part.count
     trainer.state = trainer.workload.initial_state(trainer.model, rows)
     trainer.membership.regrouped(regrouped.record, detected)
+
+
+def elastic_fields(membership: Any, trainer: Any, workers: int) -> dict[str, Any]:
+    """An elastic run's fields of ``summary.json``: its bounds, its workers at the end, each membership change
+    and the throughput of each membership (``membership``: a run's
+    :class:`~scaletrain.parallel.strategies.elastic.StoreMembership`; ``trainer``: rank 0's
+    :class:`~scaletrain.train.loop.Trainer`; ``workers``: the run's workers at its start)."""
+    return {
+        "min_workers": membership.minimum,
+        "max_workers": membership.maximum,
+        "workers_at_end": len(membership.members),
+        "membership": trainer.membership.changes,
+        "membership_segments": trainer.membership.segments(workers, trainer.position.step),
+    }

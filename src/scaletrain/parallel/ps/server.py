@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.errors import ScaletrainError
-from scaletrain.parallel.failures import describe
+from scaletrain.parallel.failures import connection_closed, describe
 from scaletrain.parallel.ps.losses import Closed, LossHandling, Redo
 from scaletrain.parallel.ps.membership import REDO, Members
 from scaletrain.parallel.ps.protocol import (
@@ -92,6 +92,7 @@ class ShardServer(LossHandling):
         self.lost = lost
         self._before: tuple[int, torch.Tensor] | None = None
         self.closed = False  # the survivors regrouped: nothing more is applied, the threads end quietly
+        self.closed_peers: set[int] = set()  # whose connection closed (they died), as the serving threads saw
         #: Set by the owner's worker before it contributes (the first owner, elastic): a worker waits to join;
         #: every reply of the update it is part of says so (``announced``), so all members learn it in one step.
         self.announce = 0
@@ -214,6 +215,8 @@ class ShardServer(LossHandling):
             reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
             with self._condition:
                 self.stats.lost[peer] = reason
+                if connection_closed(exc):
+                    self.closed_peers.add(peer)
                 if self.synchronous and self._failure is None and not self._dropped(peer, reason):
                     self._failure = (peer, reason)
                 self._condition.notify_all()

@@ -21,14 +21,13 @@ from torch import nn
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import StoreMembership, elastic_fields
-from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
+from scaletrain.parallel.strategies.elastic import store_membership
 from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, watched
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost, clip_and_step
-from scaletrain.train.membership import take_live_state
+from scaletrain.train.membership import elastic_fields, take_live_state
 from scaletrain.train.meter import now
 from scaletrain.train.state import Membership, Prepared, Role
 from scaletrain.train.summary import write_summary
@@ -68,23 +67,7 @@ class AllReduce(Strategy):
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
         elastic = config.min_workers is not None and (layout.workers > 1 or config.join)
-        if elastic:  # started by another launcher, this process is the first to see the batch
-            check_elastic_batch(config, layout, prepared.batch_size)
-        if elastic and not config.join:  # a joining worker has no group yet: it joins a gloo one
-            check_elastic_backend(dist.get_backend())
-        membership = (
-            StoreMembership(
-                store,
-                rank=rank,
-                layout=layout,
-                minimum=config.min_workers,
-                maximum=config.max_workers,
-                timeout=config.timeout,
-                settings=shared_settings(config),
-            )
-            if elastic
-            else None
-        )
+        membership = store_membership(store, rank, layout, config, prepared.batch_size) if elastic else None
         plan, workers = layout.worker_plan(rank), layout.workers
         agreement = StoreAgreement(
             store,
@@ -123,7 +106,7 @@ class AllReduce(Strategy):
         stats = collect_stats(store, workers, set(), config.timeout)
         fields = layout_fields(layout)
         if membership is not None:
-            fields |= elastic_fields(membership, trainer, layout)
+            fields |= elastic_fields(membership, trainer, layout.workers)
         elif config.min_workers is not None:  # one worker: nothing to go on without
             segments = trainer.membership.segments(1, trainer.position.step)
             fields |= {"min_workers": config.min_workers, "max_workers": layout.workers, "workers_at_end": 1,

@@ -62,6 +62,13 @@ from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE, Dropped, ProcessFailed
 from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SILENCE_SECONDS, SilenceWatch
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.parallel.strategies.elastic_rules import (
+    SETTINGS_KEY,
+    check_elastic_backend,
+    check_elastic_batch,
+    check_joining_settings,
+    shared_settings,
+)
 from scaletrain.parallel.strategies.elastic_waits import ABANDONED
 from scaletrain.train.exchange import PeerLost
 from scaletrain.train.plan import WorkerPlan
@@ -72,8 +79,8 @@ __all__ = [
     "JOINED_KEY",
     "Dropped",
     "StoreMembership",
-    "elastic_fields",
     "request_key",
+    "store_membership",
 ]
 
 POLL_SECONDS = 0.05
@@ -83,8 +90,6 @@ WHY_ORDER = ("stopped answering", "died")
 WITHDRAWN = "withdrawn"
 #: Each joining worker draws its number here (1, 2 …); its launch rank follows the run's own workers.
 JOINED_KEY = "membership/joined"
-#: Where rank 0 says the run's settings (:func:`~scaletrain.parallel.strategies.elastic_rules.shared_settings`).
-SETTINGS_KEY = "membership/settings"
 
 
 def request_key(number: int) -> str:
@@ -94,6 +99,24 @@ def request_key(number: int) -> str:
 
 def answer_key(number: int) -> str:
     return f"membership/answer/{number}"
+
+
+def store_membership(store: dist.Store, rank: int, layout: Layout, config: Any, batch_size: int) -> StoreMembership:
+    """The membership of an elastic run's worker (``config``: its :class:`~scaletrain.config.TrainConfig`), once the
+    batch and (but for a joining worker, which has no group yet) the process group are checked: started by
+    another launcher, this process may be the first to see them."""
+    check_elastic_batch(config, layout, batch_size)
+    if not config.join:
+        check_elastic_backend(dist.get_backend())
+    return StoreMembership(
+        store,
+        rank=rank,
+        layout=layout,
+        minimum=config.min_workers,
+        maximum=config.max_workers,
+        timeout=config.timeout,
+        settings=shared_settings(config),
+    )
 
 
 class StoreMembership(Membership):
@@ -127,6 +150,9 @@ class StoreMembership(Membership):
         self.record: dict[str, Any] | None = None
         self.source: int | None = None  # whose live state the members went on from, at the last change
         self._noticed: str | None = None  # why the first member saw a peer lost itself (a heartbeat stood still)
+        #: launch ranks whose connection this worker saw close in the step (a strategy that knows the peer says so:
+        #: the decision need not wait for their heartbeat's silence)
+        self.closed: list[int] = []
 
     @property
     def group_store(self) -> dist.Store:
@@ -167,7 +193,8 @@ class StoreMembership(Membership):
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
             # the lost worker), so that they need not wait out --timeout (see watched()).
             self.store.set(f"{prefix}lost", "1")
-            report = {"step": step, "why": why, "in_flight": in_flight}
+            report = {"step": step, "why": why, "in_flight": in_flight, "closed": self.closed}
+            self.closed = []
             self.store.set(f"{prefix}alive/{self.rank}", json.dumps(report))
             decision = self._decide(prefix) if self.rank == self.members[0] else self._read(prefix)
         except RuntimeError:
@@ -223,7 +250,7 @@ class StoreMembership(Membership):
         ask to join, wait (within ``--timeout``) to be admitted at a step boundary, join the new group and
         take the live state from a member."""
         number = self.rank - max(self.layout.worker_ranks())
-        self._check_settings()
+        check_joining_settings(self.store, self.settings, self.timeout)
         self.store.set(request_key(number), json.dumps({"rank": self.rank, "asked": time.time()}))
         answer = answer_key(number)
         with contextlib.suppress(RuntimeError):  # not admitted in time: withdrawn below
@@ -245,24 +272,6 @@ class StoreMembership(Membership):
                 f"joining worker rank {self.rank}: a member of the run was lost while this worker joined; the others "
                 "go on without both; start this worker again to join"
             ) from None
-
-    def _check_settings(self) -> None:
-        """Refuse to join a run whose settings differ: the joiner would compute other steps than its peers."""
-        if not self.settings:
-            return
-        try:
-            self.store.wait([SETTINGS_KEY], datetime.timedelta(seconds=self.timeout))
-        except RuntimeError:
-            raise ConfigError(
-                f"the run at this store did not say its settings within --timeout {self.timeout:g} s: it is no "
-                "elastic all-reduce run (--min-workers), or it has not started training yet"
-            ) from None
-        theirs = json.loads(self.store.get(SETTINGS_KEY))
-        mine = json.loads(json.dumps(self.settings, default=str))
-        differ = [f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})" for name in mine
-                  if theirs.get(name) != mine.get(name)]  # fmt: skip
-        if differ:
-            raise ConfigError(f"this worker cannot join: the run trains with {'; '.join(differ)}; give its settings")
 
     def _admission(self, prefix: str) -> dict[str, Any]:
         """The deciding member: admit the waiting workers while there is room, and say so to them and to the
@@ -339,15 +348,20 @@ class StoreMembership(Membership):
         start = time.monotonic()
         # Silence counted from now: while every survivor stands here the links are quiet, so a member that is
         # alive reports or beats within SILENCE_SECONDS even behind a slow link (under a step's traffic a beat
-        # can wait seconds for TCP to resend it, so a silence seen before is not enough).
-        watch = SilenceWatch(self.store, SILENCE_SECONDS)
+        # can wait seconds for TCP to resend it, so a silence seen before is not enough). A member whose
+        # connection a survivor saw close is not waited for.
+        watch, reports = SilenceWatch(self.store, SILENCE_SECONDS), {}
         while True:
-            reported = [rank for rank in self.members if self.store.check([f"{prefix}alive/{rank}"])]
-            missing = [rank for rank in self.members if rank not in reported]
-            if len(watch.silent(missing)) == len(missing) or time.monotonic() - start > self.timeout:
+            for rank in self.members:
+                if rank not in reports and self.store.check([f"{prefix}alive/{rank}"]):
+                    reports[rank] = json.loads(self.store.get(f"{prefix}alive/{rank}"))
+            closed = {peer for report in reports.values() for peer in report.get("closed", [])}
+            unsure = [rank for rank in self.members if rank not in reports and rank not in closed]
+            if len(watch.silent(unsure)) == len(unsure) or time.monotonic() - start > self.timeout:
                 break
             time.sleep(POLL_SECONDS)
-        reports = {rank: json.loads(self.store.get(f"{prefix}alive/{rank}")) for rank in reported}
+        reported = [rank for rank in self.members if rank in reports]
+        missing = [rank for rank in self.members if rank not in reports]
         # what the survivors saw: one whose wait ran out says more than one that saw connections close
         seen = [report["why"] for report in reports.values() if report["why"] is not None]
         why = next((reason for reason in WHY_ORDER if reason in seen), seen[0] if seen else "died")
@@ -356,7 +370,7 @@ class StoreMembership(Membership):
         joined, self._unrecorded = [who for who in self._unrecorded if who["rank"] in reported], []
         decision = {
             "members": reported,
-            "left": [{"rank": rank, "why": why} for rank in missing],
+            "left": [{"rank": rank, "why": "died" if rank in closed else why} for rank in missing],
             "joined": joined,  # admitted while a member was lost: this change records both
             "source": min(rank for rank, step in steps.items() if step == furthest),
             # a survivor that completed the step in flight hands it to the others: nothing is done again
@@ -375,15 +389,3 @@ class StoreMembership(Membership):
                 "membership change; the run cannot go on without rank 0 (it hosts the store), even with --min-workers"
             ) from None
         return json.loads(self.store.get(f"{prefix}decision"))
-
-
-def elastic_fields(membership: StoreMembership, trainer: Any, layout: Layout) -> dict[str, Any]:
-    """An elastic run's fields of ``summary.json``: its bounds, its workers at the end, each membership change
-    and the throughput of each membership (``trainer``: rank 0's :class:`~scaletrain.train.loop.Trainer`)."""
-    return {
-        "min_workers": membership.minimum,
-        "max_workers": membership.maximum,
-        "workers_at_end": len(membership.members),
-        "membership": trainer.membership.changes,
-        "membership_segments": trainer.membership.segments(layout.workers, trainer.position.step),
-    }

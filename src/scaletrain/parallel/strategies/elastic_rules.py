@@ -4,13 +4,25 @@ the settings a worker that joins must share with the run."""
 
 from __future__ import annotations
 
+import datetime
+import json
 from typing import Any
+
+import torch.distributed as dist
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.base import Layout
 
-__all__ = ["SHARED_SETTINGS", "check_elastic", "check_elastic_backend", "check_elastic_batch", "shared_settings"]
+__all__ = [
+    "SETTINGS_KEY",
+    "SHARED_SETTINGS",
+    "check_elastic",
+    "check_elastic_backend",
+    "check_elastic_batch",
+    "check_joining_settings",
+    "shared_settings",
+]
 
 
 def check_elastic(config: TrainConfig, layout: Layout) -> None:
@@ -62,6 +74,8 @@ def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) ->
         )
 
 
+#: Where rank 0 of an elastic run says its settings (:func:`shared_settings`), for workers that join to compare.
+SETTINGS_KEY = "membership/settings"
 #: The settings a joining worker must share with the run: what its steps and its part of each batch follow from.
 SHARED_SETTINGS = (
     "workload", "options", "workers", "sync", "batch_size", "epochs", "steps", "seed", "lr", "momentum",
@@ -71,3 +85,23 @@ SHARED_SETTINGS = (
 
 def shared_settings(config: TrainConfig) -> dict[str, Any]:
     return {name: getattr(config, name) for name in SHARED_SETTINGS}
+
+
+def check_joining_settings(store: dist.Store, settings: dict[str, Any], timeout: float) -> None:
+    """Refuse to join a run whose settings differ (the joiner would compute other steps than its peers): rank 0 of
+    the run said them under :data:`SETTINGS_KEY`; ``settings``: the joining worker's own."""
+    if not settings:
+        return
+    try:
+        store.wait([SETTINGS_KEY], datetime.timedelta(seconds=timeout))
+    except RuntimeError:
+        raise ConfigError(
+            f"the run at this store did not say its settings within --timeout {timeout:g} s: it is no elastic run "
+            "that admits workers (--min-workers), or it has not started training yet"
+        ) from None
+    theirs = json.loads(store.get(SETTINGS_KEY))
+    mine = json.loads(json.dumps(settings, default=str))
+    differ = [f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})" for name in mine
+              if theirs.get(name) != mine.get(name)]  # fmt: skip
+    if differ:
+        raise ConfigError(f"this worker cannot join: the run trains with {'; '.join(differ)}; give its settings")

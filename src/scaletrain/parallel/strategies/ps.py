@@ -23,7 +23,7 @@ from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
-from scaletrain.parallel.strategies.elastic import StoreMembership, elastic_fields
+from scaletrain.parallel.strategies.elastic import StoreMembership
 from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch
 from scaletrain.parallel.strategies.ps_elastic import elastic_sharded
 from scaletrain.parallel.strategies.ps_shards import Shards, send_final_shards, technique_step
@@ -31,6 +31,7 @@ from scaletrain.parallel.strategies.ps_summary import server_extra
 from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
+from scaletrain.train.membership import elastic_fields
 from scaletrain.train.reconfigure import apply_decision, describe_decision
 from scaletrain.train.state import Prepared, Role, learning_rate_at_step
 from scaletrain.train.summary import write_summary
@@ -249,7 +250,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
     stats = collect_stats(setup.store, workers, set(), config.timeout)
     fields = layout_fields(layout)
     if isinstance(membership, StoreMembership):
-        fields |= elastic_fields(membership, trainer, layout)
+        fields |= elastic_fields(membership, trainer, layout.workers)
     return write_summary(
         prepared,
         trainer.final_quality(),

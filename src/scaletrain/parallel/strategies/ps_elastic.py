@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.parallel.failures import connection_closed
 from scaletrain.parallel.ps.exchange import PSExchange
 from scaletrain.parallel.ps.protocol import REQUEST, pair_groups
 from scaletrain.parallel.ps.protocol import PeerLost as ServerPeerLost
 from scaletrain.parallel.ps.records import ServerStats
 from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.sharding import assign_greedy
-from scaletrain.parallel.strategies.elastic import StoreMembership
-from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch, shared_settings
+from scaletrain.parallel.strategies.elastic import StoreMembership, store_membership
 from scaletrain.parallel.strategies.elastic_waits import ABANDONED, WATCH_SECONDS, HeardOfLoss
 from scaletrain.parallel.strategies.ps_shards import Shards
 from scaletrain.tensors.codec import wire_codec
@@ -89,6 +89,7 @@ class ElasticShardExchange(PSExchange):
         self._previous: dict[int, torch.Tensor] = {}  # and as the step before began (when _previous_known)
         self._previous_known = self._stepped = False
         self._retired: ShardServer | None = None  # this worker's server before the change being rebuilt
+        self._talking_to: int | None = None  # the owner this worker sends to or waits for
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
 
@@ -108,13 +109,14 @@ class ElasticShardExchange(PSExchange):
         if self._stepped:  # the weights at the start of this step and the one before
             self._previous, self._began = self._began, self._previous
             self._previous_known = True
-        self._stepped = False
+        self._stepped, self._talking_to = False, None
         for owner, weights in self._weights.items():
             self._began[owner].copy_(weights)
         try:
             times = super().step(model, optimizer, clip_norm)
         except (RuntimeError, TimeoutError, HeardOfLoss, ServerPeerLost) as error:
             print(f"a peer was lost during the step: {type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+            self._say_closed(error, server)
             self._close()
             for owner, weights in self._weights.items():  # the model goes back to the weights the step began from
                 weights.copy_(self._began[owner])
@@ -129,16 +131,29 @@ class ElasticShardExchange(PSExchange):
             self._close()  # the step is done everywhere; the members rebuild after admitting the worker
         return times
 
+    def _say_closed(self, error: BaseException, server: ShardServer | None) -> None:
+        """Tell the membership whose connection this worker saw close (the decision need not wait for their
+        heartbeat's silence): the owner it was sending to or waiting for, the peers its own server's threads lost."""
+        ranks = set(server.closed_peers) if server is not None else set()
+        if isinstance(error, RuntimeError) and connection_closed(error) and self._talking_to is not None:
+            ranks.add(self._talking_to)
+        self.membership.closed = sorted(self._members[rank] for rank in ranks if rank < len(self._members))
+
     def resize(self, workers: int) -> None:
         """The members changed (a loss or an admission): rebuild the shards over them."""
         self._rebuild()
 
     # -- waits that give up when a peer was lost ------------------------------------------------------------
     def _send(self, header: torch.Tensor, body: torch.Tensor, owner: int) -> None:
+        self._talking_to = owner
         group = self.groups[owner]
         for work in (dist.isend(header, dst=owner, group=group, tag=REQUEST),
                      dist.isend(body, dst=owner, group=group, tag=REQUEST)):  # fmt: skip
             self._wait(work)
+
+    def _receive_reply(self, owner: int, header: dist.Work, body: dist.Work) -> float:
+        self._talking_to = owner
+        return super()._receive_reply(owner, header, body)
 
     def _wait_reply(self, header: dist.Work) -> None:
         self._wait(header)
@@ -276,18 +291,7 @@ def elastic_sharded(setup: Any, rank: int) -> tuple[ElasticShardExchange, StoreM
     """A sharded worker's exchange and membership in an elastic run; a worker started with ``--join`` is admitted
     first (its weights and position from rank 0; the change's :class:`Regrouped` is returned, else None)."""
     prepared, layout, config = setup.prepared, setup.layout, setup.prepared.config
-    check_elastic_batch(config, layout, prepared.batch_size)
-    if not config.join:  # a joining worker has no group yet: it joins a gloo one
-        check_elastic_backend(dist.get_backend())
-    membership = StoreMembership(
-        setup.store,
-        rank=rank,
-        layout=layout,
-        minimum=config.min_workers,
-        maximum=config.max_workers,
-        timeout=config.timeout,
-        settings=shared_settings(config),
-    )
+    membership = store_membership(setup.store, rank, layout, config, prepared.batch_size)
     before, regrouped = None, None
     if config.join:
         regrouped, state = membership.join()
