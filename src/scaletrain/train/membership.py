@@ -93,8 +93,10 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
             lost = PeerLost(again.why, in_flight=lost.in_flight)
     if trainer.records.metrics is not None:
         left = ", ".join(f"worker rank {who['rank']} ({who['why']})" for who in regrouped.record["left"])
+        # nobody left: a member that seemed lost (its heartbeat stood still under load) answered the decision
+        what = f"{left} left" if left else "every member answered after a peer seemed lost"
         trainer.records.progress.message(
-            f"step {trainer.position.step + 1}: {left} left; going on with {regrouped.workers} workers"
+            f"step {trainer.position.step + 1}: {what}; going on with {regrouped.workers} workers"
         )
 
 

@@ -243,6 +243,8 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         return {"rank": rank, "out": str(config.out), "joined": joined.record}
     if exchange.rank != 0:
         return None
+    if isinstance(membership, StoreMembership):
+        membership.refuse_waiting("the run has finished training")
     # Rank 0 always owns a shard: the first tensor goes to the first worker (assign_greedy's ties).
     if not setup.synchronous:  # every worker published its last buffers before it said goodbye
         load_buffers(prepared.model, role.agreement.worker_buffers(None))
