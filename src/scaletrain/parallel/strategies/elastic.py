@@ -186,16 +186,18 @@ class StoreMembership(Membership):
         prefix = f"membership/{self.generation}/"
         why, self._noticed = why if why is not None else self._noticed, None
         self.join_due = False  # a join agreed in the failed step is asked again at the next one
-        if dist.is_initialized():  # not when the group being built was the one that failed
-            ABANDONED.append(dist.group.WORLD)
-            dist.destroy_process_group()
         try:
             # Wakes survivors that wait in a collective on this process (a ring waits on its neighbour, not on
             # the lost worker), so that they need not wait out --timeout (see watched()).
             self.store.set(f"{prefix}lost", "1")
             report = {"step": step, "why": why, "in_flight": in_flight, "closed": self.closed}
             self.closed = []
+            # said before this process's connections close below: a peer that sees them close then reports it
+            # as closed, and the decision must find this report first
             self.store.set(f"{prefix}alive/{self.rank}", json.dumps(report))
+            if dist.is_initialized():  # not when the group being built was the one that failed
+                ABANDONED.append(dist.group.WORLD)
+                dist.destroy_process_group()
             decision = self._decide(prefix) if self.rank == self.members[0] else self._read(prefix)
         except RuntimeError:
             raise ProcessFailed(
@@ -360,6 +362,9 @@ class StoreMembership(Membership):
             if len(watch.silent(unsure)) == len(unsure) or time.monotonic() - start > self.timeout:
                 break
             time.sleep(POLL_SECONDS)
+        for rank in self.members:  # one that reported while the others' reports were read is no less alive
+            if rank not in reports and self.store.check([f"{prefix}alive/{rank}"]):
+                reports[rank] = json.loads(self.store.get(f"{prefix}alive/{rank}"))
         reported = [rank for rank in self.members if rank in reports]
         missing = [rank for rank in self.members if rank not in reports]
         # what the survivors saw: one whose wait ran out says more than one that saw connections close

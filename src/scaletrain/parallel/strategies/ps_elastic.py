@@ -135,7 +135,8 @@ class ElasticShardExchange(PSExchange):
         """Tell the membership whose connection this worker saw close (the decision need not wait for their
         heartbeat's silence): the owner it was sending to or waiting for, the peers its own server's threads lost."""
         ranks = set(server.closed_peers) if server is not None else set()
-        if isinstance(error, RuntimeError) and connection_closed(error) and self._talking_to is not None:
+        gloo = isinstance(error, RuntimeError) and not isinstance(error, HeardOfLoss)  # not a survivor's word
+        if gloo and connection_closed(error) and self._talking_to is not None:
             ranks.add(self._talking_to)
         self.membership.closed = sorted(self._members[rank] for rank in ranks if rank < len(self._members))
 
