@@ -354,17 +354,13 @@ class StoreMembership(Membership):
         # connection a survivor saw close is not waited for.
         watch, reports = SilenceWatch(self.store, SILENCE_SECONDS), {}
         while True:
-            for rank in self.members:
-                if rank not in reports and self.store.check([f"{prefix}alive/{rank}"]):
-                    reports[rank] = json.loads(self.store.get(f"{prefix}alive/{rank}"))
+            self._take_reports(prefix, reports)
             closed = {peer for report in reports.values() for peer in report.get("closed", [])}
             unsure = [rank for rank in self.members if rank not in reports and rank not in closed]
             if len(watch.silent(unsure)) == len(unsure) or time.monotonic() - start > self.timeout:
                 break
             time.sleep(POLL_SECONDS)
-        for rank in self.members:  # one that reported while the others' reports were read is no less alive
-            if rank not in reports and self.store.check([f"{prefix}alive/{rank}"]):
-                reports[rank] = json.loads(self.store.get(f"{prefix}alive/{rank}"))
+        self._take_reports(prefix, reports)  # one that reported while the others' were read is no less alive
         reported = [rank for rank in self.members if rank in reports]
         missing = [rank for rank in self.members if rank not in reports]
         # what the survivors saw: one whose wait ran out says more than one that saw connections close
@@ -383,6 +379,12 @@ class StoreMembership(Membership):
         }
         self.store.set(f"{prefix}decision", json.dumps(decision))
         return decision
+
+    def _take_reports(self, prefix: str, reports: dict[int, dict[str, Any]]) -> None:
+        """Add to ``reports`` the members' reports under ``prefix`` that are there now."""
+        for rank in self.members:
+            if rank not in reports and self.store.check([f"{prefix}alive/{rank}"]):
+                reports[rank] = json.loads(self.store.get(f"{prefix}alive/{rank}"))
 
     def _read(self, prefix: str) -> dict[str, Any]:
         limit = self.timeout + SILENCE_SECONDS + 5.0

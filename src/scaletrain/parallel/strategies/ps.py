@@ -243,15 +243,16 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         return {"rank": rank, "out": str(config.out), "joined": joined.record}
     if exchange.rank != 0:
         return None
-    if isinstance(membership, StoreMembership):
+    elastic = isinstance(membership, StoreMembership)  # a sharded run's (the central server writes its own)
+    if elastic:
         membership.refuse_waiting("the run has finished training")
     # Rank 0 always owns a shard: the first tensor goes to the first worker (assign_greedy's ties).
     if not setup.synchronous:  # every worker published its last buffers before it said goodbye
         load_buffers(prepared.model, role.agreement.worker_buffers(None))
-    workers = membership.members if isinstance(membership, StoreMembership) else layout.worker_ranks()
+    workers = membership.members if elastic else layout.worker_ranks()
     stats = collect_stats(setup.store, workers, set(), config.timeout)
     fields = layout_fields(layout)
-    if isinstance(membership, StoreMembership):
+    if elastic:
         fields |= elastic_fields(membership, trainer, layout.workers)
     return write_summary(
         prepared,

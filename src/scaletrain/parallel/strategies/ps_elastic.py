@@ -49,7 +49,7 @@ from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.elastic import StoreMembership, store_membership
 from scaletrain.parallel.strategies.elastic_waits import ABANDONED, WATCH_SECONDS, HeardOfLoss
-from scaletrain.parallel.strategies.ps_shards import Shards
+from scaletrain.parallel.strategies.ps_shards import Shards, tensor_bytes
 from scaletrain.tensors.codec import wire_codec
 from scaletrain.tensors.flat import views_of
 from scaletrain.train.exchange import ExchangeTimes, PeerLost
@@ -138,7 +138,7 @@ class ElasticShardExchange(PSExchange):
         gloo = isinstance(error, RuntimeError) and not isinstance(error, HeardOfLoss)  # not a survivor's word
         if gloo and connection_closed(error) and self._talking_to is not None:
             ranks.add(self._talking_to)
-        self.membership.closed = sorted(self._members[rank] for rank in ranks if rank < len(self._members))
+        self.membership.closed = sorted(self._members[rank] for rank in ranks)
 
     def resize(self, workers: int) -> None:
         """The members changed (a loss or an admission): rebuild the shards over them."""
@@ -239,7 +239,7 @@ class ElasticShardExchange(PSExchange):
             return {}
         parameters = list(self._model.parameters())
         before = self._members
-        owner_of = assign_greedy([p.numel() * p.element_size() for p in parameters], list(range(len(before))))
+        owner_of = assign_greedy(tensor_bytes(parameters), list(range(len(before))))  # the plan before the change
         source = members.index(self.membership.source)
         lost = step > 0 and any(member not in members for member in before)  # at step 0 zero is exact
         known = torch.tensor([int(self._previous_known)])

@@ -21,7 +21,7 @@ from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
 from scaletrain.train.state import make_optimizer
 
-__all__ = ["Shards", "send_final_shards", "share_shards", "technique_step"]
+__all__ = ["Shards", "send_final_shards", "share_shards", "technique_step", "tensor_bytes"]
 
 
 def technique_step(technique: Technique | None, names: list[str]) -> Callable[[list[nn.Parameter], float], None] | None:
@@ -29,6 +29,11 @@ def technique_step(technique: Technique | None, names: list[str]) -> Callable[[l
     if technique is None:
         return None
     return lambda master, rate: technique.after_update(dict(zip(names, master, strict=True)), rate)
+
+
+def tensor_bytes(parameters: list[nn.Parameter]) -> list[int]:
+    """Each tensor's bytes: what ownership is planned by (:func:`~scaletrain.parallel.sharding.assign_greedy`)."""
+    return [p.numel() * p.element_size() for p in parameters]
 
 
 class Shards:
@@ -47,7 +52,7 @@ class Shards:
         self.lost: Callable[[], bool] | None = None  # elastic: ShardServer's lost
 
     def plan(self, parameters: list[nn.Parameter]) -> list[int]:
-        return assign_greedy([p.numel() * p.element_size() for p in parameters], self.workers)
+        return assign_greedy(tensor_bytes(parameters), self.workers)
 
     def serve(self, owned: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> ShardServer:
         """Start this worker's server over clones of ``owned``, with their state in ``optimizer``."""
@@ -65,7 +70,7 @@ class Shards:
         owners = len(self.workers)
         parameters = list(prepared.model.parameters())
         indices = [next(i for i, p in enumerate(parameters) if p is tensor) for tensor in owned]
-        sizes = [p.numel() * p.element_size() for p in parameters]
+        sizes = tensor_bytes(parameters)
         checkpointer = ShardCheckpointer(prepared, self.rank, master, shard_optimizer, self.agreement, owners)
         if self.version is None:
             version = 0
