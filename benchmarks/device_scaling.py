@@ -76,11 +76,11 @@ THESIS_RNN = {"lr": 0.05}  # Jäger §6.2 (the thesis-rnn preset)
 PTB_VALID = {"train_split": "valid"}  # offline PTB copies hold only valid and test
 DEVICE_WORKERS = (14, 8, 4, 2, 12)  # after local; most valuable first
 
-DEVICE_PLAN = Plan(  # the sweeps not yet measured on the GPU machine first (lenet-b512 ran in full on 2026-11-26)
-    sweeps=(
+DEVICE_PLAN = Plan(  # the sweeps least measured on the GPU machine first (lenet-b512 ran in full on 2026-11-26,
+    sweeps=(  # ptb-lstm-b20 at all but 12 workers on 2026-11-27)
+        Sweep("lenet-b128", "lenet", 128, DEVICE_WORKERS, settings=THESIS_CNN),
         Sweep("ptb-lstm-b20", "ptb-lstm", 20, DEVICE_WORKERS, options={**PTB_VALID, "num_steps": "30"},
               settings=THESIS_RNN),
-        Sweep("lenet-b128", "lenet", 128, DEVICE_WORKERS, settings=THESIS_CNN),
         Sweep("lenet-b512", "lenet", 512, DEVICE_WORKERS, settings=THESIS_CNN),
     )
 )  # fmt: skip
