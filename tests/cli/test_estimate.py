@@ -132,6 +132,10 @@ def test_profile_numbers_are_refused_before_anything_is_measured(args, fragment,
         (["--lr", "nan"], "lr must be a finite number"),
         (["--momentum", "1.5"], "momentum must be in [0, 1)"),
         (["--workers", "0,2"], "--workers must be a whole number ≥ 1, got 0"),
+        # profile flags the validation does not carry out are refused, not silently dropped
+        (["--exchange-at", "2", "--repeats", "3"], "--validate does not take --exchange-at, --repeats:"),
+        (["--wire", "powersgd", "--strategies", "ps-central-join"], "--wire powersgd needs all-reduce"),
+        (["--wire", "topk", "-W", "ratio=0"], "topk's ratio must be in (0, 1]"),
     ],
 )
 def test_validation_numbers_are_refused_before_profiling(args, fragment, capsys, tmp_path):

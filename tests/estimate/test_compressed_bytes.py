@@ -1,6 +1,8 @@
 """The estimator sees a wire codec that compresses gradients: a profile's ``gradient_bytes`` (what
 ``scaletrain profile --wire powersgd|topk`` records from the codec's payload) is what the all-reduce and
-the workers' pushes to a parameter server carry, while a server's replies stay the weights' bytes."""
+the workers' pushes to a parameter server carry, while a server's replies stay the weights' bytes; a
+codec that all-gathers (top-k) moves N−1 messages per worker; the codec's measured compute
+(``codec_seconds``) is part of the step."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from scaletrain.tensors.codec import TensorLayout, WireCodec
 WEIGHTS = 10**6
 
 
-def inputs(gradient_bytes: int | None) -> SimpleNamespace:
+def inputs(gradient_bytes: int | None, **codec: object) -> SimpleNamespace:
     profile = Profile(
         "toy",
         8,
@@ -29,6 +31,7 @@ def inputs(gradient_bytes: int | None) -> SimpleNamespace:
         bandwidth=1e6,
         weight_bytes=WEIGHTS,
         gradient_bytes=gradient_bytes,
+        **codec,
     )
     return SimpleNamespace(profile=profile)
 
@@ -59,3 +62,35 @@ def test_a_profile_records_the_codecs_steady_bytes() -> None:
     topk = WireCodec.of("topk", options={"ratio": "0.01"})
     assert topk.steady_payload_bytes(layout) == 8 * math.ceil(0.01 * layout.numel)
     assert WireCodec.of("bf16").steady_payload_bytes(layout) == 2 * layout.numel
+
+
+def test_an_all_gathering_codec_moves_every_other_workers_message() -> None:
+    n = np.array([2, 8])
+    size = WEIGHTS // 50
+    summed = ring_allreduce_seconds(inputs(size), n)
+    gathered = ring_allreduce_seconds(inputs(size, collective="all_gather", collective_calls=2), n)
+    # a ring all-reduce: 2 (N−1) latencies and 2 (N−1)/N messages; all-gathers: N−1 of each per call
+    assert summed.tolist() == pytest.approx([2 * 0.001 + 0.02, 14 * 0.001 + 1.75 * 0.02])
+    assert gathered.tolist() == pytest.approx([2 * 0.001 + 0.02, 14 * 0.001 + 7 * 0.02])
+
+
+def test_the_codecs_measured_compute_is_part_of_the_step() -> None:
+    n = np.array([4])
+    size, seconds = WEIGHTS // 50, {"allreduce": 0.03, "compress": 0.005, "decompress": 0.002}
+    for collective, decoded in (("all_reduce", 0.0), ("all_gather", 3 * 0.002)):  # each of the 3 others' payloads
+        bare = ring_allreduce_seconds(inputs(size, collective=collective), n)[0]
+        timed = ring_allreduce_seconds(inputs(size, collective=collective, codec_seconds=seconds), n)[0]
+        assert timed - bare == pytest.approx(0.03 + decoded)
+    bare, timed = (central_exchange(inputs(size, **extra), n)[0] for extra in ({}, {"codec_seconds": seconds}))
+    assert timed - bare == pytest.approx(0.005 + 4 * 0.002)  # one compress, the server decompresses 4 pushes
+
+
+def test_an_asynchronous_worker_compresses_before_and_its_server_decompresses_after_each_push() -> None:
+    from scaletrain.estimate.refined import predict
+
+    size, seconds = WEIGHTS // 50, {"compress": 0.05, "decompress": 0.02}
+    profile = inputs(size, codec_seconds=seconds).profile
+    rate = predict(profile, strategy="ps", server="central", sync="async", workers=1).batches_per_second
+    # one worker never queues: its cycle is gradient, latencies, compress, push, update, decompress, reply
+    cycle = 0.1 + 2 * 0.001 + 0.05 + size / 1e6 + 0.0 + 0.02 + WEIGHTS / 1e6
+    assert rate == pytest.approx(1 / cycle)

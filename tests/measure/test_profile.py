@@ -11,6 +11,8 @@ import pytest
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.profile import ProfileConfig, ProfileError, run_profile
+from scaletrain.tensors.codec import TensorLayout, WireCodec
+from scaletrain.workloads import create_workload
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -50,6 +52,38 @@ def test_the_exchanges_are_timed_among_the_workers_asked_for(tiny_fmnist, tmp_pa
     assert set(profile.allreduce) == {3} and profile.allreduce[3] > 0  # the all-reduce exchange among 3
     assert set(profile.central) == {3} and profile.central[3] > 0  # 3 workers and the central server
     assert Profile.load(tmp_path / "profile.json") == profile
+
+
+@pytest.mark.parametrize(
+    ("wire", "options", "collective", "parts"),
+    [
+        ("powersgd", {"rank": "2", "start": "1000"}, ("all_reduce", 2), {"allreduce"}),
+        ("topk", {"ratio": "0.01"}, ("all_gather", 2), {"allreduce", "compress", "decompress"}),
+    ],
+)
+def test_a_compressing_codec_is_timed_as_it_compresses(tiny_fmnist, tmp_path, wire, options, collective, parts):
+    # Not alone: nothing here compares times between processes.
+    config = ProfileConfig(
+        "lenet", batch_size=32, concurrency=1, repeats=2, warmup=1, round_trips=3, launches=1, data_dir=tiny_fmnist,
+        download=False, exchange_counts=(2,), wire=wire, wire_options=options,
+    )  # fmt: skip
+    profile = run_profile(config, out=tmp_path / "profile.json")
+    codec = WireCodec.of(wire, options=options)
+    layout = TensorLayout.of(list(create_workload("lenet", {}).build_model().parameters()))
+    assert profile.gradient_bytes == codec.steady_payload_bytes(layout) < LENET_FLOATS * 4 / 10
+    assert (profile.collective, profile.collective_calls) == collective
+    assert set(profile.codec_seconds) == parts and all(value > 0 for value in profile.codec_seconds.values())
+    assert set(profile.allreduce) == {2} and profile.allreduce[2] > 0  # timed for a compressing codec too
+    # a server cannot carry powersgd's factors: its exchange is not timed, top-k's is
+    assert set(profile.central) == (set() if wire == "powersgd" else {2})
+    assert Profile.load(tmp_path / "profile.json") == profile
+
+
+def test_the_probes_time_a_codec_past_its_dense_start_with_its_options() -> None:
+    from scaletrain.measure.probe import _codec
+
+    codec = _codec({"wire": "powersgd", "wire_options": {"rank": "3", "start": "1000"}})
+    assert (codec.rank, codec._steps) == (3, 1000)  # its next all-reduce factors, at rank 3
 
 
 def test_missing_dataset_fails_before_any_process_starts(tmp_path):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -70,12 +72,23 @@ def test_validation_config_refuses_local_and_too_few_steps(tmp_path):
         ValidationConfig("lenet", tmp_path, steps=5, warmup_steps=5)
 
 
+def test_validation_refuses_a_wire_one_of_its_strategies_cannot_carry_before_profiling(tmp_path):
+    with pytest.raises(ConfigError, match="--wire powersgd needs all-reduce .* or --wire topk with a parameter server"):
+        ValidationConfig("lenet", tmp_path, strategies=("allreduce-join", "ps-central-join"), wire="powersgd")
+    with pytest.raises(ConfigError, match="ratio"):
+        ValidationConfig("lenet", tmp_path, wire="topk", wire_options={"ratio": "2"})
+    assert not tmp_path.joinpath("profile.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
+    """Compressed (top-k 10 %): the profile times the codec, every run trains with it, the rows say so.
+    The float32 path is the same code with the wire left out (its profile: tests/measure/test_profile.py)."""
     config = ValidationConfig(
         "lenet", tmp_path / "val", workers=(1, 2), strategies=("allreduce-join", "ps-central-async"),
         batch_size=32, steps=8, warmup_steps=2, repeats=1, data_dir=tiny_fmnist, launches=1,
+        wire="topk", wire_options={"ratio": "0.1"},
     )  # fmt: skip
     result = run_validation(config)
     out = tmp_path / "val"
@@ -94,4 +107,11 @@ def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
     assert (out / "validation.png").read_bytes()[:4] == b"\x89PNG"
     assert "Mean absolute percentage error" in (out / "validation.md").read_text()
     assert "| allreduce-join | 2 |" in (out / "validation.md").read_text().split("A step's parts")[1]
-    assert Profile.load(out / "profile.json").batch_size == 32
+    profile = Profile.load(out / "profile.json")
+    assert profile.batch_size == 32 and (profile.wire, profile.wire_options) == ("topk", {"ratio": "0.1"})
+    assert set(profile.codec_seconds) == {"allreduce", "compress", "decompress"}
+    assert {row["wire"] for row in table} == {"topk ratio=0.1"}
+    for row in bench:
+        summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
+        assert (summary["wire"], summary["wire_options"]) == ("topk", {"ratio": "0.1"}), row["strategy"]
+    assert "wire topk ratio=0.1" in (out / "validation.md").read_text().splitlines()[0]

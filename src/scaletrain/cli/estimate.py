@@ -206,7 +206,19 @@ def _recommend(args: argparse.Namespace, measured: Profile) -> int:
 def _validate(args: argparse.Namespace) -> int:
     if args.workload is None:
         raise ConfigError("--validate runs a workload: name one, e.g. scaletrain estimate lenet --validate")
-    out = args.out or Path("validation") / f"{args.workload}-{args.network or 'loopback'}"
+    # what the validation measures itself, or does not take: refused rather than silently not done
+    counted = {"--split-workers": args.split_workers, "--concurrency": args.concurrency,
+               "--contention-at": args.contention_at, "--exchange-at": args.exchange_at}  # fmt: skip
+    untaken = {"--repeats": args.repeats != 10, "--round-trips": args.round_trips != 10,
+               "--timeout": args.timeout != 600.0, "--memory-format": args.memory_format != "auto"}  # fmt: skip
+    given = [flag for flag, value in counted.items() if value] + [flag for flag, differs in untaken.items() if differs]
+    if given:
+        raise ConfigError(
+            f"--validate does not take {', '.join(given)}: it profiles at the runs' own worker counts with the "
+            "defaults; drop them, or run scaletrain profile with them and estimate --profile FILE"
+        )
+    wire = f"-{args.wire}" if args.wire != "fp32" else ""
+    out = args.out or Path("validation") / f"{args.workload}-{args.network or 'loopback'}{wire}"
     settings = {key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
     validate(
         args.workload,
@@ -222,7 +234,10 @@ def _validate(args: argparse.Namespace) -> int:
         settings=settings,
         data_dir=args.data_dir,
         threads_per_worker=args.threads,
-    )
+        launches=args.launches,
+        **{key: value for key, value in profile_settings(args).items()
+           if key in ("wire", "wire_options", "precision", "device")},  # the runs train as the profile times
+    )  # fmt: skip
     print((out / "validation.md").read_text(encoding="utf-8"))
     print(f"table, plot and runs in {out}")
     return 0

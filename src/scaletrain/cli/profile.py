@@ -111,10 +111,16 @@ def describe(result: Profile) -> str:
     contention = ", ".join(f"{k} processes ×{v:.3f}" for k, v in sorted(result.contention.items()) if k > 1)
     allreduce = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.allreduce.items()))
     central = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.central.items()))
+    codec = ", ".join(f"{part} {seconds * 1000:.2f} ms" for part, seconds in sorted(result.codec_seconds.items()))
+    message = ""
+    if result.gradient_bytes is not None:
+        gathered = "all-gathered" if result.collective == "all_gather" else "all-reduced"
+        message = f"gradient message {result.gradient_bytes:,} bytes as {result.wire} ({gathered} in " \
+                  f"{result.collective_calls} call{'s' if result.collective_calls > 1 else ''})"  # fmt: skip
     return "\n".join(
         [
             f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
-            f"({result.weight_bytes:,} bytes as {result.wire}), {result.precision} compute"
+            f"({result.weight_bytes:,} weight bytes on the wire), {result.precision} compute"
             f"{' (channels-last)' if result.memory_format == 'channels_last' else ''}, "
             f"{result.threads} thread(s), {result.network or 'loopback'}",
             f"t_grad   {result.t_grad * 1000:10.2f} ms" + (f"   ({parts})" if parts else ""),
@@ -125,6 +131,8 @@ def describe(result: Profile) -> str:
         + ([f"contention: {contention}"] if contention else [])
         + ([f"all-reduce: {allreduce}"] if allreduce else [])
         + ([f"central server exchange: {central}"] if central else [])
+        + ([message] if message else [])
+        + ([f"codec compute a step: {codec}"] if codec else [])
     )
 
 

@@ -60,6 +60,21 @@ class Profile:
     wire: str = "fp32"
     memory_format: str = "contiguous"  # as timed (auto resolved)
     wire_options: dict[str, Any] = field(default_factory=dict)  # the codec's -W options gradient_bytes was sized with
+    #: the wire codec's own compute per step on one worker, in seconds (``scaletrain profile`` with a
+    #: ``--wire`` other than fp32): ``allreduce`` (its all-reduce less the float32 one, one process alone),
+    #: ``compress`` (a gradient message, error feedback included) and ``decompress`` (one message);
+    #: empty: not measured (float32, whose packing every strategy pays alike)
+    codec_seconds: dict[str, float] = field(default_factory=dict)
+    collective: str = "all_reduce"  # how the codec's all-reduce moves its payload (WireCodec.collective)
+    collective_calls: int = 1  # its collectives per step (WireCodec.collective_calls)
+
+    def codec(self, part: str) -> float:
+        """Seconds of the wire codec's own ``part`` per step (0 where not measured).
+
+        >>> Profile("toy", 8, t_grad=0.1, t_comm=0.02, codec_seconds={"compress": 0.003}).codec("compress")
+        0.003
+        """
+        return self.codec_seconds.get(part, 0.0)
 
     def t_grad_at(self, parts: int) -> float:
         """t_grad of 1/``parts`` of the batch: measured, else t_grad/parts (the thesis's assumption)."""

@@ -15,6 +15,12 @@
 - ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
   it, its rate 0) and every other rank a worker running the parameter-server exchange's step
   (:class:`PSExchange`); each worker keeps its communication + wait per step.
+- ``codec``: one process times the wire codec's own work on gradients of the network's shapes: its
+  all-reduce and float32's, each at world size 1 (where the collective moves nothing, so what is
+  left of the difference is the codec's compute), and a parameter server's compress and decompress.
+
+The exchanges and the codec are timed past any dense start of the codec (:meth:`WireCodec.steady`),
+with the run's ``-W`` options: what a run sends once it compresses.
 """
 
 from __future__ import annotations
@@ -45,13 +51,13 @@ from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.rendezvous import Rendezvous, connect
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange
 from scaletrain.plugins import load_plugins
-from scaletrain.tensors.codec import WireCodec
+from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
 
-__all__ = ["main", "time_allreduce", "time_central", "time_gradient", "time_transfers"]
+__all__ = ["main", "time_allreduce", "time_central", "time_codec", "time_gradient", "time_transfers"]
 
 SMALL_LIMIT = 65536  # bytes
 
@@ -147,11 +153,45 @@ def _exchange_model(job: dict[str, Any]) -> tuple[torch.nn.Module, torch.optim.O
     return model, torch.optim.SGD(model.parameters(), lr=0.0)
 
 
+def _codec(job: dict[str, Any]) -> WireCodec:
+    """The run's wire codec with its options, past any dense start."""
+    return WireCodec.of(job.get("wire", "fp32"), options=job.get("wire_options")).steady()
+
+
+def time_codec(job: dict[str, Any]) -> dict[str, Any]:
+    """Seconds per step of the codec's own work, one process alone: ``allreduce`` and the float32 one
+    (``fp32``) alternately, then ``compress`` and ``decompress`` where a parameter server can carry it."""
+    model, _ = _exchange_model(job)
+    gradients = [p.grad for p in model.parameters() if p.grad is not None]
+    layout = TensorLayout.of(gradients)
+    codec, dense = _codec(job), WireCodec()
+    samples: dict[str, list[float]] = {"allreduce": [], "fp32": []}
+    for round_number in range(job["warmup"] + job["repeats"]):
+        for name, each in (("allreduce", codec), ("fp32", dense)):
+            flat = each.pack(gradients)
+            begin = now()
+            each.allreduce(flat, layout, stream="all-reduce")
+            if round_number >= job["warmup"]:
+                samples[name].append(now() - begin)
+    if not codec.all_reduce_only:
+        samples |= {"compress": [], "decompress": []}
+        flat = codec.pack(gradients)
+        for round_number in range(job["warmup"] + job["repeats"]):
+            begin = now()
+            payload, context = codec.compress(flat, layout, stream="push")
+            middle = now()
+            codec.decompress(payload, context)
+            if round_number >= job["warmup"]:
+                samples["compress"].append(middle - begin)
+                samples["decompress"].append(now() - middle)
+    return samples
+
+
 def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     """Communication seconds of ``job['repeats']`` all-reduce exchange steps among ``world_size`` ranks, after
     ``job['warmup']`` untimed ones: gradients of the network's shapes, the run's wire codec."""
     model, optimizer = _exchange_model(job)
-    exchange = AllReduceExchange(world_size, WireCodec.of(job.get("wire", "fp32")))
+    exchange = AllReduceExchange(world_size, _codec(job))
     exchange.start(model, optimizer)
     samples = []
     for round_number in range(job["warmup"] + job["repeats"]):
@@ -168,7 +208,7 @@ def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     rank, workers = dist.get_rank(), list(range(1, world_size))
     groups = pair_groups(world_size, [(0, worker) for worker in workers], timeout=job["timeout"])
     peers = {b if a == rank else a: group for (a, b), group in groups.items() if rank in (a, b)}
-    codec = WireCodec.of(job.get("wire", "fp32"))
+    codec = _codec(job)
     if rank == 0:
         server = ShardServer(
             master=list(model.parameters()), optimizer=optimizer, peers=peers, contributors=len(workers),
@@ -200,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         result = time_allreduce(job, rendezvous.world_size)
     elif job["kind"] == "central":
         result = time_central(job, rendezvous.world_size)
+    elif job["kind"] == "codec":
+        result = time_codec(job)
     else:
         result = time_transfers(job, rendezvous.rank)
     dist.barrier()

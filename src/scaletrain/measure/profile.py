@@ -17,8 +17,11 @@
   among N real worker processes (on the emulated link too), as a run's workers report it: the
   all-reduce exchange's communication, and the central server's (N workers and the server process:
   push, the server's wait for all N and its update, the reply; communication + wait). The refined
-  model corrects its formulas by them. Not measured for a compressing codec (its first steps go
-  dense, so the rounds would not time what a run sends).
+  model corrects its formulas by them. With a codec that compresses, past its dense start (what a run
+  sends once it compresses); the central one not for a codec only all-reduce carries (PowerSGD).
+- **codec_seconds** (a ``wire`` other than fp32): the codec's own compute per step on one worker,
+  alone: its all-reduce less float32's (each at world size 1, where the collective moves nothing), and
+  where a parameter server carries it one gradient message's compress and decompress.
 
 Every measurement runs in fresh processes started like training processes (torchrun variables,
 1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
@@ -171,6 +174,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         "architecture": config.architecture,
         "precision": config.precision,
         "wire": config.wire,
+        "wire_options": dict(config.wire_options),
         "device": config.device,
         "memory_format": config.memory_format,
     }
@@ -200,11 +204,18 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     latency = statistics.median(worker[str(SMALL_BYTES)]["round_trip"]) / 2
     t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
     timed: dict[str, dict[int, float]] = {kind: {} for kind in EXCHANGES}
-    for workers in sorted(set(config.exchange_counts)) if gradient_bytes is None else ():
-        for kind in config.exchanges:  # the central server is one more process, rank 0, which times nothing
+    exchanges = [kind for kind in config.exchanges if kind != "central" or not codec.all_reduce_only]
+    for workers in sorted(set(config.exchange_counts)):
+        for kind in exchanges:  # the central server is one more process, rank 0, which times nothing
             server = 1 if kind == "central" else 0
             ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
+    codec_seconds = {}
+    if config.wire != "fp32":  # float32's packing is a copy every strategy pays alike
+        [timings] = _run_probes({**job, "kind": "codec"}, 1, None, config.timeout)
+        medians = {part: statistics.median(samples) for part, samples in timings.items() if part != "rank"}
+        codec_seconds = {part: medians[part] for part in ("compress", "decompress") if part in medians}
+        codec_seconds["allreduce"] = max(0.0, medians["allreduce"] - medians["fp32"])
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -231,6 +242,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         precision=config.precision,
         wire=config.wire,
         wire_options=dict(config.wire_options),
+        codec_seconds=codec_seconds,
+        collective=codec.collective,
+        collective_calls=codec.collective_calls if gradient_bytes is not None else 1,
         memory_format=resolved_memory_format(config.memory_format, resolve_device(config.device).type),
     )
     if out is not None:

@@ -6,6 +6,10 @@ same code as ``scaletrain train``) with ``local`` at one worker as the reference
 median batches/s of the configuration / median batches/s of ``local``, the quantity both models
 predict (eq. 4.23: D·t_grad / t_train). Error = |predicted − measured| / measured.
 
+With ``wire`` (and ``wire_options``, ``precision``, ``device``) the profile is measured and every run
+trains as ``scaletrain train`` would with them: a compressed validation predicts from the codec's
+encoded bytes and its measured compute (``codec_seconds``), and its rows say the wire.
+
 Writes into ``out``: ``profile.json``, ``bench/`` (runs, results, report), ``validation.csv``,
 ``validation.json``, ``validation.md`` and ``validation.png``.
 """
@@ -43,6 +47,7 @@ DEFAULT_STRATEGIES = (
 COLUMNS = (
     "workload",
     "network",
+    "wire",
     "strategy",
     "workers",
     "runs",
@@ -74,6 +79,10 @@ class ValidationConfig:
     data_dir: Path | None = None
     threads_per_worker: int = 1
     launches: int = 3  # fresh processes the profile pools each timing over
+    wire: str = "fp32"  # the runs' --wire, and what the profile sizes and times
+    wire_options: dict[str, str] = field(default_factory=dict)  # its -W options
+    precision: str = "fp32"  # the runs' --precision, and the profile's autocast
+    device: str = "cpu"  # where the runs train and the profile times t_grad
 
     def __post_init__(self) -> None:
         for spec in self.strategies:
@@ -83,16 +92,30 @@ class ValidationConfig:
         if self.repeats < 1 or self.launches < 1:
             raise ConfigError(f"--runs and --launches must be ≥ 1, got {self.repeats} and {self.launches}")
         # The runs' own settings are checked as every training run's are, now rather than after profiling.
-        TrainConfig(
-            self.workload,
-            steps=self.steps,
-            warmup_steps=self.warmup_steps,
-            batch_size=self.batch_size,
-            threads=self.threads_per_worker,
-            **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
-        )
+        for spec in self.strategies:  # a codec one of the strategies cannot carry: one line before profiling
+            TrainConfig(
+                self.workload,
+                strategy=Configuration.parse(spec).strategy,
+                steps=self.steps,
+                warmup_steps=self.warmup_steps,
+                batch_size=self.batch_size,
+                threads=self.threads_per_worker,
+                **self.run_settings(),
+                **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
+            )
         if self.steps <= self.warmup_steps:
             raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
+
+    def run_settings(self) -> dict[str, Any]:
+        """The device every run trains on (the profile's), and the wire and precision not at their defaults."""
+        given = {"wire": self.wire, "wire_options": dict(self.wire_options) or None, "precision": self.precision}
+        defaults = {"wire": "fp32", "wire_options": None, "precision": "fp32"}
+        return {"device": self.device, **{key: value for key, value in given.items() if value != defaults[key]}}
+
+    @property
+    def wire_label(self) -> str:
+        """The wire as the rows name it: ``fp32``, ``topk ratio=0.01``."""
+        return " ".join([self.wire, *(f"{key}={value}" for key, value in sorted(self.wire_options.items()))])
 
 
 def run_validation(config: ValidationConfig) -> dict[str, Any]:
@@ -121,6 +144,10 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             lr=config.settings.get("lr"),
             momentum=config.settings.get("momentum"),
             data_dir=config.data_dir,
+            wire=config.wire,
+            wire_options=dict(config.wire_options),
+            precision=config.precision,
+            device=config.device,
         ),
         out=out / "profile.json",
     )
@@ -138,16 +165,17 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             network=config.network,
             data_dir=config.data_dir,
             options=dict(config.options),
-            settings=dict(config.settings),
+            settings={**config.settings, **config.run_settings()},
         ),
         title=f"Validation runs of {config.workload}",
     )
-    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=config.network or "loopback")
+    network = config.network or "loopback"
+    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=network, wire=config.wire_label)
     return write_validation(profile, rows, config.strategies, out)
 
 
 def compare(
-    profile: Profile, results: list[dict[str, Any]], *, steps: int, cores: int | None, network: str
+    profile: Profile, results: list[dict[str, Any]], *, steps: int, cores: int | None, network: str, wire: str = "fp32"
 ) -> list[dict[str, Any]]:
     """Table rows: measured speedup (vs the median ``local`` run) beside both models' predictions, and a
     synchronous step's parts (compute, waiting, communication) measured beside the refined model's."""
@@ -170,6 +198,7 @@ def compare(
         row = {
             "workload": profile.workload,
             "network": network,
+            "wire": wire,
             "strategy": label,
             "workers": workers,
             "runs": len(values),
@@ -285,7 +314,8 @@ def write_validation(
         max_workers=max_workers,
         predict=predict,
         measured=measured,
-        title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}: predicted vs measured",
+        title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}{_wire(profile)}: "
+        "predicted vs measured",
     )
     (out / "validation.md").write_text(_markdown(profile, rows, errors, ranking), encoding="utf-8")
     return {**result, "picture": picture, "out": out}
@@ -294,15 +324,22 @@ def write_validation(
 def _markdown(
     profile: Profile, rows: list[dict[str, Any]], errors: dict[str, float | None], ranking: dict[str, dict[str, Any]]
 ) -> str:
+    codec = ""
+    if profile.gradient_bytes is not None or profile.codec_seconds:
+        codec = f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute " + (
+            ", ".join(f"{part} {value * 1000:.2f} ms" for part, value in sorted(profile.codec_seconds.items()))
+            or "not measured"
+        ) + " a step."  # fmt: skip
     lines = [
         f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
-        f"{profile.network or 'loopback'}",
+        f"{profile.network or 'loopback'}{_wire(profile)}",
         "",
         f"Profile: t_grad {profile.t_grad * 1000:.1f} ms, t_update {profile.t_update * 1000:.2f} ms, "
         f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
         f"{profile.latency * 1e6:.0f} µs, contention "
         + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
-        + ".",
+        + "."
+        + codec,
         "",
         "| strategy | workers | runs | measured | thesis | error | refined | error |",
         "|---|---|---|---|---|---|---|---|",
@@ -336,6 +373,13 @@ def _markdown(
     split = step_parts_table(rows)
     lines += [*split, ""] if split else []
     return "\n".join(lines)
+
+
+def _wire(profile: Profile) -> str:
+    """``, wire topk ratio=0.01`` for a profile of a wire other than float32; nothing for float32."""
+    if profile.wire == "fp32":
+        return ""
+    return ", wire " + " ".join([profile.wire, *(f"{k}={v}" for k, v in sorted(profile.wire_options.items()))])
 
 
 def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:

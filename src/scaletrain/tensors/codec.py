@@ -124,6 +124,13 @@ class WireCodec:
     #: True for a codec published with error feedback as part of it (PowerSGD, top-k): on without
     #: ``--error-feedback`` (a codec built directly still takes ``error_feedback=False``).
     feedback_by_default = False
+    #: How :meth:`allreduce` moves the payload, for the estimator: ``"all_reduce"`` (the payloads add up as
+    #: they travel: a ring sends 2(N−1)/N of it per worker) or ``"all_gather"`` (every worker receives
+    #: every other's payload, N−1 of it, and decompresses each: top-k).
+    collective = "all_reduce"
+    #: Collective calls per step once the codec compresses (PowerSGD: two, the P factors and the Q
+    #: factors); each costs its own latencies.
+    collective_calls = 1
 
     def __init__(self, error_feedback: bool = False) -> None:
         self.error_feedback = error_feedback
@@ -193,6 +200,11 @@ class WireCodec:
     def reset(self) -> None:
         """Forget what is carried between messages (the network changed shape)."""
         self._residuals.clear()
+
+    def steady(self) -> WireCodec:
+        """This codec past any dense start, as a run sends once it compresses (what a profile times);
+        itself."""
+        return self
 
     def state_dict(self) -> dict[str, object]:
         """What is carried between messages, for a checkpoint (each worker's own: its residuals)."""

@@ -48,6 +48,7 @@ class PowerSGD(WireCodec):
     name = "powersgd"
     all_reduce_only = True
     feedback_by_default = True
+    collective_calls = 2
 
     def __init__(
         self,
@@ -156,6 +157,16 @@ class PowerSGD(WireCodec):
     def reset(self) -> None:
         super().reset()
         self._q.clear()
+
+    def steady(self) -> PowerSGD:
+        """Past the dense start: the next all-reduce is the first to factor.
+
+        >>> codec = PowerSGD(rank=1, start=100).steady()
+        >>> codec._steps == codec.start
+        True
+        """
+        self._steps = max(self._steps, self.start)
+        return self
 
     def allreduce(
         self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None

@@ -36,6 +36,8 @@ class TopK(WireCodec):
 
     name = "topk"
     feedback_by_default = True
+    collective = "all_gather"
+    collective_calls = 2  # the values, then their indices
 
     def __init__(self, error_feedback: bool = False, *, ratio: float = 0.01) -> None:
         super().__init__(error_feedback)

@@ -37,20 +37,37 @@ __all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
 
 def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     """A synchronous step besides the gradient: the all-reduce of the gradient message as the wire codec
-    sends it, then every worker's optimizer step.
+    sends it, the codec's own compute, then every worker's optimizer step.
 
-    The all-reduce is the ring's formula from the point-to-point latency and bandwidth, corrected by
-    the all-reduce itself where the profile timed it among N processes (``--exchange-at``): gloo's
+    The all-reduce is the ring's formula from the point-to-point latency and bandwidth: 2(N−1)
+    latencies and 2(N−1)/N of the message per worker for each collective call of a codec whose
+    payloads add up as they travel; N−1 latencies per call and N−1 messages for a codec that
+    all-gathers (top-k), which also decompresses every other worker's payload (timed as one
+    decompress each, which zeroes the whole gradient too: at most that). The codec's compute is its
+    all-reduce at world size 1 less float32's (``codec_seconds``). All of it is corrected by the
+    exchange itself where the profile timed it among N processes (``--exchange-at``): gloo's
     collective among many processes sharing cores costs more than the formula (×10 at 14 processes of
     an H100 machine's CPU, docs/results/h100-2026-11-26).
+
+    >>> from scaletrain.estimate.profile import Profile
+    >>> from scaletrain.estimate.refined import Terms
+    >>> toy = dict(t_grad=0.1, t_comm=0.01, latency=0.0, weight_bytes=10**6, bandwidth=1e8, gradient_bytes=10**4)
+    >>> summed = Terms(Profile("toy", 8, **toy), None)
+    >>> gathered = Terms(Profile("toy", 8, **toy, collective="all_gather", collective_calls=2), None)
+    >>> [ring_allreduce_seconds(t, np.array([4])).round(6).tolist() for t in (summed, gathered)]  # 1.5 and 3 messages
+    [[0.00015], [0.0003]]
     """
     profile = inputs.profile
+    gathers = profile.collective == "all_gather"
 
     def ring(workers: int) -> float:
         if workers <= 1:
             return 0.0
-        transfer = 2 * (workers - 1) / workers * gradient_bytes(profile) / profile.bytes_per_second
-        return 2 * (workers - 1) * profile.latency + transfer
+        messages = (workers - 1) if gathers else 2 * (workers - 1) / workers
+        latencies = (1 if gathers else 2) * (workers - 1) * profile.collective_calls
+        transfer = latencies * profile.latency + messages * gradient_bytes(profile) / profile.bytes_per_second
+        decoded = (workers - 1) * profile.codec("decompress") if gathers else 0.0
+        return transfer + profile.codec("allreduce") + decoded
 
     return calibrated_seconds(profile, profile.allreduce, n, ring) + profile.t_update
 

@@ -8,6 +8,8 @@
   one large tensor makes one owner's link the bottleneck, not (N−1)/N of the weights).
 - **Asynchronous workers** as a closed queueing network (Reiser & Lavenberg 1980): every worker
   cycles through compute (a delay) and the server's downlink, update and uplink (queues).
+- **The wire codec's compute** (``codec_seconds``): a worker compresses its gradient once a step, an
+  owner decompresses every message it receives before its update.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def central_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
 
     def formula(workers: int) -> float:
         pushes, replies = workers * gradient_bytes(profile), workers * weight_bytes(profile)
-        return float(transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update)
+        codec = profile.codec("compress") + workers * profile.codec("decompress")
+        return float(transfer_seconds(profile, pushes) + transfer_seconds(profile, replies) + profile.t_update + codec)
 
     return calibrated_seconds(profile, profile.central, n, formula)
 
@@ -60,7 +63,9 @@ def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     update = largest * profile.t_update
     busiest = np.maximum(1 - smallest, (n - 1) * largest)
     both = (gradient_bytes(profile) + weight_bytes(profile)) * busiest / profile.bytes_per_second
-    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update)
+    # every worker compresses its whole gradient (a message per owner); the busiest owner decompresses N of its share
+    codec = profile.codec("compress") + n * largest * profile.codec("decompress")
+    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update + codec)
 
 
 def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
@@ -69,8 +74,8 @@ def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     gradients = inputs.gradient("async", workers).tolist()
     bandwidth = profile.bytes_per_second
     pushes, replies = gradient_bytes(profile) / bandwidth, weight_bytes(profile) / bandwidth
-    queues = queue_demands([(pushes, 1), (profile.t_update, 1), (replies, 1)])
-    return [(n, gradient + 2 * profile.latency, queues)
+    queues = queue_demands([(pushes, 1), (profile.t_update + profile.codec("decompress"), 1), (replies, 1)])
+    return [(n, gradient + 2 * profile.latency + profile.codec("compress"), queues)
             for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
 
 
@@ -87,8 +92,10 @@ def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
         queues = []
         for share, owners in held.items():
             link = ((1 - share) / n + (n - 1) / n * share) * size / bandwidth if n > 1 else 0.0
-            queues += [(link, 2 * owners), (share * profile.t_update, owners)]
-        networks.append((n, gradient + 2 * (n - 1) * profile.latency, queue_demands(queues)))
+            update = share * (profile.t_update + profile.codec("decompress"))
+            queues += [(link, 2 * owners), (update, owners)]
+        think = gradient + 2 * (n - 1) * profile.latency + profile.codec("compress")
+        networks.append((n, think, queue_demands(queues)))
     return networks
 
 

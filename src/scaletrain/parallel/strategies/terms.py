@@ -69,6 +69,14 @@ class ProfileNumbers(Protocol):
     def allreduce(self) -> dict[int, float]: ...  # N workers → a measured all-reduce's seconds
     @property
     def central(self) -> dict[int, float]: ...  # N workers → a measured central-server exchange's seconds
+    @property
+    def collective(self) -> str: ...  # how the wire codec's all-reduce moves its payload (all_reduce, all_gather)
+    @property
+    def collective_calls(self) -> int: ...  # its collectives per step
+
+    def codec(self, part: str) -> float:
+        """Seconds of the wire codec's own ``part`` (allreduce, compress, decompress) per step; 0 unmeasured."""
+        ...
 
     def calibrated(self, measured: dict[int, float], processes: int, modelled: Callable[[int], float]) -> float:
         """``modelled(processes)`` corrected by the ratio measured ÷ modelled at the measured counts."""
