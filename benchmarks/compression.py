@@ -14,9 +14,10 @@ Each run's per-step split (``summary.json``: compute, communication — the code
 decompression included, as they run inside the exchange —, waiting for the slower worker) says where a
 miss comes from. The refined estimator predicts every row from one ``scaletrain profile`` of the network
 (``--network``, t_grad at batch/2, contention at 2 processes) with the profile's gradient message
-replaced by the bytes the row's codec sends (``steady_payload_bytes`` with the row's ``-W`` options);
-the codec's compute is not in the estimator (not yet profiled), so it predicts compressed rows from
-their bytes alone.
+replaced by the bytes the row's codec sends (``steady_payload_bytes`` with the row's ``-W`` options),
+how its all-reduce moves them (top-k all-gathers) and the codec's own compute, measured as ``scaletrain
+profile --wire`` measures it (``measure_codec``: one process, the row's ``-W`` options). The table's
+``codec`` column is that compute in seconds a step.
 
 Goals (issue 27): PowerSGD's speedup at least 1.7 on 50mbit (the dense fp32 all-reduce: 0.64), every
 compressed run's test accuracy within 1 point of the fp32 run's, the estimator within 10 % of each row.
@@ -38,6 +39,7 @@ from typing import Any
 import scaletrain
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.profile import ProfileConfig, measure_codec
 from scaletrain.measure.profile import network as built_network
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.workloads import create_workload
@@ -84,12 +86,35 @@ def seconds(value: float | None) -> str:
     return f"{value:>8.3f}" if value is not None else f"{'—':>8}"
 
 
-def codec_of(wire: str) -> WireCodec:
-    """The codec a row's flags name, with its ``-W`` options."""
+def wire_of(wire: str) -> tuple[str, dict[str, str]]:
+    """The codec's name and ``-W`` options a row's flags give."""
     flags = WIRES[wire]
     name = flags[flags.index("--wire") + 1] if "--wire" in flags else "fp32"
-    options = dict(flags[i + 1].split("=", 1) for i, flag in enumerate(flags) if flag == "-W")
+    return name, dict(flags[i + 1].split("=", 1) for i, flag in enumerate(flags) if flag == "-W")
+
+
+def codec_of(wire: str) -> WireCodec:
+    """The codec a row's flags name, with its ``-W`` options."""
+    name, options = wire_of(wire)
     return WireCodec.of(name, options=options)
+
+
+def predicted_row(args: argparse.Namespace, profile: Profile, wire: str, layout: TensorLayout) -> Profile:
+    """The dense profile as the row's codec sends: its steady bytes, its collective, its measured compute."""
+    codec = codec_of(wire)
+    name, options = wire_of(wire)
+    compute = measure_codec(
+        ProfileConfig("resnet20", options=resnet_options(args), wire=name, wire_options=options, threads=args.threads,
+                      repeats=8, download=False)
+    )  # fmt: skip
+    return dataclasses.replace(
+        profile, gradient_bytes=codec.steady_payload_bytes(layout), codec_seconds=compute,
+        collective=codec.collective, collective_calls=codec.collective_calls if name != "fp32" else 1,
+    )  # fmt: skip
+
+
+def resnet_options(args: argparse.Namespace) -> dict[str, str]:
+    return {"dataset": "fashion-mnist", "train_samples": str(args.train_samples)}
 
 
 def profiled(args: argparse.Namespace, data_dir: Path, out: Path) -> Profile:
@@ -102,7 +127,7 @@ def profiled(args: argparse.Namespace, data_dir: Path, out: Path) -> Profile:
         split_workers=(2,),
         contention_counts=(2,),
         threads=args.threads,
-        options={"dataset": "fashion-mnist", "train_samples": str(args.train_samples)},
+        options=resnet_options(args),
         launches=2,
         repeats=8,
         data_dir=data_dir,
@@ -156,15 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     for wire, run in runs.items():
-        row = dataclasses.replace(profile, gradient_bytes=codec_of(wire).steady_payload_bytes(layout))
+        row = predicted_row(args, profile, wire, layout)
         run["predicted_bytes_per_step"] = row.gradient_bytes
+        run["codec_parts"] = row.codec_seconds
         run["predicted_speedup"] = predicted_speedup(
             "refined", row, configuration, 2, batches=run["steps"], cores=os.cpu_count()
         )
     dense = runs["fp32"]
     print(
         f"\n{'wire':<16} {'bytes/step':>12} {'× fewer':>8} {'s/step':>8} {'compute':>8} {'comm':>8} {'wait':>8} "
-        f"{'speedup':>8} {'predicted':>9} {'accuracy':>9}"
+        f"{'codec':>8} {'speedup':>8} {'predicted':>9} {'accuracy':>9}"
     )
     checks: dict[str, bool] = {}
     for wire, run in runs.items():
@@ -172,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{wire:<16} {run['bytes_per_step']:>12,.0f} {fewer:>8.1f} {run['seconds_per_step']:>8.3f} "
             f"{seconds(run['compute'])} {seconds(run['communication'])} {seconds(run['wait'])} "
-            f"{run['speedup']:>8.2f} {run['predicted_speedup']:>9.2f} {run['test_accuracy']:>9.4f}"
+            f"{seconds(run['codec_parts'].get('allreduce', 0.0))} {run['speedup']:>8.2f} {run['predicted_speedup']:>9.2f} {run['test_accuracy']:>9.4f}"
         )
         checks[f"{wire}: every worker ends with the same weights"] = run["digests"] == 1
         off = run["predicted_speedup"] / run["speedup"] - 1
@@ -185,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         if wire.startswith("powersgd") and args.network != "none":
             checks[f"{wire}: speedup {run['speedup']:.2f} ≥ {GOAL_SPEEDUP}"] = run["speedup"] >= GOAL_SPEEDUP
+        if wire != "fp32" and args.network == "none":  # loopback: slower by at most the codec's own compute
+            slower, compute = run["seconds_per_step"] - dense["seconds_per_step"], run["codec_parts"]["allreduce"]
+            checks[f"{wire}: {slower:+.3f} s a step against fp32, its codec's compute {compute:.3f} s"] = slower <= compute
     for text, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}: {text}")
     print(f"runs in {folder}")

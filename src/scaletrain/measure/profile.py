@@ -56,7 +56,7 @@ from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["ProfileConfig", "ProfileError", "network", "run_profile"]
+__all__ = ["ProfileConfig", "ProfileError", "measure_codec", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
 EXCHANGES = ("allreduce", "central")  # the synchronous exchanges a profile can time (probe kinds)
@@ -210,12 +210,6 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             server = 1 if kind == "central" else 0
             ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
-    codec_seconds = {}
-    if config.wire != "fp32":  # float32's packing is a copy every strategy pays alike
-        [timings] = _run_probes({**job, "kind": "codec"}, 1, None, config.timeout)
-        medians = {part: statistics.median(samples) for part, samples in timings.items() if part != "rank"}
-        codec_seconds = {part: medians[part] for part in ("compress", "decompress") if part in medians}
-        codec_seconds["allreduce"] = max(0.0, medians["allreduce"] - medians["fp32"])
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -242,7 +236,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         precision=config.precision,
         wire=config.wire,
         wire_options=dict(config.wire_options),
-        codec_seconds=codec_seconds,
+        codec_seconds=measure_codec(config),
         collective=codec.collective,
         collective_calls=codec.collective_calls if gradient_bytes is not None else 1,
         memory_format=resolved_memory_format(config.memory_format, resolve_device(config.device).type),
@@ -250,6 +244,23 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     if out is not None:
         profile.save(out)
     return profile
+
+
+def measure_codec(config: ProfileConfig) -> dict[str, float]:
+    """The wire codec's own compute per step (a profile's ``codec_seconds``), medians of ``config.repeats``
+    rounds in one fresh process; empty for float32, whose packing is a copy every strategy pays alike."""
+    if config.wire == "fp32":
+        return {}
+    job = {
+        "kind": "codec", "workload": config.workload, "options": config.options, "architecture": config.architecture,
+        "threads": config.threads, "warmup": config.warmup, "repeats": config.repeats, "timeout": config.timeout,
+        "wire": config.wire, "wire_options": dict(config.wire_options),
+    }  # fmt: skip
+    [timings] = _run_probes(job, 1, None, config.timeout)
+    medians = {part: statistics.median(samples) for part, samples in timings.items() if part != "rank"}
+    seconds = {part: medians[part] for part in ("compress", "decompress") if part in medians}
+    seconds["allreduce"] = max(0.0, medians["allreduce"] - medians["fp32"])  # the collective itself moves nothing
+    return seconds
 
 
 def network(workload: Workload, architecture: dict[str, dict[str, int]]) -> torch.nn.Module:
