@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{wire:<16} {run['bytes_per_step']:>12,.0f} {fewer:>8.1f} {run['seconds_per_step']:>8.3f} "
             f"{seconds(run['compute'])} {seconds(run['communication'])} {seconds(run['wait'])} "
-            f"{seconds(run['codec_parts'].get('allreduce', 0.0))} {run['speedup']:>8.2f} {run['predicted_speedup']:>9.2f} {run['test_accuracy']:>9.4f}"
+            f"{seconds(run['codec_parts'].get('allreduce', 0.0))} "
+            f"{run['speedup']:>8.2f} {run['predicted_speedup']:>9.2f} {run['test_accuracy']:>9.4f}"
         )
         checks[f"{wire}: every worker ends with the same weights"] = run["digests"] == 1
         off = run["predicted_speedup"] / run["speedup"] - 1
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
             checks[f"{wire}: speedup {run['speedup']:.2f} ≥ {GOAL_SPEEDUP}"] = run["speedup"] >= GOAL_SPEEDUP
         if wire != "fp32" and args.network == "none":  # loopback: slower by at most the codec's own compute
             slower, compute = run["seconds_per_step"] - dense["seconds_per_step"], run["codec_parts"]["allreduce"]
-            checks[f"{wire}: {slower:+.3f} s a step against fp32, its codec's compute {compute:.3f} s"] = slower <= compute
+            text = f"{wire}: {slower:+.3f} s a step against fp32, its codec's compute {compute:.3f} s"
+            checks[text] = slower <= compute
     for text, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}: {text}")
     print(f"runs in {folder}")

@@ -16,9 +16,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
-from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec
+from scaletrain.tensors.codec import CODECS, Collectives, TensorLayout, WireCodec
 
 __all__ = ["ScaledSign"]
 
@@ -65,13 +64,14 @@ class ScaledSign(WireCodec):
         return torch.mul(signs, magnitudes, out=out)
 
     def allreduce(
-        self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
+        self, flat: torch.Tensor, layout: TensorLayout, *, stream: object = None, collectives: Collectives | None = None
     ) -> torch.Tensor:
         # every worker's message has the same size (it depends on the element count alone): one
         # all-gather of whole messages, decoded and summed in rank order, the same sum everywhere
+        collectives = collectives or Collectives()
         message = self.to_message(self.compress(flat, layout, stream)[0], layout)
-        messages = [torch.empty_like(message) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(messages, message, group=group)
+        messages = [torch.empty_like(message) for _ in range(collectives.world_size)]
+        collectives.all_gather(messages, message)
         decoded = [self.decompress(self.from_message(body, layout), layout) for body in messages]
         return torch.stack(decoded).sum(0)
 

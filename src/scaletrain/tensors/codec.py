@@ -17,7 +17,6 @@ instead of a gloo size error, a hang or a silent mis-read.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +27,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 __all__ = [
     "CODECS",
     "BFloat16Codec",
+    "Collectives",
     "Float16Codec",
     "LayoutMismatch",
     "TensorLayout",
@@ -80,6 +80,27 @@ class TensorLayout:
         return f"#{self.layout_id:08x} ({self.numel} elements)"
 
 
+@dataclass(frozen=True)
+class Collectives:
+    """The collectives a codec's :meth:`WireCodec.allreduce` calls, over ``group`` (None: the default group).
+    An elastic run passes its own, which give up as soon as another member has seen a peer lost; a codec
+    that calls ``dist`` directly instead would wait out ``--timeout`` there."""
+
+    group: dist.ProcessGroup | None = None
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the group, in place."""
+        dist.all_reduce(tensor, group=self.group)
+
+    def all_gather(self, parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        """Every process's ``tensor`` into ``parts``, in rank order."""
+        dist.all_gather(parts, tensor, group=self.group)
+
+
 class WireCodec:
     """float32 on the wire: packing is a copy into one flat buffer, unpacking none at all.
 
@@ -93,9 +114,10 @@ class WireCodec:
       ``compress`` must match (a parameter server's gradient message is the payload's tensors back to
       back, :meth:`to_message` and :meth:`from_message`, received into a buffer of that size; its
       header carries the bytes, which the owner checks);
-    - :meth:`allreduce` ``(flat, layout, group=..., stream=...) -> sum``: the sum over the group's
-      processes, by whatever collectives the codec needs (here: compress, ``all_reduce`` each payload
-      tensor, decompress — right for a payload whose sum is the compressed sum);
+    - :meth:`allreduce` ``(flat, layout, stream=..., collectives=...) -> sum``: the sum over the group's
+      processes, by whatever collectives of ``collectives`` the codec needs (:class:`Collectives`; here:
+      compress, ``all_reduce`` each payload tensor, decompress — right for a payload whose sum is the
+      compressed sum);
     - :meth:`reset`: forget what is carried between messages (the network changed shape).
 
     ``stream`` names a sequence of messages (the all-reduce, or one owner of a parameter server):
@@ -178,23 +200,14 @@ class WireCodec:
         return [(layout.numel, self.dtype)]
 
     def allreduce(
-        self,
-        flat: torch.Tensor,
-        layout: TensorLayout,
-        *,
-        group: dist.ProcessGroup | None = None,
-        stream: object = None,
-        all_reduce: Callable[[torch.Tensor], None] | None = None,
+        self, flat: torch.Tensor, layout: TensorLayout, *, stream: object = None, collectives: Collectives | None = None
     ) -> torch.Tensor:
-        """The sum of every process's ``flat`` over ``group`` as float32 (``flat`` may be reused).
-        ``all_reduce``: what reduces each part in place instead of ``dist.all_reduce`` over ``group``
-        (an elastic run's watched collective)."""
+        """The sum of every process's ``flat`` as float32 (``flat`` may be reused), through ``collectives``
+        (None: ``dist``'s over the default group)."""
+        collectives = collectives or Collectives()
         payload, context = self.compress(flat, layout, stream)
         for part in payload:
-            if all_reduce is None:
-                dist.all_reduce(part, group=group)
-            else:
-                all_reduce(part)
+            collectives.all_reduce(part)
         return self.decompress(payload, context)
 
     def reset(self) -> None:

@@ -32,10 +32,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from scaletrain.errors import ConfigError
-from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec
+from scaletrain.tensors.codec import CODECS, Collectives, TensorLayout, WireCodec
 
 __all__ = ["PowerSGD"]
 
@@ -169,16 +168,17 @@ class PowerSGD(WireCodec):
         return self
 
     def allreduce(
-        self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
+        self, flat: torch.Tensor, layout: TensorLayout, *, stream: object = None, collectives: Collectives | None = None
     ) -> torch.Tensor:
+        collectives = collectives or Collectives()
         self._steps += 1
         if self._steps <= self.start:
-            dist.all_reduce(flat, group=group)  # float32 as it is: nothing lost, nothing carried
+            collectives.all_reduce(flat)  # float32 as it is: nothing lost, nothing carried
             return flat
         if layout.layout_id != self._layout_id:  # another network: nothing carried fits it
             self.reset()
             self._layout_id = layout.layout_id
-        world = dist.get_world_size(group)
+        world = collectives.world_size
         corrected = self.corrected(flat, stream) if self.error_feedback else flat
         plan = self._plan(layout)
         dense = self._dense_mask(layout, plan, flat.device)
@@ -188,7 +188,7 @@ class PowerSGD(WireCodec):
         first = torch.cat(
             [corrected[dense], *[(matrix @ q).reshape(-1) for matrix, q in zip(matrices, qs, strict=True)]]
         )
-        dist.all_reduce(first, group=group)
+        collectives.all_reduce(first)
         dense_count = int(dense.sum())
         ps, at = [], dense_count
         for _, _, n, _, r in plan:
@@ -198,7 +198,7 @@ class PowerSGD(WireCodec):
             [torch.zeros(0), *[(matrix.T @ p).reshape(-1) for matrix, p in zip(matrices, ps, strict=True)]]
         )
         if plan:
-            dist.all_reduce(second, group=group)
+            collectives.all_reduce(second)
         total = torch.empty_like(flat)
         total[dense] = first[:dense_count]
         at = 0

@@ -23,10 +23,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from scaletrain.errors import ConfigError
-from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec
+from scaletrain.tensors.codec import CODECS, Collectives, TensorLayout, WireCodec
 
 __all__ = ["TopK"]
 
@@ -94,13 +93,13 @@ class TopK(WireCodec):
         return out.index_copy_(0, indices.long(), values.float())
 
     def allreduce(
-        self, flat: torch.Tensor, layout: TensorLayout, *, group: dist.ProcessGroup | None = None, stream: object = None
+        self, flat: torch.Tensor, layout: TensorLayout, *, stream: object = None, collectives: Collectives | None = None
     ) -> torch.Tensor:
+        collectives = collectives or Collectives()
         payload, _ = self.compress(flat, layout, stream)
-        world = dist.get_world_size(group)
-        gathered = [[torch.empty_like(part) for _ in range(world)] for part in payload]
+        gathered = [[torch.empty_like(part) for _ in range(collectives.world_size)] for part in payload]
         for part, parts in zip(payload, gathered, strict=True):
-            dist.all_gather(parts, part, group=group)
+            collectives.all_gather(parts, part)
         total = torch.zeros(layout.numel, device=flat.device)
         for values, indices in zip(*gathered, strict=True):  # in rank order: the same sum on every worker
             total.index_add_(0, indices.long(), values)

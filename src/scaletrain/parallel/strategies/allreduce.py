@@ -22,7 +22,7 @@ from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.elastic import store_membership
-from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, watched
+from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, WatchedCollectives
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
@@ -218,17 +218,16 @@ class AllReduceExchange(GradientExchange):
             membership.join_due = bool(self._ready.item() > 0)
         arrived = now()
         flat = self.codec.pack(gradients)
-        if self.lost is None or type(self.codec).allreduce is not WireCodec.allreduce:
-            # The codec runs the collective: an all-reduce of a cast, or whatever its payload needs.
-            return arrived, self.codec.allreduce(flat, layout, stream="all-reduce")
-        # an elastic run: the cast's all-reduce, each part watched for a peer another survivor saw lost
-        return arrived, self.codec.allreduce(flat, layout, stream="all-reduce", all_reduce=self._all_reduce)
+        # The codec runs the collectives: an all-reduce of a cast, or whatever its payload needs; in an
+        # elastic run each of them watched for a peer another survivor saw lost.
+        collectives = None if self.lost is None else WatchedCollectives(lost=self.lost)
+        return arrived, self.codec.allreduce(flat, layout, stream="all-reduce", collectives=collectives)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         if self.lost is None:
             dist.all_reduce(tensor)
         else:
-            watched(dist.all_reduce(tensor, async_op=True), self.lost)
+            WatchedCollectives(lost=self.lost).all_reduce(tensor)
 
 
 def check_same_layout(parameters: list[torch.Tensor]) -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["ABANDONED", "WATCH_SECONDS", "HeardOfLoss", "watched"]
+from scaletrain.tensors.codec import Collectives
+
+__all__ = ["ABANDONED", "WATCH_SECONDS", "HeardOfLoss", "WatchedCollectives", "watched"]
 
 #: How often a waiting collective asks the store whether another survivor has seen a peer lost.
 WATCH_SECONDS = 0.02
@@ -36,3 +40,16 @@ def watched(work: dist.Work, lost: Callable[[], bool]) -> None:
         time.sleep(pause)
         pause = min(2 * pause, 0.002)
     work.wait()  # raises the collective's own error, if it failed
+
+
+@dataclass(frozen=True)
+class WatchedCollectives(Collectives):
+    """An elastic run's collectives: each gives up as soon as ``lost()`` says another survivor saw a peer lost."""
+
+    lost: Callable[[], bool] = lambda: False
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        watched(dist.all_reduce(tensor, group=self.group, async_op=True), self.lost)
+
+    def all_gather(self, parts: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        watched(dist.all_gather(parts, tensor, group=self.group, async_op=True), self.lost)
