@@ -10,7 +10,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scaletrain.measure.validate import step_parts_table
+from scaletrain.measure.validation_report import step_parts_table
 
 PRECISION_GOAL = 1.8
 #: fp32 ms per step at batch 64, 1 thread, measured on the 2-core CPU machine where scaletrain is developed

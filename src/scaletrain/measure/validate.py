@@ -33,8 +33,9 @@ from scaletrain.estimate.refined import step_split
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
+from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
 
-__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation", "step_parts_table"]
+__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation"]
 
 DEFAULT_STRATEGIES = (
     "allreduce-join",
@@ -112,11 +113,6 @@ class ValidationConfig:
         defaults = {"wire": "fp32", "wire_options": None, "precision": "fp32"}
         return {"device": self.device, **{key: value for key, value in given.items() if value != defaults[key]}}
 
-    @property
-    def wire_label(self) -> str:
-        """The wire as the rows name it: ``fp32``, ``topk ratio=0.01``."""
-        return " ".join([self.wire, *(f"{key}={value}" for key, value in sorted(self.wire_options.items()))])
-
 
 def run_validation(config: ValidationConfig) -> dict[str, Any]:
     """Profile, predict, run the sweep, compare; returns the table rows and both models' errors."""
@@ -170,7 +166,8 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
         title=f"Validation runs of {config.workload}",
     )
     network = config.network or "loopback"
-    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=network, wire=config.wire_label)
+    wire = wire_label(config.wire, config.wire_options)
+    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=network, wire=wire)
     return write_validation(profile, rows, config.strategies, out)
 
 
@@ -314,94 +311,8 @@ def write_validation(
         max_workers=max_workers,
         predict=predict,
         measured=measured,
-        title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}{_wire(profile)}: "
+        title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}{wire_suffix(profile)}: "
         "predicted vs measured",
     )
-    (out / "validation.md").write_text(_markdown(profile, rows, errors, ranking), encoding="utf-8")
+    (out / "validation.md").write_text(markdown(profile, rows, errors, ranking, RANK_NOISE), encoding="utf-8")
     return {**result, "picture": picture, "out": out}
-
-
-def _markdown(
-    profile: Profile, rows: list[dict[str, Any]], errors: dict[str, float | None], ranking: dict[str, dict[str, Any]]
-) -> str:
-    codec = ""
-    if profile.gradient_bytes is not None or profile.codec_seconds:
-        codec = f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute " + (
-            ", ".join(f"{part} {value * 1000:.2f} ms" for part, value in sorted(profile.codec_seconds.items()))
-            or "not measured"
-        ) + " a step."  # fmt: skip
-    lines = [
-        f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
-        f"{profile.network or 'loopback'}{_wire(profile)}",
-        "",
-        f"Profile: t_grad {profile.t_grad * 1000:.1f} ms, t_update {profile.t_update * 1000:.2f} ms, "
-        f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
-        f"{profile.latency * 1e6:.0f} µs, contention "
-        + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
-        + "."
-        + codec,
-        "",
-        "| strategy | workers | runs | measured | thesis | error | refined | error |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        lines.append(
-            f"| {row['strategy']} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
-            f"{row['thesis_speedup']:.3f} | {row['thesis_error_percent']:.1f} % | {row['refined_speedup']:.3f} | "
-            f"{row['refined_error_percent']:.1f} % |"
-        )
-    lines += [
-        "",
-        "Mean absolute percentage error: "
-        + ", ".join(f"{model} {value:.1f} %" for model, value in errors.items() if value is not None),
-        "",
-        "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
-        "",
-    ]
-    for workers, entry in ranking.items():
-        taus = ", ".join(
-            f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
-            else f"{model}: no pair apart"
-            for model in MODELS
-        )  # fmt: skip
-        lines.append(
-            f"{workers} workers, fastest first: measured {' > '.join(entry['measured'])}; "
-            f"refined {' > '.join(entry['refined'])}; {taus} "
-            f"(over the {entry['pairs_apart']} of {entry['pairs']} pairs more than {RANK_NOISE:.0%} apart)"
-        )
-    lines += [""] if ranking else []
-    split = step_parts_table(rows)
-    lines += [*split, ""] if split else []
-    return "\n".join(lines)
-
-
-def _wire(profile: Profile) -> str:
-    """``, wire topk ratio=0.01`` for a profile of a wire other than float32; nothing for float32."""
-    if profile.wire == "fp32":
-        return ""
-    return ", wire " + " ".join([profile.wire, *(f"{k}={v}" for k, v in sorted(profile.wire_options.items()))])
-
-
-def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The per-step parts of the synchronous rows (:func:`step_parts`), measured against the refined model,
-    as Markdown lines (milliseconds); none when no row is synchronous."""
-    synchronous = [row for row in rows if row.get("refined_compute_seconds") is not None]
-    if not synchronous:
-        return []
-
-    def ms(value: float | None) -> str:
-        return "—" if value is None else f"{value * 1000:.1f}"
-
-    lines = [
-        "A step's parts, measured / refined model, ms per step (the measured exchange is the communication;",
-        "the predicted one holds the optimizer step too; a parameter-server worker's wait for the server's reply",
-        "is in its measured wait):",
-        "",
-        "| strategy | workers | compute | wait | exchange |",
-        "|---|---|---|---|---|",
-    ]
-    for row in synchronous:
-        cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
-                 for part in ("compute", "wait", "exchange")]  # fmt: skip
-        lines.append(f"| {row['strategy']} | {row['workers']} | " + " | ".join(cells) + " |")
-    return lines

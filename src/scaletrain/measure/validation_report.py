@@ -1,0 +1,106 @@
+"""The validation's report (``validation.md``, :mod:`scaletrain.measure.validate`): the profile, predicted
+against measured speedup per configuration, the order of the strategies, and a synchronous step's parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaletrain.estimate.models import MODELS
+from scaletrain.estimate.profile import Profile
+
+__all__ = ["markdown", "step_parts_table", "wire_label", "wire_suffix"]
+
+
+def markdown(
+    profile: Profile,
+    rows: list[dict[str, Any]],
+    errors: dict[str, float | None],
+    ranking: dict[str, dict[str, Any]],
+    noise: float,
+) -> str:
+    """``validation.md``: the profile, the table, both models' mean errors, the order of the strategies (pairs
+    more than ``noise`` apart) and a synchronous step's parts."""
+    codec = ""
+    if profile.gradient_bytes is not None or profile.codec_seconds:
+        codec = f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute " + (
+            ", ".join(f"{part} {value * 1000:.2f} ms" for part, value in sorted(profile.codec_seconds.items()))
+            or "not measured"
+        ) + " a step."  # fmt: skip
+    lines = [
+        f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
+        f"{profile.network or 'loopback'}{wire_suffix(profile)}",
+        "",
+        f"Profile: t_grad {profile.t_grad * 1000:.1f} ms, t_update {profile.t_update * 1000:.2f} ms, "
+        f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
+        f"{profile.latency * 1e6:.0f} µs, contention "
+        + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
+        + "."
+        + codec,
+        "",
+        "| strategy | workers | runs | measured | thesis | error | refined | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['strategy']} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
+            f"{row['thesis_speedup']:.3f} | {row['thesis_error_percent']:.1f} % | {row['refined_speedup']:.3f} | "
+            f"{row['refined_error_percent']:.1f} % |"
+        )
+    lines += [
+        "",
+        "Mean absolute percentage error: "
+        + ", ".join(f"{model} {value:.1f} %" for model, value in errors.items() if value is not None),
+        "",
+        "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
+        "",
+    ]
+    for workers, entry in ranking.items():
+        taus = ", ".join(
+            f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
+            else f"{model}: no pair apart"
+            for model in MODELS
+        )  # fmt: skip
+        lines.append(
+            f"{workers} workers, fastest first: measured {' > '.join(entry['measured'])}; "
+            f"refined {' > '.join(entry['refined'])}; {taus} "
+            f"(over the {entry['pairs_apart']} of {entry['pairs']} pairs more than {noise:.0%} apart)"
+        )
+    lines += [""] if ranking else []
+    split = step_parts_table(rows)
+    lines += [*split, ""] if split else []
+    return "\n".join(lines)
+
+
+def wire_label(wire: str, options: dict[str, Any]) -> str:
+    """The wire as the rows name it: ``fp32``, ``topk ratio=0.01``."""
+    return " ".join([wire, *(f"{key}={value}" for key, value in sorted(options.items()))])
+
+
+def wire_suffix(profile: Profile) -> str:
+    """``, wire topk ratio=0.01`` for a profile of a wire other than float32; nothing for float32."""
+    return f", wire {wire_label(profile.wire, profile.wire_options)}" if profile.wire != "fp32" else ""
+
+
+def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-step parts of the synchronous rows (:func:`step_parts`), measured against the refined model,
+    as Markdown lines (milliseconds); none when no row is synchronous."""
+    synchronous = [row for row in rows if row.get("refined_compute_seconds") is not None]
+    if not synchronous:
+        return []
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1000:.1f}"
+
+    lines = [
+        "A step's parts, measured / refined model, ms per step (the measured exchange is the communication;",
+        "the predicted one holds the optimizer step too; a parameter-server worker's wait for the server's reply",
+        "is in its measured wait):",
+        "",
+        "| strategy | workers | compute | wait | exchange |",
+        "|---|---|---|---|---|",
+    ]
+    for row in synchronous:
+        cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
+                 for part in ("compute", "wait", "exchange")]  # fmt: skip
+        lines.append(f"| {row['strategy']} | {row['workers']} | " + " | ".join(cells) + " |")
+    return lines
