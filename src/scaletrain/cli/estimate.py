@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
@@ -24,6 +25,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import CASES, KINDS
+from scaletrain.measure.profile import ProfileConfig
 from scaletrain.measure.validate import DEFAULT_STRATEGIES
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
 
@@ -209,9 +211,11 @@ def _validate(args: argparse.Namespace) -> int:
     # what the validation measures itself, or does not take: refused rather than silently not done
     counted = {"--split-workers": args.split_workers, "--concurrency": args.concurrency,
                "--contention-at": args.contention_at, "--exchange-at": args.exchange_at}  # fmt: skip
-    untaken = {"--repeats": args.repeats != 10, "--round-trips": args.round_trips != 10,
-               "--timeout": args.timeout != 600.0, "--memory-format": args.memory_format != "auto"}  # fmt: skip
-    given = [flag for flag, value in counted.items() if value] + [flag for flag, differs in untaken.items() if differs]
+    defaults = {field.name: field.default for field in dataclasses.fields(ProfileConfig)}
+    untaken = {"--repeats": "repeats", "--round-trips": "round_trips", "--timeout": "timeout",
+               "--memory-format": "memory_format"}  # fmt: skip
+    given = [flag for flag, value in counted.items() if value]
+    given += [flag for flag, name in untaken.items() if getattr(args, name) != defaults[name]]
     if given:
         raise ConfigError(
             f"--validate does not take {', '.join(given)}: it profiles at the runs' own worker counts with the "
