@@ -38,6 +38,8 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)
     # Gradient times pooled over two fresh processes of three timed rounds each.
     assert len(profile.samples["t_grad"]) == 6 and len(profile.samples["round_trip"]) == 3
+    # and under contention every time taken: 2 launches × 3 processes × 3 rounds
+    assert list(profile.samples["t_grad_contended"]) == ["3"] and len(profile.samples["t_grad_contended"]["3"]) == 18
     assert Profile.load(out) == profile
     assert json.loads(out.read_text())["batch_size"] == 32
 

@@ -5,7 +5,8 @@
   workers of a ``split`` run (``split_workers``), and the optimizer step (**t_update**).
 - **contention**: t_grad while k processes compute at once on this machine, divided by t_grad
   alone, for k = 2..``concurrency`` (what workers sharing cores cost each other), or only at the
-  ``contention_counts`` asked for (``--contention-at``), with the counts between them interpolated.
+  ``contention_counts`` asked for (``--contention-at``), with the counts between them interpolated;
+  every time taken is kept (``samples["t_grad_contended"]``: the spread of t_grad under contention).
 - **t_comm**: one transfer of all weights between two real processes over the transport the
   parameter server uses (gloo point-to-point, header + flat buffer, both directions): half the
   median push + pull round trip. With ``wire`` the buffer is of the codec's type (``bf16``: half the
@@ -189,6 +190,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     t_grad = t_grad_parts.pop(1)
     cores = os.cpu_count() or 1
     contention = {1: 1.0}
+    contended: dict[str, list[float]] = {}  # k → every t_grad timed while k processes computed (the spread at k)
     most = config.concurrency or cores
     counts = sorted({n for n in config.contention_counts if n <= most}) or range(2, most + 1)
     for processes in counts:
@@ -197,7 +199,8 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             for _ in range(config.launches)
             for rank in _run_probes({**job, "kind": "grad", "parts": [1]}, processes, None, config.timeout)
         ]
-        contention[processes] = statistics.median(x for rank in ranks for x in rank["t_grad"]["1"]) / t_grad
+        contended[str(processes)] = [x for rank in ranks for x in rank["t_grad"]["1"]]
+        contention[processes] = statistics.median(contended[str(processes)]) / t_grad
     transfer_job = {**job, "kind": "transfer", "sizes": [SMALL_BYTES, weight_bytes], "repeats": config.round_trips}
     transfer_job["warmup"] = max(1, min(config.warmup, 2))
     worker = _run_probes(transfer_job, 2, config.network, config.timeout)[1]
@@ -230,7 +233,11 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         network=config.network,
         parameters=sum(values),
         options=dict(config.options),
-        samples={"t_grad": pooled[1], "round_trip": worker[str(weight_bytes)]["round_trip"]},
+        samples={
+            "t_grad": pooled[1],
+            "round_trip": worker[str(weight_bytes)]["round_trip"],
+            "t_grad_contended": contended,
+        },
         machine=machine_info(config.network),
         architecture=dict(config.architecture),
         precision=config.precision,
