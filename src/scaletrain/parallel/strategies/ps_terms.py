@@ -63,9 +63,10 @@ def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     update = largest * profile.t_update
     busiest = np.maximum(1 - smallest, (n - 1) * largest)
     both = (gradient_bytes(profile) + weight_bytes(profile)) * busiest / profile.bytes_per_second
-    # every worker compresses its whole gradient (a message per owner); the busiest owner decompresses N of its share
+    # every worker compresses its whole gradient (a message per owner, its own shard too: it applies what the others
+    # would receive, so one worker alone pays it as well); the busiest owner decompresses N of its share
     codec = profile.codec("compress") + n * largest * profile.codec("decompress")
-    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update + codec)
+    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update) + codec
 
 
 def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
