@@ -55,6 +55,8 @@ WIRES = {
     "powersgd rank 2": ["--wire", "powersgd", "-W", "rank=2", "--error-feedback"],
     "powersgd rank 4": ["--wire", "powersgd", "-W", "rank=4", "--error-feedback"],
     "topk 1 %": ["--wire", "topk", "-W", "ratio=0.01", "--error-feedback"],
+    # a dense first epoch (200 steps at 12,800 images and batch 64), as PowerSGD's authors start (issue 27's accuracy)
+    "powersgd rank 2 start 200": ["--wire", "powersgd", "-W", "rank=2", "-W", "start=200", "--error-feedback"],
 }
 
 
