@@ -24,7 +24,7 @@ from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.elastic import store_membership
 from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, WatchedCollectives
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
-from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, wire_codec
+from scaletrain.tensors.codec import Collectives, LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, PeerLost, clip_and_step
 from scaletrain.train.membership import elastic_fields, take_live_state
@@ -149,6 +149,8 @@ class AllReduceExchange(GradientExchange):
         # run, and a worker waiting to join is agreed on in the step's first all-reduce
         self.membership = membership
         self.lost = getattr(membership, "peer_lost", None)
+        # an elastic run's collectives give up as soon as another survivor saw a peer lost
+        self.collectives = Collectives() if self.lost is None else WatchedCollectives(lost=self.lost)
         self.synced = synced  # a worker that joined has its weights from a live peer already
         self._ready = torch.zeros(1)
 
@@ -218,16 +220,11 @@ class AllReduceExchange(GradientExchange):
             membership.join_due = bool(self._ready.item() > 0)
         arrived = now()
         flat = self.codec.pack(gradients)
-        # The codec runs the collectives: an all-reduce of a cast, or whatever its payload needs; in an
-        # elastic run each of them watched for a peer another survivor saw lost.
-        collectives = None if self.lost is None else WatchedCollectives(lost=self.lost)
-        return arrived, self.codec.allreduce(flat, layout, stream="all-reduce", collectives=collectives)
+        # The codec runs the collectives: an all-reduce of a cast, or whatever its payload needs.
+        return arrived, self.codec.allreduce(flat, layout, stream="all-reduce", collectives=self.collectives)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
-        if self.lost is None:
-            dist.all_reduce(tensor)
-        else:
-            WatchedCollectives(lost=self.lost).all_reduce(tensor)
+        self.collectives.all_reduce(tensor)
 
 
 def check_same_layout(parameters: list[torch.Tensor]) -> None:
