@@ -2,7 +2,9 @@
 each process computed: the elastic tests' workload, named ``tests.parallel.faulty_lenet:FaultyLeNet``.
 
 ``SCALETRAIN_TEST_FAULT=RANK:STEP:SIGNAL`` (e.g. ``2:8:SIGKILL``): that rank's process sends itself the signal
-at the forward pass of its STEP-th step (counted from 1), before the step's all-reduce. ``SCALETRAIN_TEST_SAMPLES``
+at the forward pass of its STEP-th step (counted from 1), before the step's all-reduce, once every other process
+has started the same batch (at most 30 s): the others have then received all of the previous step, which a
+killed process could otherwise take with it unread (its reset connection). ``SCALETRAIN_TEST_SAMPLES``
 names a folder where each process appends, per global batch it starts, the sample indices of its part
 (``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
 fault happened. ``SCALETRAIN_TEST_WAIT=RANK:STEP:PATH[,…]``: that rank waits at the forward pass of its STEP-th step
@@ -34,6 +36,7 @@ class FaultyLeNet(LeNetWorkload):
     _forward_passes = 0
     _waits = 0
     _store: Any = None
+    _current: tuple[int, int] = (-1, -1)  # (epoch, number) of the batch this process works on
 
     def train_batches(
         self,
@@ -54,6 +57,7 @@ class FaultyLeNet(LeNetWorkload):
         )
         folder = os.environ.get(ENV_SAMPLES)
         for number, batch in zip(batches.numbers, produced, strict=True):
+            FaultyLeNet._current = (epoch, number)
             if folder:
                 record = {
                     "rank": int(os.environ.get("RANK", "0")),
@@ -83,9 +87,24 @@ class FaultyLeNet(LeNetWorkload):
                 if FaultyLeNet._forward_passes == int(step):
                     folder = os.environ.get(ENV_SAMPLES)
                     if folder:  # when the fault happened, to time the survivors' recovery from
+                        _wait_for_the_others(Path(folder))
                         (Path(folder) / "fault-time").write_text(repr(time.time()))
                     os.kill(os.getpid(), getattr(signal, name))
         return super().training_loss(model, batch, state)
+
+
+def _wait_for_the_others(folder: Path) -> None:
+    """Until every other process's last recorded batch is this one's (or later), at most 30 s."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        others = [path for path in folder.glob("samples-*.jsonl") if path.name != f"samples-{os.getpid()}.jsonl"]
+        try:
+            lasts = [json.loads(path.read_text().splitlines()[-1]) for path in others]
+        except (IndexError, ValueError):  # a file just made, or a line half written: look again
+            lasts = None
+        if lasts is not None and all((last["epoch"], last["number"]) >= FaultyLeNet._current for last in lasts):
+            return
+        time.sleep(0.02)
 
 
 def _specs(text: str | None) -> list[list[str]]:
