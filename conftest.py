@@ -5,9 +5,10 @@
   file for the same reason (tests/parallel/test_real_lenet.py).
 * Files that hold ``slow`` tests are handed out first: the longest jobs start early instead of being
   left for one worker at the end.
-* A test marked ``alone`` measures time or speed: it runs with no other test beside it. It takes a lock
-  exclusively while every other test holds it shared; a test waiting to be alone keeps new tests from
-  starting until it has run. Without xdist there is no lock.
+* A test marked ``alone`` measures time or speed: its body runs with no other test beside it. It takes a
+  lock exclusively for its call phase while every other test holds it shared (an alone test's setup and
+  teardown hold it shared: its fixtures, the container image among them, are made beside other tests); a
+  test waiting to be alone keeps new tests from starting until it has run. Without xdist there is no lock.
 """
 
 from __future__ import annotations
@@ -84,10 +85,42 @@ def company(config: pytest.Config, alone: bool) -> Iterator[None]:
             fcntl.flock(gate.fileno(), fcntl.LOCK_UN)
 
 
+def _alone(item: pytest.Item) -> bool:
+    return item.get_closest_marker("alone") is not None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    # around setup, call and teardown: a module fixture made for this test is inside it too
-    with company(item.config, alone=item.get_closest_marker("alone") is not None):
+    # A test that is not alone holds the lock shared around setup, call and teardown.
+    if _alone(item):  # its phases take the lock one by one (below)
+        return (yield)
+    with company(item.config, alone=False):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    # An alone test's fixtures are made beside other tests (the container image is built in 70 s), shared:
+    # nothing it makes there is measured; a fixture that measures would belong in the test's body.
+    if not _alone(item):
+        return (yield)
+    with company(item.config, alone=False):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if not _alone(item):
+        return (yield)
+    with company(item.config, alone=True):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not _alone(item):
+        return (yield)
+    with company(item.config, alone=False):
         return (yield)
 
 
