@@ -65,6 +65,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     flags = [
         *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
         *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", "1e-4"),
+        *(("--lr-decay", str(args.lr_decay), "--lr-decay-start", str(args.lr_decay_start)) if args.lr_decay < 1 else ()),
         *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
     ]
     wall = train_run("resnet20", out, flags, timeout=6 * 3600)
@@ -144,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--network", default="50mbit", help="the 2-worker links' rate, or none for loopback")
-    parser.add_argument("--wires", default=",".join(WIRES), help=f"which of {', '.join(WIRES)}")
+    parser.add_argument("--lr-decay", type=float, default=1.0, help="× the rate each epoch after --lr-decay-start")
+    parser.add_argument("--lr-decay-start", type=int, default=0, help="epochs at the full rate before the decay")
+    # argparse formats help with %: "topk 1 %" must be written %%
+    parser.add_argument("--wires", default=",".join(WIRES), help=f"which of {', '.join(WIRES)}".replace("%", "%%"))
     add_run_flags(parser)
     # one thread a process: two 2-thread workers on the 2-core development machine once measured ×18.7 contention
     parser.set_defaults(threads=1)
@@ -158,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="st-compression-"))
     print(
         f"resnet20 on the first {args.train_samples} Fashion-MNIST images: {args.epochs} epochs, batch "
-        f"{args.batch_size} (split over the workers), {args.threads} threads per process; links: {args.network}",
+        f"{args.batch_size} (split over the workers), lr {args.lr}"
+        + (f" × {args.lr_decay} an epoch after epoch {args.lr_decay_start}" if args.lr_decay < 1 else "")
+        + f", {args.threads} threads per process; links: {args.network}",
         flush=True,
     )
     alone = train(args, data_dir, folder / "one-process", [])
