@@ -1,0 +1,36 @@
+"""Foreign engines: the same workloads trained by TensorFlow and MXNet, measured by scaletrain's meter.
+
+The Jäger thesis (SPEC §3) compares how frameworks scale; this package lets ``bench`` answer that beside
+scaletrain's own runs. Each engine is a worker program in ``programs/`` that runs in **its own Python
+environment** (``scaletrain engines install NAME``: a venv under the engines folder) and imports nothing of
+scaletrain: only the standard library, NumPy and its framework. scaletrain prepares everything the program
+reads, starts its processes, and turns what they write into the same ``summary.json`` as its own runs.
+
+The contract between scaletrain and a program (``PROGRAM --spec SPEC --role ROLE --index I``):
+
+``spec.json`` (written by scaletrain)
+    ``workload`` (``lenet``), ``mode`` (``local``: one process; ``sync``: all-reduce, a step is one batch of
+    ``batch_size`` on every worker, global batch ``workers × batch_size``; ``async``: parameter servers,
+    every worker applies its own batches), ``workers``, ``servers``, ``batch_size`` (per worker and step),
+    ``lr``, ``momentum``, ``weight_decay`` (SGD as torch defines it: ``v = μv + g + λw; w -= lr·v``),
+    ``steps`` (a list: each worker's steps), ``warmup_steps`` (each process's first steps, left out of the meter),
+    ``threads`` (intra- and inter-op threads, at least 2 inter-op threads for TensorFlow's PS workers),
+    ``data`` (the four Fashion-MNIST IDX files, ``.gz`` or raw, and ``mean``/``std``: pixels / 255, then
+    ``(x - mean) / std``), ``order`` (``order.npz``: ``w0``, ``w1`` …, int64 of shape ``(steps[i],
+    batch_size)``: the training samples of each worker's steps, drawn by scaletrain's sampler), ``init``
+    (``init.npz``: the initial weights scaletrain's seeded model has, under torch's names and layouts),
+    ``out`` (the folder).
+Processes (roles)
+    TensorFlow: ``worker`` 0..N-1; for ``async`` also ``ps`` 0..P-1 and a ``chief`` (the
+    ``ClusterCoordinator``); ``TF_CONFIG`` comes from scaletrain. MXNet: ``worker`` 0..N-1; for ``sync``
+    and ``async`` also ``server`` 0..P-1 and a ``scheduler``; the ``DMLC_*`` variables come from scaletrain.
+What a program writes in ``out``
+    ``stats-<role>-<index>.json`` for each process that measures steps: ``rank``, ``steps``,
+    ``measured_steps``, ``measured_seconds`` (the sum of its measured steps' wall time, from asking for
+    the batch to the updated weights being ready), ``communication_seconds``, ``wait_seconds``,
+    ``data_seconds``, ``batch_fraction`` (1.0), ``first_step_loss``, ``last_step_loss``, ``final_loss``
+    (the meter of :class:`scaletrain.train.summary.WorkerStats`); ``final.npz`` (the trained weights,
+    torch's names and layouts) and ``quality.json`` (``test_accuracy``, ``test_loss`` over the whole test
+    set) from the process that holds the final weights. A program that fails exits non-zero with one line
+    on stderr.
+"""

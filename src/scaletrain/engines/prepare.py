@@ -1,0 +1,138 @@
+"""What a foreign engine's program reads: ``spec.json``, the samples of every step and the initial weights.
+
+The samples come from scaletrain's own sampler and the weights from its own seeded model, so an engine
+trains the run scaletrain would: the same first weights, the same batches in the same order, the same
+split of a global batch over the workers (:mod:`scaletrain.engines` states the contract).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scaletrain.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD, find_fashion_mnist, missing_fashion_mnist_files
+from scaletrain.data.sampler import EpochBatches, Part
+from scaletrain.train.plan import WorkerPlan
+from scaletrain.workloads import create_workload
+
+__all__ = ["EngineRun", "prepare"]
+
+SPEC_NAME = "spec.json"
+ORDER_NAME = "order.npz"
+INIT_NAME = "init.npz"
+_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One foreign run: which engine and workload, its layout and its training settings."""
+
+    framework: str
+    workload: str
+    mode: str  # local, sync or async
+    workers: int
+    servers: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    epochs: int | None
+    steps: int | None
+    warmup_steps: int
+    threads: int
+    seed: int
+    data_dir: Path | None
+
+
+def plans(run: EngineRun) -> list[WorkerPlan]:
+    """Each worker's share of the data, as scaletrain's own strategies draw it: a slice of every global batch
+    of ``workers × batch_size`` (sync), a contiguous chunk of each epoch's batches (async), or everything."""
+    if run.mode == "sync":
+        return [WorkerPlan(global_batch_factor=run.workers, part=Part(i, run.workers)) for i in range(run.workers)]
+    if run.mode == "async":
+        return [WorkerPlan(chunk=Part(i, run.workers)) for i in range(run.workers)]
+    return [WorkerPlan()]
+
+
+def worker_orders(run: EngineRun, train_size: int) -> list[np.ndarray]:
+    """The sample indices of every step of each worker: ``(steps, batch_size)`` per worker.
+
+    >>> run = EngineRun("mxnet", "lenet", "sync", 2, 1, 2, 0.1, 0.0, 0.0, 1, None, 0, 1, 0, None)
+    >>> [order.shape for order in worker_orders(run, 10)]  # 10 samples, global batches of 4: 2 steps
+    [(2, 2), (2, 2)]
+    >>> first, second = worker_orders(run, 10)
+    >>> together = sorted(first[0].tolist() + second[0].tolist())
+    >>> together == sorted(EpochBatches(10, batch_size=4, seed=0, epoch=0).indices(0).tolist())
+    True
+    """
+    orders = []
+    for plan in plans(run):
+        global_batch = run.batch_size * plan.global_batch_factor
+        per_epoch = train_size // global_batch
+        epochs = run.epochs if run.epochs is not None else -(-run.steps // max(len(plan.numbers(0, per_epoch)), 1))
+        steps = []
+        for epoch in range(epochs):
+            batches = EpochBatches(train_size, batch_size=global_batch, seed=run.seed, epoch=epoch, part=plan.part)
+            steps += [batches.indices(number).numpy() for number in plan.numbers(0, per_epoch)]
+        if run.steps is not None:
+            steps = steps[: run.steps]
+        orders.append(np.stack(steps).astype(np.int64) if steps else np.zeros((0, run.batch_size), np.int64))
+    return orders
+
+
+def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
+    """Write ``spec.json``, ``order.npz`` and ``init.npz`` into ``out``; the spec."""
+    workload = create_workload(run.workload)
+    directory = find_fashion_mnist(run.data_dir, download=False)
+    files = {name: _present(directory, name) for name in _FILES}
+    labels = np.frombuffer(_read(files["train-labels-idx1-ubyte"]), np.uint8, offset=8)
+    orders = worker_orders(run, len(labels))
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / ORDER_NAME, **{f"w{i}": order for i, order in enumerate(orders)})
+    torch.manual_seed(run.seed)  # as scaletrain's own run builds its model (train/build.py)
+    model = workload.build_model()
+    np.savez(out / INIT_NAME, **{name: value.detach().numpy() for name, value in model.state_dict().items()})
+    spec = {
+        "workload": run.workload,
+        "mode": run.mode,
+        "workers": run.workers,
+        "servers": run.servers,
+        "batch_size": run.batch_size,
+        "lr": run.lr,
+        "momentum": run.momentum,
+        "weight_decay": run.weight_decay,
+        "steps": [len(order) for order in orders],
+        "warmup_steps": run.warmup_steps,
+        "threads": run.threads,
+        "data": {
+            "train_images": str(files["train-images-idx3-ubyte"]),
+            "train_labels": str(files["train-labels-idx1-ubyte"]),
+            "test_images": str(files["t10k-images-idx3-ubyte"]),
+            "test_labels": str(files["t10k-labels-idx1-ubyte"]),
+            "mean": FASHION_MNIST_MEAN,
+            "std": FASHION_MNIST_STD,
+        },
+        "order": str(out / ORDER_NAME),
+        "init": str(out / INIT_NAME),
+        "out": str(out),
+    }
+    (out / SPEC_NAME).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    return spec
+
+
+def _present(directory: Path, name: str) -> Path:
+    for candidate in (directory / f"{name}.gz", directory / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{directory}: {', '.join(missing_fashion_mnist_files(directory))} missing")
+
+
+def _read(path: Path) -> bytes:
+    import gzip
+
+    return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
