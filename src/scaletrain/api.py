@@ -29,6 +29,8 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.surgery import apply_architecture
+from scaletrain.engines.install import engine_named, install
+from scaletrain.engines.install import status as list_engines
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedups
 from scaletrain.estimate.profile import Profile
@@ -50,6 +52,8 @@ __all__ = [
     "deploy_kubernetes_bench",
     "estimate",
     "exit_now",
+    "install_engine",
+    "list_engines",
     "list_workloads",
     "load_model",
     "make_config",
@@ -192,6 +196,11 @@ def bench(
 def compare(sources: list[Path], *, out: Path, names: list[str] | None = None) -> dict[str, Any]:
     """Overlay two or more bench result sets in the same pictures and one report."""
     return compare_results([Path(source) for source in sources], Path(out), names=names)
+
+
+def install_engine(name: str, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Install a foreign engine (``tensorflow``, ``mxnet``) in an environment of its own; what it holds."""
+    return install(engine_named(name), progress=progress)
 
 
 def list_workloads() -> list[dict[str, Any]]:

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scaletrain.cli import bench, compare, deploy, estimate, profile, train, workloads
+from scaletrain.cli import bench, compare, deploy, engines, estimate, profile, train, workloads
 from scaletrain.cli.formatter import DefaultsHelpFormatter
 from scaletrain.errors import Interrupted, ScaletrainError
 from scaletrain.plugins import load_plugins
 
 __all__ = ["main"]
 
-SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate, deploy)
+SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate, deploy, engines)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ from scaletrain.cli.train import (
     workload_options,
 )
 from scaletrain.config import ASYNC_COMPENSATIONS
+from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
 
@@ -55,6 +56,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="strategy specs: local, allreduce-join, allreduce-split, ps-central-join, ps-sharded-async, … "
         "(default: allreduce-join, or the preset's)",
     )
+    parser.add_argument(
+        "--framework",
+        type=name_list,
+        help=f"frameworks to run side by side: {', '.join(FRAMEWORKS)} (foreign engines: 'scaletrain engines "
+        "install NAME' first; they run local, allreduce-join, ps-central-async and ps-sharded-async) "
+        "(default: scaletrain)",
+    )
     parser.add_argument("--batch-sizes", type=number_list, help="batch sizes (default: the workload's)")
     parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 100, or the preset's epochs)")
     parser.add_argument("--epochs", type=int, help="epochs per run instead of --steps")
@@ -88,6 +96,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "workers": args.workers,
         "strategies": args.strategies,
+        "frameworks": args.framework,
         "batch_sizes": args.batch_sizes,
         "steps": args.steps,
         "epochs": args.epochs,

@@ -34,12 +34,13 @@ __all__ = [
     "flag_outliers",
     "group_rows",
     "read_results",
+    "shown_strategy",
     "works_alone",
     "write_results",
 ]
 
 COLUMNS = (
-    "workload", "strategy", "strategy_kind", "server", "sync", "workers", "batch_size", "repeat", "status",
+    "workload", "framework", "strategy", "strategy_kind", "server", "sync", "workers", "batch_size", "repeat", "status",
     "batches_per_second", "samples_per_second", "speedup", "efficiency", "reference_batches_per_second",
     "speedup_common", "efficiency_common", "deviation", "flag", "compute_seconds_per_step",
     "communication_seconds_per_step", "wait_seconds_per_step", "data_seconds_per_step", "train_seconds",
@@ -53,8 +54,20 @@ COLUMNS = (
 OUTLIER_TOLERANCE = 0.25
 
 
+def shown_strategy(row: dict[str, Any]) -> str:
+    """The strategy as tables and pictures name it: a foreign engine's runs carry the engine's name.
+
+    >>> shown_strategy({"strategy": "allreduce-join", "framework": "mxnet"})
+    'mxnet allreduce-join'
+    >>> shown_strategy({"strategy": "allreduce-join"})  # scaletrain's own, and rows written before frameworks
+    'allreduce-join'
+    """
+    framework = row.get("framework") or "scaletrain"
+    return row["strategy"] if framework == "scaletrain" else f"{framework} {row['strategy']}"
+
+
 def _key(row: dict[str, Any]) -> tuple[str, int]:
-    return row["strategy"], row["batch_size"]
+    return shown_strategy(row), row["batch_size"]
 
 
 def _ok(row: dict[str, Any]) -> bool:
@@ -235,9 +248,9 @@ class Group:
 
 
 def group_rows(rows: list[dict[str, Any]]) -> list[Group]:
-    """Successful rows grouped by (strategy, batch size, workers), sorted."""
+    """Successful rows grouped by (strategy as shown, batch size, workers), sorted."""
     groups = defaultdict(list)
     for row in rows:
         if row.get("status") == "ok":
-            groups[(row["strategy"], row["batch_size"], row["workers"])].append(row)
+            groups[(shown_strategy(row), row["batch_size"], row["workers"])].append(row)
     return [Group(*key, rows=tuple(value)) for key, value in sorted(groups.items())]

@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scaletrain.engines.launch import check_engine, run_engine
+from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
+from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.preloaded import start_fresh
@@ -32,6 +35,8 @@ from scaletrain.plugins import load_plugins
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
 
 DEFAULT_STEPS = 100
+#: the run settings a foreign engine follows too (scaletrain.engines.prepare.EngineRun)
+FOREIGN_SETTINGS = ("lr", "momentum", "weight_decay", "seed", "timeout")
 WARMUP_RUN_STEPS = 30  # steps of the unmeasured warm-up run (fewer when the measured runs are shorter)
 CHILD_POLL_SECONDS = 0.5
 
@@ -68,7 +73,8 @@ class SweepConfig:
     options: dict[str, str] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (lr, momentum, ...)
     max_workers: int | None = None
-    warmup_run: bool = True  # a short unmeasured run before the first measured one
+    warmup_run: bool = True  # a short unmeasured run before the first measured one (of each framework)
+    frameworks: tuple[str, ...] = ("scaletrain",)  # and foreign engines: tensorflow, mxnet (scaletrain.engines)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -79,6 +85,18 @@ class SweepConfig:
             raise ConfigError("give --steps or --epochs, not both")
         for spec in self.strategies:
             parse_strategy(spec)
+        unknown = [name for name in self.frameworks if name not in FRAMEWORKS]
+        if unknown or not self.frameworks:
+            raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
+        foreign = [name for name in self.frameworks if name != "scaletrain"]
+        unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in FOREIGN_SETTINGS]
+        unread += ["-o"] if self.options else []
+        if foreign and unread:
+            it = "they set" if len(unread) > 1 else "it sets"
+            raise ConfigError(
+                f"{', '.join(unread)}: {it} how scaletrain trains, and {' and '.join(foreign)} would not follow: "
+                "compare the frameworks without, or bench scaletrain alone with it"
+            )
 
 
 @dataclass(frozen=True)
@@ -91,19 +109,26 @@ class Run:
     workers: int
     batch_size: int | None
     repeat: int
+    framework: str = "scaletrain"
 
     @property
     def label(self) -> str:
         return label(self.strategy, self.server, self.sync)
 
+    @property
+    def foreign(self) -> bool:
+        return self.framework != "scaletrain"
+
     def folder(self) -> str:
         batch = self.batch_size if self.batch_size is not None else "default"
-        return f"{self.label}-b{batch}-w{self.workers}-r{self.repeat}"
+        prefix = f"{self.framework}-" if self.foreign else ""
+        return f"{prefix}{self.label}-b{batch}-w{self.workers}-r{self.repeat}"
 
     def describe(self) -> str:
-        """``allreduce-join, batch 64, 2 workers`` — for progress lines."""
+        """``allreduce-join, batch 64, 2 workers`` (``tensorflow allreduce-join, …``) — for progress lines."""
         batch = self.batch_size if self.batch_size is not None else "default"
-        return f"{self.label}, batch {batch}, {self.workers} worker{'s' if self.workers > 1 else ''}"
+        prefix = f"{self.framework} " if self.foreign else ""
+        return f"{prefix}{self.label}, batch {batch}, {self.workers} worker{'s' if self.workers > 1 else ''}"
 
 
 def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
@@ -121,12 +146,21 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     batches = config.batch_sizes or (None,)
     runs = []
     for repeat in range(config.repeats):
-        for spec, batch, count in itertools.product(config.strategies, batches, workers):
+        for framework, spec, batch, count in itertools.product(config.frameworks, config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
             most = get_strategy(strategy).max_workers
             if most is not None and count > most:
                 continue
-            runs.append(Run(strategy, server, sync, count, batch, repeat))
+            run = Run(strategy, server, sync, count, batch, repeat, framework)
+            if run.foreign and foreign_mode(run.label, count) is None:
+                continue
+            runs.append(run)
+    for framework in config.frameworks:
+        missing = [spec for spec in config.strategies if spec not in FOREIGN_STRATEGIES]
+        if framework != "scaletrain" and missing:
+            notes.append(
+                f"{framework} left out {', '.join(missing)}: a foreign engine runs {', '.join(FOREIGN_STRATEGIES)}"
+            )
     for spec in config.strategies:
         most = get_strategy(parse_strategy(spec)[0]).max_workers
         if most is not None and any(n > most for n in workers):
@@ -146,9 +180,11 @@ def run_sweep(
     2 workers …``); ``on_row`` receives each row as its run ends.
     """
     runs, notes = plan_runs(config)
+    for framework in {run.framework for run in runs if run.foreign}:
+        check_engine(framework, config.workload)  # installed, and it trains this workload: before any run
     machine = machine_info(config.network)
     say = progress or (lambda line: None)
-    warmed_up = not config.warmup_run
+    warmed_up = set() if config.warmup_run else set(config.frameworks)  # each framework's first run warms up
     rows = []
     for index, run in enumerate(runs, 1):
         folder = config.out / "runs" / run.folder()
@@ -158,12 +194,12 @@ def run_sweep(
                 say(f"[{index}/{len(runs)}] {run.describe()}: measured before, kept")
                 summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
             else:
-                if not warmed_up:
+                if run.framework not in warmed_up:
                     _warm_up(config, run, settings, say)
-                    warmed_up = True
+                    warmed_up.add(run.framework)
                 repeat = f", repeat {run.repeat + 1} of {config.repeats}" if config.repeats > 1 else ""
                 say(f"[{index}/{len(runs)}] {run.describe()}{repeat} …")
-                summary = train_in_fresh_process(config.workload, settings)
+                summary = _train(config, run, settings)
             row = _row(config, run, summary, machine)
             if row["batches_per_second"] is None:
                 row["status"] = "failed"
@@ -231,9 +267,17 @@ def _warm_up(config: SweepConfig, run: Run, settings: dict[str, Any], say: Calla
     with tempfile.TemporaryDirectory(prefix="scaletrain-warm-up-") as folder:
         warm = {**settings, "steps": steps, "epochs": None, "warmup_steps": 0, "out": Path(folder), "resume": False}
         try:
-            train_in_fresh_process(config.workload, warm)
+            _train(config, run, warm)
         except ScaletrainError as exc:
             say(f"warm-up failed (the measured runs go on): {exc}")
+
+
+def _train(config: SweepConfig, run: Run, settings: dict[str, Any]) -> dict[str, Any]:
+    """One run's summary: scaletrain's own training in a fresh process, or a foreign engine's processes."""
+    if not run.foreign:
+        return train_in_fresh_process(config.workload, settings)
+    foreign = engine_run(run.framework, config.workload, run.label, run.workers, settings)
+    return run_engine(foreign, settings["out"], network=settings["network"], timeout=settings.get("timeout") or 60.0)
 
 
 def train_in_fresh_process(workload: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -277,6 +321,7 @@ def _train_child(workload: str, settings: dict[str, Any], sender: Any) -> None:
 def _identity(config: SweepConfig, run: Run, machine: dict[str, Any]) -> dict[str, Any]:
     return {
         "workload": config.workload,
+        "framework": run.framework,
         "strategy": run.label,
         "strategy_kind": run.strategy,
         "server": Layout(run.strategy, 1, run.server, run.sync).server,

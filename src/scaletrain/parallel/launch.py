@@ -306,13 +306,13 @@ def _observe(child: _Child, clock: float) -> int | None:
     """Poll ``child``; note when it was first seen frozen or failed. Returns its exit code, None while it runs."""
     code = child.process.poll()
     if code is None:
-        child.stopped_since = (child.stopped_since or clock) if _is_stopped(child.process.pid) else None
+        child.stopped_since = (child.stopped_since or clock) if is_stopped(child.process.pid) else None
     elif code != 0:
         child.failed_at = child.failed_at or clock
     return code
 
 
-def _is_stopped(pid: int) -> bool:
+def is_stopped(pid: int) -> bool:
     """Whether ``pid`` is frozen (``SIGSTOP``/``SIGTSTP``, or traced), from ``/proc/PID/stat``."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

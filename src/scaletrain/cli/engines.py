@@ -1,0 +1,39 @@
+"""``scaletrain engines install NAME`` and ``scaletrain engines list``: the foreign frameworks' environments."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scaletrain.api import install_engine, list_engines
+from scaletrain.engines.registry import ENGINES
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "engines",
+        help="install or list the foreign engines (TensorFlow, MXNet) that bench --framework compares",
+        description=(
+            "Each engine lives in a Python environment of its own under the engines folder "
+            "(SCALETRAIN_ENGINES, default ~/.cache/scaletrain/engines), with pinned versions."
+        ),
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    install = actions.add_parser("install", help="create an engine's environment (again, if it exists)")
+    install.add_argument("names", nargs="+", choices=sorted(ENGINES), metavar="NAME", help=", ".join(ENGINES))
+    actions.add_parser("list", help="each engine: installed or not, version, workloads and modes")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "install":
+        for name in args.names:
+            marker = install_engine(name, progress=lambda line: print(line, file=sys.stderr, flush=True))
+            print(f"{name} {marker['version']} installed in {marker['seconds']:.0f} s: {marker['python']}")
+        return 0
+    for row in list_engines():
+        state = f"{row['version']} in {row['where']}" if row["installed"] else "not installed"
+        print(f"{row['engine']}: {state}; workloads {', '.join(row['workloads'])}; modes {row['modes']}")
+    return 0
