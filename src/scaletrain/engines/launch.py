@@ -212,7 +212,7 @@ def _summarise(
         "engine_version": (installed(engine) or {}).get("version"),
         "mode": run.mode,
         "workers": run.workers,
-        "servers": run.servers if run.mode != "local" else 0,
+        "servers": sum(role.name in ("ps", "server") for role in engine.roles(run.mode, run.workers, run.servers)),
         "batch_size": run.batch_size,
         "lr": run.lr,
         "momentum": run.momentum,

@@ -29,8 +29,15 @@ class MXNetEngine(Engine):
     )
 
     def roles(self, mode: str, workers: int, servers: int) -> list[Role]:
+        """A scheduler, the servers and the workers; ``dist_sync`` has servers too: as many as workers unless
+        given (the default of MXNet's own launcher, ``tools/launch.py``).
+
+        >>> [role.label for role in MXNetEngine().roles("sync", 2, 0)]
+        ['scheduler 0', 'server 0', 'server 1', 'worker 0', 'worker 1']
+        """
         if mode == "local":
             return [Role("worker", 0, trains=True)]
+        servers = servers or workers
         return [
             Role("scheduler", 0),
             *(Role("server", i) for i in range(servers)),
