@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaletrain.measure.results import OUTLIER_TOLERANCE, Group, group_rows, works_alone
+from scaletrain.measure.results import (
+    OUTLIER_TOLERANCE,
+    Group,
+    framework_of,
+    group_rows,
+    reference_framework,
+    works_alone,
+)
 
 __all__ = ["Noise", "rank_configurations", "reading", "scaling_limits", "text_table", "write_report"]
 
@@ -83,12 +90,12 @@ def _percent(fraction: float, digits: int = 0) -> str:
     return f"{fraction * 100:.{digits}f} %"
 
 
-def _same_work_at_one_worker(groups: list[Group]) -> dict[int, list[Group]]:
-    """By batch size: the one-worker configurations that do the same work (one process, nothing
-    exchanged; see :func:`~scaletrain.measure.results.works_alone`)."""
+def _same_work_at_one_worker(groups: list[Group], framework: str = "scaletrain") -> dict[int, list[Group]]:
+    """By batch size: the one-worker configurations of ``framework`` that do the same work (one process,
+    nothing exchanged; see :func:`~scaletrain.measure.results.works_alone`)."""
     alone = defaultdict(list)
     for group in groups:
-        if group.workers == 1 and works_alone(group.rows[0]):
+        if group.workers == 1 and works_alone(group.rows[0]) and framework_of(group.rows[0]) == framework:
             alone[group.batch_size].append(group)
     return alone
 
@@ -162,14 +169,18 @@ def _one_worker_line(alone: list[Group], everyone: list[Group], noise: Noise) ->
         f"their {min(rates):.1f}–{max(rates):.1f} batches/s differ by noise alone"
     )
     middle = statistics.median(rates)
+    mine = framework_of(alone[0].rows[0])
     others = [g for g in everyone if g not in alone]
-    if others:
-        offs = [g.median("batches_per_second") / middle - 1 for g in others]
-        text += "; with a server process as well: " + ", ".join(
-            f"{g.strategy} {_rate(g)} ({_percent(off)} against their median"
-            f"{', within noise' if abs(off) <= noise.level else ''})"
-            for g, off in zip(others, offs, strict=True)
-        )
+    for heading, part in (
+        ("with a server process as well", [g for g in others if framework_of(g.rows[0]) == mine]),
+        ("other frameworks", [g for g in others if framework_of(g.rows[0]) != mine]),
+    ):
+        if part:
+            text += f"; {heading}: " + ", ".join(
+                f"{g.strategy} {_rate(g)} ({_percent(off)} against their median"
+                f"{', within noise' if abs(off) <= noise.level else ''})"
+                for g, off in ((g, g.median("batches_per_second") / middle - 1) for g in part)
+            )
     return text
 
 
@@ -190,18 +201,24 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
     references = {
         row["batch_size"]: row.get("reference_batches_per_second") for row in rows if row.get("status") == "ok"
     }
+    common = reference_framework(rows)
+    whose = f"{common}'s " if any(framework_of(row) != common for row in rows) else ""
     for batch, reference in sorted(references.items(), key=lambda item: str(item[0])):
-        ones = [row for row in rows if row.get("status") == "ok" and row["workers"] == 1 and row["batch_size"] == batch]
+        ones = [
+            row for row in rows
+            if row.get("status") == "ok" and row["workers"] == 1 and row["batch_size"] == batch
+            and framework_of(row) == common
+        ]  # fmt: skip
         same = [row for row in ones if works_alone(row)]
         which = "that do the same work (one process, nothing exchanged)" if same else "of all strategies"
         rates = [row["batches_per_second"] for row in same or ones]
         if reference is not None and rates:
             lines.append(
-                f"- One-worker reference at batch {batch}: {reference:.1f} batches/s, the median of {len(rates)} "
-                f"one-worker run(s) {which} ({min(rates):.1f}–{max(rates):.1f})"
+                f"- One-worker reference at batch {batch}: {reference:.1f} batches/s, the median of {whose}"
+                f"{len(rates)} one-worker run(s) {which} ({min(rates):.1f}–{max(rates):.1f})"
             )
     lines.append(f"- Noise: ±{noise} — {noise.source}; differences within it are not ranked")
-    alone = _same_work_at_one_worker(groups)
+    alone = _same_work_at_one_worker(groups, common)
     for (workers, batch), (tied, slower) in rank_configurations(groups, noise).items():
         where = f"- {workers} worker{'s' if workers > 1 else ''}, batch {batch}: "
         if workers == 1 and len(alone.get(batch, [])) > 1:

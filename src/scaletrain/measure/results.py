@@ -32,8 +32,10 @@ __all__ = [
     "Group",
     "add_speedups",
     "flag_outliers",
+    "framework_of",
     "group_rows",
     "read_results",
+    "reference_framework",
     "shown_strategy",
     "works_alone",
     "write_results",
@@ -54,6 +56,17 @@ COLUMNS = (
 OUTLIER_TOLERANCE = 0.25
 
 
+def framework_of(row: dict[str, Any]) -> str:
+    return row.get("framework") or "scaletrain"
+
+
+def reference_framework(rows: list[dict[str, Any]]) -> str:
+    """Whose one-worker runs are the common reference: scaletrain's when the rows have any, else the first
+    framework's (a sweep of foreign engines alone)."""
+    frameworks = [framework_of(row) for row in rows]
+    return "scaletrain" if "scaletrain" in frameworks or not frameworks else frameworks[0]
+
+
 def shown_strategy(row: dict[str, Any]) -> str:
     """The strategy as tables and pictures name it: a foreign engine's runs carry the engine's name.
 
@@ -62,7 +75,7 @@ def shown_strategy(row: dict[str, Any]) -> str:
     >>> shown_strategy({"strategy": "allreduce-join"})  # scaletrain's own, and rows written before frameworks
     'allreduce-join'
     """
-    framework = row.get("framework") or "scaletrain"
+    framework = framework_of(row)
     return row["strategy"] if framework == "scaletrain" else f"{framework} {row['strategy']}"
 
 
@@ -87,23 +100,24 @@ def works_alone(row: dict[str, Any]) -> bool:
     return not layout.has_server_process
 
 
-def _one_worker_rates(rows: list[dict[str, Any]]) -> dict[int | None, list[float]]:
-    """Batches/s of the successful one-worker runs that work alone (:func:`works_alone`), by batch size;
-    at a batch size where none does, of every one-worker run."""
+def _one_worker_rates(rows: list[dict[str, Any]]) -> dict[tuple[str, int | None], list[float]]:
+    """Batches/s of the successful one-worker runs that work alone (:func:`works_alone`), by framework and
+    batch size (another framework's one process does other work); where none does, of every one-worker run."""
     alone, every = defaultdict(list), defaultdict(list)
     for row in rows:
         if _ok(row) and row["workers"] == 1:
-            every[row["batch_size"]].append(row["batches_per_second"])
+            key = (framework_of(row), row["batch_size"])
+            every[key].append(row["batches_per_second"])
             if works_alone(row):
-                alone[row["batch_size"]].append(row["batches_per_second"])
-    return {batch: alone.get(batch) or rates for batch, rates in every.items()}
+                alone[key].append(row["batches_per_second"])
+    return {key: alone.get(key) or rates for key, rates in every.items()}
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Speedup = batches/s ÷ the median batches/s of the same strategy and batch size at one worker;
     common speedup = batches/s ÷ ``reference_batches_per_second``, the median batches/s of the
     one-worker runs that do the same work (:func:`works_alone`; every such strategy, every repeat) of
-    the same batch size.
+    the same batch size, scaletrain's (:func:`reference_framework`) for the rows of every framework.
 
     Rows without a baseline get ``None``; efficiency = speedup ÷ workers (both kinds).
     """
@@ -111,7 +125,11 @@ def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if _ok(row) and row["workers"] == 1:
             baselines[_key(row)].append(row["batches_per_second"])
-    references = {batch: statistics.median(rates) for batch, rates in _one_worker_rates(rows).items()}
+    common = reference_framework(rows)
+    references = {
+        batch: statistics.median(rates) for (framework, batch), rates in _one_worker_rates(rows).items()
+        if framework == common
+    }  # fmt: skip
     for row in rows:
         base, reference = baselines.get(_key(row)), references.get(row.get("batch_size"))
         ok = _ok(row)
@@ -130,7 +148,8 @@ def flag_outliers(rows: list[dict[str, Any]], tolerance: float = OUTLIER_TOLERAN
 
     A run is flagged when it is more than ``tolerance`` away from the median of its repeats (from the
     other one when there are two), or — at one worker, for the strategies that then do the same work
-    (:func:`works_alone`) — likewise from those strategies' one-worker runs at its batch size.
+    (:func:`works_alone`) — likewise from those strategies' one-worker runs at its batch size (of its own
+    framework).
 
     >>> rows = [{"strategy": s, "batch_size": 8, "workers": 1, "batches_per_second": bps, "status": "ok"}
     ...         for s, bps in (("a", 15.4), ("b", 21.7), ("c", 25.0), ("d", 29.0))]
@@ -152,7 +171,7 @@ def flag_outliers(rows: list[dict[str, Any]], tolerance: float = OUTLIER_TOLERAN
             row["deviation"] = _deviation(rate, mine)
             if abs(row["deviation"]) > tolerance:
                 reasons.append(f"{_percent(row['deviation'])} {_against(mine, 'repeat')}")
-        others = one_worker.get(row["batch_size"], [])
+        others = one_worker.get((framework_of(row), row["batch_size"]), [])
         if row["workers"] == 1 and works_alone(row) and len(others) > 1:
             off = _deviation(rate, others)
             if abs(off) > tolerance:
