@@ -35,6 +35,7 @@ __all__ = ["EngineFailed", "check_engine", "check_run", "run_engine"]
 POLL_SECONDS = 0.2
 LOGS = "logs"
 ENGINE_FOLDER = "engine"
+SPLIT = ("compute", "communication", "wait", "data")  # a step's parts as the meter reports them
 
 
 class EngineFailed(ScaletrainError):
@@ -228,6 +229,7 @@ def _summarise(
         "metric": "test_accuracy",
         **quality,
         **throughput(stats, run.batch_size),
+        **({f"{part}_seconds_per_step": None for part in SPLIT} if run.mode in engine.unsplit else {}),
         "throughput_note": THROUGHPUT_NOTE,
         "per_worker": [vars(s) for s in stats],
         "wall_seconds": time.time() - began,

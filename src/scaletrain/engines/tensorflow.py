@@ -28,6 +28,8 @@ class TensorFlowEngine(Engine):
         ("sync", "MultiWorkerMirroredStrategy, ring all-reduce over gRPC"),
         ("async", "ParameterServerStrategy with a ClusterCoordinator chief"),
     )
+    # the coordinator's closures move the weights inside the step: the chief sees only whole steps
+    unsplit: tuple[str, ...] = ("async",)
     noise: tuple[str, ...] = (r"^[IWE]\d{4} ", r"oneDNN custom operations", r"cpu_feature_guard", r"absl::")
 
     def roles(self, mode: str, workers: int, servers: int) -> list[Role]:

@@ -185,18 +185,20 @@ def write_stats(spec: dict, role: str, index: int, **fields) -> None:
     path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
 
 
-def start_tensorflow(threads: int):
-    """Import TensorFlow and set its thread pools before any op runs; the module."""
+def start_tensorflow(threads: int, *, alone: bool = False):
+    """Import TensorFlow and set its thread pools before any op runs; the module. A process of a cluster
+    needs 2 inter-op threads at least (collectives and remote calls wait in one); one ``alone`` gets ``threads``,
+    like every other engine's process."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    tf.config.threading.set_inter_op_parallelism_threads(threads if alone else max(2, threads))
     return tf
 
 
 def train_replicated(spec: dict, index: int) -> None:
     """``local`` and ``sync``: train this worker's batches; worker 0 writes the weights and their quality."""
-    tf = start_tensorflow(spec["threads"])
+    tf = start_tensorflow(spec["threads"], alone=spec["mode"] == "local")
     if spec["mode"] == "sync":
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING
