@@ -65,7 +65,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     flags = [
         *("-o", "dataset=fashion-mnist", "-o", f"train_samples={args.train_samples}", "--epochs", str(args.epochs)),
         *("--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", "1e-4"),
-        *(("--lr-decay", str(args.lr_decay), "--lr-decay-start", str(args.lr_decay_start)) if args.lr_decay < 1 else ()),
+        *(("--lr-decay", str(args.lr_decay), "--lr-decay-start", str(args.lr_decay_start)) * (args.lr_decay < 1)),
         *("--threads", str(args.threads), "--seed", str(args.seed), "--data-dir", str(data_dir), *extra),
     ]
     wall = train_run("resnet20", out, flags, timeout=6 * 3600)
