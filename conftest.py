@@ -98,29 +98,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
 
 
+def _phase(item: pytest.Item, *, exclusive: bool) -> contextlib.AbstractContextManager:
+    """The lock around one phase of an alone test (nothing for the others: they hold it already)."""
+    return company(item.config, alone=exclusive) if _alone(item) else contextlib.nullcontext()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     # An alone test's fixtures are made beside other tests (the container image is built in 70 s), shared:
     # nothing it makes there is measured; a fixture that measures would belong in the test's body.
-    if not _alone(item):
-        return (yield)
-    with company(item.config, alone=False):
+    with _phase(item, exclusive=False):
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    if not _alone(item):
-        return (yield)
-    with company(item.config, alone=True):
+    with _phase(item, exclusive=True):
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    if not _alone(item):
-        return (yield)
-    with company(item.config, alone=False):
+    with _phase(item, exclusive=False):
         return (yield)
 
 
