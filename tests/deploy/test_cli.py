@@ -165,6 +165,7 @@ def test_bad_bench_sweep_is_one_line_and_exit_2(tmp_path: Path) -> None:
         (["--strategies", "allreduce-async"], "allreduce-async"),
         (["--workers", "1,two"], "--workers"),
         (["--network", "1gbit"], "--network"),
+        (["--framework", "scaletrain,tensorflow"], "--framework cannot be set for a deployment"),
         (["--name", "a-name-that-is-far-too-long-for-the-runs"], "--name"),
         (["--quick"], "--preset"),
     ]:

@@ -42,6 +42,8 @@ __all__ = ["kubernetes_sweep", "plan_sweep", "render_sweep"]
 _LOCAL_ONLY = {
     "network": "emulated networks are for local runs",
     "max_workers": "it caps worker counts to this machine's cores; the cluster runs every count given",
+    # a foreign engine's pods would need its environment in the image and its own layout of processes
+    "frameworks": "the pods run scaletrain's own training; foreign engines run with scaletrain bench on this machine",
 }
 
 
@@ -101,7 +103,8 @@ def kubernetes_sweep(
     given = {key: value for key, value in settings.items() if value is not None}
     for key, why in _LOCAL_ONLY.items():
         if key in given:
-            raise ConfigError(f"--{key.replace('_', '-')} cannot be set for a deployment: {why}; leave it out")
+            flag = "framework" if key == "frameworks" else key.replace("_", "-")  # the flag of SweepConfig.frameworks
+            raise ConfigError(f"--{flag} cannot be set for a deployment: {why}; leave it out")
     placement = {f.name for f in fields(DeployConfig)}
     grid = {key: value for key, value in given.items() if key not in placement}
     if "cpus" in given and "threads_per_worker" not in grid:

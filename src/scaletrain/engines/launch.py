@@ -84,6 +84,9 @@ def run_engine(
     engine = check_run(run)
     python = require(engine)
     began = time.time()
+    for stale in (out / ENGINE_FOLDER).glob("*"):  # what an earlier attempt in this folder left is not this run's
+        if stale.is_file():
+            stale.unlink()
     spec = prepare(run, out / ENGINE_FOLDER)
     roles = engine.roles(run.mode, run.workers, run.servers)
     (out / LOGS).mkdir(parents=True, exist_ok=True)
@@ -204,7 +207,10 @@ def _summarise(
         stats.append(WorkerStats(**fields))
     if not stats:
         raise EngineFailed(f"the {engine.name} run ended without writing its measurements (stats-*.json in {folder})")
-    quality = json.loads((folder / "quality.json").read_text(encoding="utf-8"))
+    try:
+        quality = json.loads((folder / "quality.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EngineFailed(f"the {engine.name} run ended without a readable quality.json in {folder}: {exc}") from None
     global_batch = run.batch_size * (run.workers if run.mode == "sync" else 1)
     per_epoch = _train_size(spec) // global_batch
     summary = {
