@@ -101,6 +101,8 @@ def kubernetes_sweep(
     threads as whole cores.
     """
     given = {key: value for key, value in settings.items() if value is not None}
+    if tuple(given.get("frameworks") or ()) == ("scaletrain",):  # the default, said aloud
+        del given["frameworks"]
     for key, why in _LOCAL_ONLY.items():
         if key in given:
             flag = "framework" if key == "frameworks" else key.replace("_", "-")  # the flag of SweepConfig.frameworks
