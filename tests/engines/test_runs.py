@@ -91,7 +91,7 @@ def test_a_lost_worker_is_named_in_one_line_and_nothing_is_left_running(
             for pid in _ours(out):
                 command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 if b"--role" in command and command[command.index(b"--role") + 1 :][:3:2] == [b"worker", b"1"]:
-                    time.sleep(8)  # past the start-up, into the steps
+                    time.sleep(4)  # past the start-up, into the steps
                     os.kill(pid, getattr(signal, how))
                     victim["pid"] = pid
                     return
@@ -101,7 +101,7 @@ def test_a_lost_worker_is_named_in_one_line_and_nothing_is_left_running(
     thread.start()
     began = time.monotonic()
     with pytest.raises(EngineFailed) as caught:
-        run_engine(run, out, timeout=10)
+        run_engine(run, out, timeout=6)
     thread.join(5)
     message = str(caught.value)
     assert "\n" not in message

@@ -33,6 +33,7 @@ from scaletrain.train.summary import SUMMARY_NAME, THROUGHPUT_NOTE, WorkerStats,
 __all__ = ["EngineFailed", "check_engine", "check_run", "run_engine"]
 
 POLL_SECONDS = 0.2
+CAUSE_SETTLE_SECONDS = 0.5  # after a failure, how long the others get to show whether they caused it
 LOGS = "logs"
 ENGINE_FOLDER = "engine"
 SPLIT = ("compute", "communication", "wait", "data")  # a step's parts as the meter reports them
@@ -162,8 +163,7 @@ def _watch(engine: Engine, processes: list[_Process], timeout: float, progress: 
                 if process.stopped_since is not None and clock - process.stopped_since > timeout:
                     _fail(engine, processes, process, "stopped answering (it is frozen: state T, e.g. after SIGSTOP)")
             elif code != 0:
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                _fail(engine, processes, process, how)
+                _fail(engine, processes, *_cause(processes, process))
         ending = [p for p in processes if p.role.ends_itself]
         if all(p.popen.poll() == 0 for p in ending):
             stop_processes([p.popen for p in processes if p.popen.poll() is None])
@@ -174,6 +174,20 @@ def _watch(engine: Engine, processes: list[_Process], timeout: float, progress: 
                 waiting = next(p for p in ending if p.popen.poll() is None)
                 _fail(engine, processes, waiting, f"did not end within {timeout:.0f} s of the others (--timeout)")
         time.sleep(POLL_SECONDS)
+
+
+def _cause(processes: list[_Process], failed: _Process) -> tuple[_Process, str]:
+    """The process that failed first, not one that failed because it lost its peer: once the others have had
+    a moment to fail too, a frozen one, then one killed by a signal, else ``failed``."""
+    time.sleep(CAUSE_SETTLE_SECONDS)
+    for process in processes:
+        if process.popen.poll() is None and is_stopped(process.popen.pid):
+            return process, "stopped answering (it is frozen: state T, e.g. after SIGSTOP)"
+    for process in processes:
+        code = process.popen.poll()
+        if code is not None and code < 0:
+            return process, f"was killed by signal {-code}"
+    return failed, f"exited with code {failed.popen.poll()}"
 
 
 def _fail(engine: Engine, processes: list[_Process], cause: _Process, how: str) -> None:
