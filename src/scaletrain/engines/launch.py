@@ -16,13 +16,12 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from scaletrain.engines.base import Engine, Host, Role, program_path
-from scaletrain.engines.install import engine_named, installed, require
+from scaletrain.engines.install import engine_named, installed, python_of, require
 from scaletrain.engines.prepare import EngineRun, prepare
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
@@ -79,11 +78,10 @@ def run_engine(
     *,
     network: str | None = None,
     timeout: float = 60.0,
-    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train ``run`` with its engine into ``out``; the summary (also written to ``out/summary.json``)."""
     engine = check_run(run)
-    python = require(engine)
+    python = python_of(engine)
     began = time.time()
     for stale in (out / ENGINE_FOLDER).glob("*"):  # what an earlier attempt in this folder left is not this run's
         if stale.is_file():
@@ -101,7 +99,7 @@ def run_engine(
         try:
             for k, role in enumerate(roles):
                 processes.append(_start(engine, python, spec, role, roles, hosts, k, emulated, out))
-            _watch(engine, processes, timeout, progress)
+            _watch(engine, processes, timeout)
         except KeyboardInterrupt:
             stop_processes([p.popen for p in processes])
             raise Interrupted("interrupted; every process of the foreign run was stopped") from None
@@ -136,7 +134,6 @@ def _start(
     log_file = log.open("wb")
     environment = {
         **{key: value for key, value in os.environ.items() if key != "PYTHONPATH"},  # nothing of scaletrain's
-        "TF_CPP_MIN_LOG_LEVEL": "2",
         **engine.environment(role, roles, hosts),
         **(emulated.environment(k) if emulated else {}),
     }
@@ -149,7 +146,7 @@ def _start(
     return _Process(role, popen, log, log_file)
 
 
-def _watch(engine: Engine, processes: list[_Process], timeout: float, progress: Callable[[str], None] | None) -> None:
+def _watch(engine: Engine, processes: list[_Process], timeout: float) -> None:
     """Return once every process that ends by itself has ended well (the others then stopped); raise
     :class:`EngineFailed` naming the first process that failed or stayed frozen for ``timeout`` seconds."""
     finished_at: float | None = None

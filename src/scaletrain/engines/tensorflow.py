@@ -52,9 +52,11 @@ class TensorFlowEngine(Engine):
         >>> TensorFlowEngine().environment(roles[1], roles, hosts)["TF_CONFIG"]
         '{"cluster": {"worker": ["127.0.0.1:4000", "127.0.0.1:4001"]}, "task": {"type": "worker", "index": 1}}'
         """
+        quiet = {"TF_CPP_MIN_LOG_LEVEL": "2"}  # its C++ INFO and WARNING lines stay out of the logs' last words
         if len(roles) == 1:
-            return {}
+            return quiet
         cluster: dict[str, list[str]] = {}
         for other, host in zip(roles, hosts, strict=True):
             cluster.setdefault(other.name, []).append(f"{host.address}:{host.port}")
-        return {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role.name, "index": role.index}})}
+        task = {"type": role.name, "index": role.index}
+        return {**quiet, "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
