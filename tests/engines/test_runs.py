@@ -17,36 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaletrain.engines.install import installed
 from scaletrain.engines.launch import EngineFailed, run_engine
-from scaletrain.engines.prepare import EngineRun
-from scaletrain.engines.registry import ENGINES
+from tests.engines.settings import setting
 from tests.helpers import make_fashion_mnist
 
 pytestmark = pytest.mark.multiprocess
-NAMES = list(ENGINES)
-
-
-@pytest.fixture(params=NAMES)
-def engine(request: pytest.FixtureRequest) -> str:
-    name = request.param
-    if installed(ENGINES[name]) is None:
-        pytest.skip(f"the {name} engine is not installed: scaletrain engines install {name} (CI installs it)")
-    return name
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_fashion_mnist(tmp_path_factory.mktemp("engines") / "fmnist", train=640, test=64)
-
-
-def setting(engine: str, mode: str, workers: int, batch: int, data: Path, **changes: object) -> EngineRun:
-    servers = {"local": 0, "sync": 0 if engine == "tensorflow" else 1, "async": 1}[mode]
-    fields = dict(
-        framework=engine, workload="lenet", mode=mode, workers=workers, servers=servers, batch_size=batch, lr=0.05,
-        momentum=0.9, weight_decay=0.0, epochs=None, steps=30, warmup_steps=2, threads=1, seed=3, data_dir=data,
-    )  # fmt: skip
-    return EngineRun(**{**fields, **changes})
 
 
 def weights(out: Path) -> dict[str, np.ndarray]:
@@ -124,13 +104,3 @@ def _ours(out: Path) -> list[int]:
             except OSError:
                 continue
     return pids
-
-
-@pytest.mark.slow
-def test_one_process_reaches_85_percent_in_two_epochs_at_the_default_settings(
-    engine: str, real_fmnist: Path, tmp_path: Path
-) -> None:
-    run = setting(engine, "local", 1, 32, real_fmnist, lr=0.01, momentum=0.9, steps=None, epochs=2, seed=0)
-    summary = run_engine(run, tmp_path / "run")
-    assert summary["steps"] == 2 * (60_000 // 32)
-    assert summary["test_accuracy"] >= 0.85, summary["test_accuracy"]
