@@ -14,7 +14,8 @@ The contract between scaletrain and a program (``PROGRAM --spec SPEC --role ROLE
     every worker applies its own batches), ``workers``, ``servers``, ``batch_size`` (per worker and step),
     ``lr``, ``momentum``, ``weight_decay`` (SGD as torch defines it: ``v = μv + g + λw; w -= lr·v``),
     ``steps`` (a list: each worker's steps), ``warmup_steps`` (each process's first steps, left out of the meter),
-    ``threads`` (intra- and inter-op threads, at least 2 inter-op threads for TensorFlow's PS workers),
+    ``train_size`` (the training images), ``threads`` (intra- and inter-op threads, at least 2 inter-op
+    threads for TensorFlow's PS workers),
     ``data`` (the four Fashion-MNIST IDX files, ``.gz`` or raw, and ``mean``/``std``: pixels / 255, then
     ``(x - mean) / std``), ``order`` (``order.npz``: ``w0``, ``w1`` …, int64 of shape ``(steps[i],
     batch_size)``: the training samples of each worker's steps, drawn by scaletrain's sampler), ``init``

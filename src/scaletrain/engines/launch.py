@@ -33,6 +33,7 @@ __all__ = ["EngineFailed", "check_engine", "check_run", "run_engine"]
 
 POLL_SECONDS = 0.2
 CAUSE_SETTLE_SECONDS = 0.5  # after a failure, how long the others get to show whether they caused it
+FROZEN = "stopped answering (it is frozen: state T, e.g. after SIGSTOP)"  # how a frozen process is reported
 LOGS = "logs"
 ENGINE_FOLDER = "engine"
 SPLIT = ("compute", "communication", "wait", "data")  # a step's parts as the meter reports them
@@ -158,7 +159,7 @@ def _watch(engine: Engine, processes: list[_Process], timeout: float) -> None:
                 frozen = is_stopped(process.popen.pid)
                 process.stopped_since = (process.stopped_since or clock) if frozen else None
                 if process.stopped_since is not None and clock - process.stopped_since > timeout:
-                    _fail(engine, processes, process, "stopped answering (it is frozen: state T, e.g. after SIGSTOP)")
+                    _fail(engine, processes, process, FROZEN)
             elif code != 0:
                 _fail(engine, processes, *_cause(processes, process))
         ending = [p for p in processes if p.role.ends_itself]
@@ -179,7 +180,7 @@ def _cause(processes: list[_Process], failed: _Process) -> tuple[_Process, str]:
     time.sleep(CAUSE_SETTLE_SECONDS)
     for process in processes:
         if process.popen.poll() is None and is_stopped(process.popen.pid):
-            return process, "stopped answering (it is frozen: state T, e.g. after SIGSTOP)"
+            return process, FROZEN
     for process in processes:
         code = process.popen.poll()
         if code is not None and code < 0:
@@ -223,7 +224,7 @@ def _summarise(
     except (OSError, ValueError) as exc:
         raise EngineFailed(f"the {engine.name} run ended without a readable quality.json in {folder}: {exc}") from None
     global_batch = run.batch_size * (run.workers if run.mode == "sync" else 1)
-    per_epoch = _train_size(spec) // global_batch
+    per_epoch = spec["train_size"] // global_batch
     summary = {
         "workload": run.workload,
         "framework": engine.name,
@@ -253,13 +254,3 @@ def _summarise(
     }
     (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
-
-
-def _train_size(spec: dict[str, Any]) -> int:
-    """How many training images the run's label file holds (its IDX header says)."""
-    import gzip
-
-    path = Path(spec["data"]["train_labels"])
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as file:
-        return int.from_bytes(file.read(8)[4:8], "big")

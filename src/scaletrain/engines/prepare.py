@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from scaletrain.data.idx import FASHION_MNIST_MEAN, FASHION_MNIST_STD, find_fashion_mnist, missing_fashion_mnist_files
+from scaletrain.data.idx import (
+    FASHION_MNIST_FILES,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    fashion_mnist_file,
+    find_fashion_mnist,
+    read_idx,
+)
 from scaletrain.data.sampler import EpochBatches, Part
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
@@ -25,7 +32,6 @@ __all__ = ["EngineRun", "prepare"]
 SPEC_NAME = "spec.json"
 ORDER_NAME = "order.npz"
 INIT_NAME = "init.npz"
-_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 @dataclass(frozen=True)
@@ -89,9 +95,11 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
     """Write ``spec.json``, ``order.npz`` and ``init.npz`` into ``out``; the spec."""
     workload = create_workload(run.workload)
     directory = find_fashion_mnist(run.data_dir, download=False)
-    files = {name: _present(directory, name) for name in _FILES}
-    labels = np.frombuffer(_read(files["train-labels-idx1-ubyte"]), np.uint8, offset=8)
-    orders = worker_orders(run, len(labels))
+    # a folder find_fashion_mnist returns holds all four files, gzipped or raw
+    stems = [name.removesuffix(".gz") for name in FASHION_MNIST_FILES]
+    files = {stem: fashion_mnist_file(directory, stem) for stem in stems}
+    train_size = len(read_idx(files["train-labels-idx1-ubyte"]))
+    orders = worker_orders(run, train_size)
     out.mkdir(parents=True, exist_ok=True)
     np.savez(out / ORDER_NAME, **{f"w{i}": order for i, order in enumerate(orders)})
     torch.manual_seed(run.seed)  # as scaletrain's own run builds its model (train/build.py)
@@ -117,22 +125,10 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
             "mean": FASHION_MNIST_MEAN,
             "std": FASHION_MNIST_STD,
         },
+        "train_size": train_size,
         "order": str(out / ORDER_NAME),
         "init": str(out / INIT_NAME),
         "out": str(out),
     }
     (out / SPEC_NAME).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
     return spec
-
-
-def _present(directory: Path, name: str) -> Path:
-    for candidate in (directory / f"{name}.gz", directory / name):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{directory}: {', '.join(missing_fashion_mnist_files(directory))} missing")
-
-
-def _read(path: Path) -> bytes:
-    import gzip
-
-    return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
