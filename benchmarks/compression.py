@@ -19,6 +19,11 @@ how its all-reduce moves them (top-k all-gathers) and the codec's own compute, m
 profile --wire`` measures it (``measure_codec``: one process, the row's ``-W`` options). The table's
 ``codec`` column is that compute in seconds a step.
 
+The ``… overlap`` rows add ``--overlap``: buckets of gradient (0.25 MiB of float32, ``train``'s default)
+all-reduced by their codec while backward computes the rest (:mod:`scaletrain.parallel.strategies.overlap`);
+their ``comm`` is what backward did not hide, and the estimator predicts them from the profile's measured
+backward time (:func:`scaletrain.estimate.refined.exposed_exchange`).
+
 Goals (issue 27): PowerSGD's speedup at least 1.7 on 50mbit (the dense fp32 all-reduce: 0.64), every
 compressed run's test accuracy within 1 point of the fp32 run's, the estimator within 10 % of each row.
 
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import scaletrain
+from scaletrain.config import TrainConfig
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.profile import ProfileConfig, measure_codec
@@ -55,6 +61,10 @@ WIRES = {
     "powersgd rank 2": ["--wire", "powersgd", "-W", "rank=2", "--error-feedback"],
     "powersgd rank 4": ["--wire", "powersgd", "-W", "rank=4", "--error-feedback"],
     "topk 1 %": ["--wire", "topk", "-W", "ratio=0.01", "--error-feedback"],
+    # buckets all-reduced while backward computes (--overlap): the transfer hidden behind the computation
+    "fp32 overlap": ["--overlap"],
+    "powersgd rank 2 overlap": ["--wire", "powersgd", "-W", "rank=2", "--error-feedback", "--overlap"],
+    "powersgd rank 4 overlap": ["--wire", "powersgd", "-W", "rank=4", "--error-feedback", "--overlap"],
     # a dense first epoch (200 steps at 12,800 images and batch 64), as PowerSGD's authors start (issue 27's accuracy)
     "powersgd rank 2 start 200": ["--wire", "powersgd", "-W", "rank=2", "-W", "start=200", "--error-feedback"],
 }
@@ -103,7 +113,8 @@ def codec_of(wire: str) -> WireCodec:
 
 
 def predicted_row(args: argparse.Namespace, profile: Profile, wire: str, layout: TensorLayout) -> Profile:
-    """The dense profile as the row's codec sends: its steady bytes, its collective, its measured compute."""
+    """The dense profile as the row's codec sends: its steady bytes, its collective, its measured compute; for an
+    ``--overlap`` row, its buckets (``train``'s default size), as ``profile --overlap`` records them."""
     codec = codec_of(wire)
     name, options = wire_of(wire)
     compute = measure_codec(
@@ -113,6 +124,7 @@ def predicted_row(args: argparse.Namespace, profile: Profile, wire: str, layout:
     return dataclasses.replace(
         profile, gradient_bytes=codec.steady_payload_bytes(layout), codec_seconds=compute,
         collective=codec.collective, collective_calls=codec.collective_calls if name != "fp32" else 1,
+        overlap_bucket_bytes=int(TrainConfig.bucket_mb * 2**20) if "--overlap" in WIRES[wire] else None,
     )  # fmt: skip
 
 
@@ -186,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     configuration = Configuration.parse("allreduce-split")
     print(
         f"profile ({args.network}): t_grad {profile.t_grad:.3f} s, at batch/2 {profile.t_grad_parts.get(2, 0):.3f} s, "
-        f"contention at 2 {profile.contention.get(2, 1):.2f}, t_comm {profile.t_comm:.3f} s, latency "
+        f"contention at 2 {profile.contention.get(2, 1):.2f}, backward {profile.t_backward or 0:.3f} s of t_grad, "
+        f"t_comm {profile.t_comm:.3f} s, latency "
         f"{profile.latency * 1e3:.2f} ms",
         flush=True,
     )

@@ -83,7 +83,9 @@ class TrainConfig:
     ``bf16``, ``fp16`` or a codec of one's own) is what gradients, and a parameter server's weights,
     travel as (:mod:`scaletrain.tensors.codec`; ``powersgd``, ``topk`` compress gradients), with the codec's
     ``wire_options`` (``-W rank=2``); ``error_feedback`` carries what each message lost
-    into the next gradient. ``device`` (``auto``, ``cpu``, ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
+    into the next gradient; ``overlap`` all-reduces buckets of about ``bucket_mb`` MiB of gradient while
+    backward computes the rest (:mod:`scaletrain.parallel.strategies.overlap`). ``device`` (``auto``, ``cpu``,
+    ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
     is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
     ``channels_last``): the layout of the convolutions' activations in the training forward pass
     (:mod:`scaletrain.efficient.channels_last`).
@@ -140,6 +142,8 @@ class TrainConfig:
     wire: str = "fp32"
     wire_options: dict[str, Any] = field(default_factory=dict)
     error_feedback: bool = False
+    overlap: bool = False
+    bucket_mb: float = 0.25
     device: str = "auto"
     memory_format: str = "auto"
     ghost_batch: int | None = None
@@ -250,6 +254,28 @@ class TrainConfig:
             raise ConfigError(
                 f"--wire {self.wire} needs all-reduce (its factors add up only there), not --strategy {self.strategy}; "
                 "use --strategy allreduce, or --wire topk with a parameter server"
+            )
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        from scaletrain.efficient.precision import parse_loss_scale
+
+        size = self.bucket_mb
+        if isinstance(size, bool) or not isinstance(size, int | float) or not (math.isfinite(size) and size > 0):
+            raise ConfigError(f"bucket_mb must be a number of MiB > 0, e.g. --bucket-mb 0.25; got {size!r}")
+        if not self.overlap:
+            return
+        if self.strategy not in ("allreduce", "local"):
+            raise ConfigError(
+                f"--overlap reduces gradients during backward under all-reduce, not --strategy {self.strategy}; "
+                "use --strategy allreduce, or drop --overlap"
+            )
+        if self.min_workers is not None:
+            raise ConfigError("--overlap is not available to an elastic run (--min-workers): drop one of the two")
+        if parse_loss_scale(self.loss_scale, self.precision) is not None:
+            raise ConfigError(
+                "--overlap sends gradients before dynamic loss scaling can unscale them; use --precision bf16 or "
+                "--loss-scale off with --overlap, or drop --overlap"
             )
 
 

@@ -115,6 +115,7 @@ def test_async_run_survives_a_killed_worker(data: Path, tmp_path: Path) -> None:
     ("strategy", "victim_rank", "role"),
     [
         (["--strategy", "allreduce"], 1, "worker"),
+        (["--strategy", "allreduce", "--overlap", "--bucket-mb", "0.1"], 1, "worker"),
         (["--strategy", "ps", "--sync", "join"], 1, "worker"),
         (["--strategy", "ps", "--sync", "async"], 0, "server"),
         (["--strategy", "ps", "--server", "sharded", "--sync", "split"], 1, "worker"),
@@ -202,6 +203,7 @@ def test_async_run_survives_a_stopped_worker(data: Path, tmp_path: Path) -> None
     [
         (["--strategy", "allreduce"], 1, "worker"),
         (["--strategy", "allreduce"], 0, "worker"),
+        (["--strategy", "allreduce", "--overlap", "--bucket-mb", "0.1"], 1, "worker"),
         (["--strategy", "ps", "--sync", "async"], 0, "server"),
     ],
 )

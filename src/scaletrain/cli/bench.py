@@ -115,6 +115,8 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("async_compensation", args.async_compensation),
                 ("wire", args.wire),
                 ("error_feedback", args.error_feedback),
+                ("overlap", args.overlap),
+                ("bucket_mb", args.bucket_mb),
                 ("device", args.device),
                 *technique_settings(args).items(),  # --precision, --memory-format, --ghost-batch … too
             )

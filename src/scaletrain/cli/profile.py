@@ -50,6 +50,10 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-W", "--wire-option", action="append", default=[], metavar="KEY=VALUE",
                        help="the wire codec's option, as train takes it, e.g. -W rank=1 for powersgd: the "
                             "profile's gradient_bytes are that codec's compressed message")  # fmt: skip
+    group.add_argument("--overlap", action="store_true",
+                       help="the runs to predict all-reduce gradients during backward, as train --overlap")  # fmt: skip
+    group.add_argument("--bucket-mb", type=float, default=0.25, metavar="MIB",
+                       help="with --overlap: their buckets' size, as train --bucket-mb (default 0.25)")  # fmt: skip
     group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
                        help="where t_grad is timed (default: cpu)")  # fmt: skip
     group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
@@ -80,6 +84,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "wire_options": parse_options(args.wire_option, what="wire option", example="-W rank=2"),
         "device": args.device,
         "memory_format": args.memory_format,
+        "overlap_bucket_mb": args.bucket_mb if args.overlap else None,
     }
 
 

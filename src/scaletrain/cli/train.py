@@ -183,6 +183,18 @@ def add_device_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="add what each gradient message lost to the next one (with --wire bf16, fp16, powersgd, topk)",
     )
+    group.add_argument(
+        "--overlap",
+        action="store_true",
+        default=None,
+        help="all-reduce buckets of gradients while backward computes the rest (all-reduce only)",
+    )
+    group.add_argument(
+        "--bucket-mb",
+        type=float,
+        metavar="MIB",
+        help="with --overlap: gradient per bucket, in MiB (default 0.25)",
+    )
 
 
 def strategy_choices() -> list[str]:

@@ -36,6 +36,10 @@ class Profile:
     t_comm: float
     t_grad_parts: dict[int, float] = field(default_factory=dict)  # n → t_grad of batch/n
     t_update: float = 0.0
+    t_backward: float | None = None  # backward's part of t_grad (whole batch); None: not measured
+    #: the runs predicted all-reduce buckets of this many bytes of gradient while backward computes
+    #: (``train --overlap``); None: after backward
+    overlap_bucket_bytes: int | None = None
     latency: float = 0.0
     bandwidth: float | None = None  # None: weight_bytes / t_comm
     weight_bytes: int | None = None

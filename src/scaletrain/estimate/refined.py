@@ -58,6 +58,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
 from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
+from scaletrain.parallel.strategies.overlap import bucket_indices
 from scaletrain.parallel.strategies.terms import Exchange, Network, Networks
 
 __all__ = [
@@ -141,8 +142,9 @@ def step_split(
     n = np.asarray([workers])
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
     compute = part * profile.contention_at(workers, cores=cores)
-    total = float(terms.gradient(sync, n)[0])
-    exchange = float(_declared(strategy, server, sync)(terms, n)[0])
+    gradient = terms.gradient(sync, n)
+    total = float(gradient[0])
+    exchange = float(_exchange(terms, strategy, server, sync, n, gradient)[0])
     split = {"compute": compute, "wait": max(total - compute, 0.0), "exchange": exchange}
     return {key: round(value, 12) for key, value in {**split, "step": total + exchange}.items()}
 
@@ -154,7 +156,8 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks))
-    step = terms.gradient(sync, n) + _declared(strategy, server, sync)(terms, n)
+    gradient = terms.gradient(sync, n)
+    step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
 
@@ -186,6 +189,45 @@ def modelled(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
             f"{what} (see scaletrain.parallel.strategies.terms)"
         )
     return strategy, server, sync
+
+
+def _exchange(terms: Terms, strategy: str, server: str, sync: str, n: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+    """The synchronous exchange's seconds a step adds to the gradient's: all of it, or with an overlapping
+    exchange and a profile of overlapped runs, what backward does not hide."""
+    exchange = _declared(strategy, server, sync)(terms, n)
+    declared = get_strategy(strategy).estimator_terms(server)
+    if declared is not None and declared.overlaps and terms.profile.overlap_bucket_bytes:
+        return exposed_exchange(terms.profile, exchange, gradient)
+    return exchange
+
+
+def exposed_exchange(profile: Profile, exchange: np.ndarray, gradient: np.ndarray) -> np.ndarray:
+    """What an exchange overlapped with backward (``--overlap``) adds to a step of ``gradient`` seconds.
+
+    The buckets are reduced one after another while backward computes; backward takes the measured
+    ``t_backward / t_grad`` of the gradient's time (2/3 where a profile did not measure it: backward
+    computes about twice the forward's work). The step then waits for the larger of: the last bucket's
+    share of the exchange (its tensors are the last backward produces; by their float32 bytes, from the
+    profile's tensor sizes, one bucket when they are not known), and the exchange less the backward it ran
+    beside. The optimizer step (``t_update``) comes after either.
+
+    >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.01, t_update=0.0, t_backward=0.06, weight_bytes=400,
+    ...               parameters=100, tensor_bytes=(100, 300), overlap_bucket_bytes=200)
+    >>> exposed_exchange(toy, np.array([0.1, 0.03]), np.array([0.1, 0.1])).round(4).tolist()  # 0.1-0.06; 0.03/4
+    [0.04, 0.0075]
+    """
+    moved = np.maximum(exchange - profile.t_update, 0.0)
+    backward = profile.t_backward / profile.t_grad if profile.t_backward else 2 / 3
+    return np.maximum(moved * _last_bucket_share(profile), moved - backward * gradient) + profile.t_update
+
+
+def _last_bucket_share(profile: Profile) -> float:
+    sizes = list(profile.tensor_bytes)
+    if not sizes or not profile.weight_bytes or not profile.parameters:
+        return 1.0
+    scale = 4 * profile.parameters / profile.weight_bytes  # the tensors' bytes as float32 gradients
+    buckets = bucket_indices([round(size * scale) for size in sizes], profile.overlap_bucket_bytes or 0)
+    return sum(sizes[i] for i in buckets[-1]) / sum(sizes)
 
 
 def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | None:

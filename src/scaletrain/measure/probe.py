@@ -78,6 +78,7 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}
     updates: list[float] = []
+    backwards: list[float] = []  # backward's part of the whole batch's t_grad: what --overlap can hide behind
     for parts in job["parts"]:  # 1 = the whole batch; n = the 1/n share a split worker computes
         batch = next(iter(workload.train_batches(data, epoch=0, batch_size=batch_size, seed=0, part=Part(0, parts))))
         batch = to_device(batch, device)
@@ -91,6 +92,8 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
             begin = now()
             with autocast.forward_context():
                 objective, _, _ = workload.training_loss(model, batch, state)
+            synchronize(device)
+            forward = now()
             objective.backward()
             synchronize(device)
             middle = now()
@@ -101,8 +104,9 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
                 samples.append(middle - begin)
                 if parts == 1:
                     updates.append(end - middle)
+                    backwards.append(middle - forward)
         grads[str(parts)] = samples
-    return {"t_grad": grads, "t_update": updates}
+    return {"t_grad": grads, "t_update": updates, "t_backward": backwards}
 
 
 def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:

@@ -105,6 +105,7 @@ class ProfileConfig:
     wire_options: dict[str, object] = field(default_factory=dict)  # the codec's -W options, as train takes them
     device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
     memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
+    overlap_bucket_mb: float | None = None  # the runs predicted all-reduce buckets of this size during backward
 
     def __post_init__(self) -> None:
         from scaletrain.efficient.precision import Precision
@@ -117,6 +118,9 @@ class ProfileConfig:
             raise ConfigError("--repeats, --round-trips and --launches must be ≥ 1 and --warmup ≥ 0")
         if self.threads < 1:
             raise ConfigError(f"--threads must be ≥ 1, got {self.threads}")
+        bucket = self.overlap_bucket_mb
+        if bucket is not None and not (math.isfinite(bucket) and bucket > 0):
+            raise ConfigError(f"--bucket-mb must be a number of MiB > 0, e.g. --bucket-mb 0.25; got {bucket!r}")
         if any(n < 1 for n in self.split_workers):
             raise ConfigError(f"split worker counts must be ≥ 1, got {self.split_workers}")
         if self.concurrency is not None and self.concurrency < 1:
@@ -220,6 +224,8 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         t_comm=t_comm,
         t_grad_parts=t_grad_parts,
         t_update=statistics.median(x for result in alone for x in result["t_update"]),
+        t_backward=statistics.median(x for result in alone for x in result.get("t_backward", [])),
+        overlap_bucket_bytes=int(config.overlap_bucket_mb * 2**20) if config.overlap_bucket_mb else None,
         latency=latency,
         bandwidth=weight_bytes / (t_comm - latency) if t_comm > 2 * latency else None,
         weight_bytes=weight_bytes,

@@ -228,6 +228,8 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
         unread.add("async_compensation")
     if run.sync == "async" or run.workers == 1:  # no global batch shared by several workers
         unread.add("sync_batchnorm")
+    if run.strategy not in ("allreduce", "local"):  # buckets reduced during backward: all-reduce's alone
+        unread |= {"overlap", "bucket_mb"}
     return {
         **{key: value for key, value in config.settings.items() if key not in unread},
         "workers": run.workers,

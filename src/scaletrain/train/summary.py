@@ -158,6 +158,8 @@ def write_summary(
         "wire": config.wire,
         "wire_options": config.wire_options,
         "error_feedback": config.error_feedback or CODECS[config.wire].feedback_by_default,
+        "overlap": config.overlap,
+        "bucket_mb": config.bucket_mb if config.overlap else None,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),
         "seed": config.seed,
         "threads": prepared.process.threads,

@@ -1,8 +1,9 @@
 """``allreduce``: gradients averaged over every worker, then the same step everywhere.
 
 One flat buffer goes through the wire codec's collective — ``all_reduce`` (gloo on CPU, NCCL on GPU)
-for a cast, whatever a codec of its own needs — so its communication time can be read apart from
-computation; DistributedDataParallel would overlap the two and hide it.
+for a cast, whatever a codec of its own needs — after backward, so its communication time can be read
+apart from computation; with ``--overlap`` buckets of gradients are reduced while backward computes
+the rest, as DistributedDataParallel does (:mod:`~scaletrain.parallel.strategies.overlap`).
 With one worker there is nothing to average and no collective is called. Predicted as a ring
 all-reduce (Patarasuk & Yuan 2009): 2(N−1)/N · bytes / bandwidth + 2(N−1) latencies, then every
 worker's optimizer step; the thesis's distributed-server formula stands for it (the same
@@ -23,6 +24,7 @@ from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats,
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.elastic import store_membership
 from scaletrain.parallel.strategies.elastic_waits import HeardOfLoss, WatchedCollectives
+from scaletrain.parallel.strategies.overlap import Overlap, OverlappedReduce
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs, calibrated_seconds, gradient_bytes
 from scaletrain.tensors.codec import Collectives, LayoutMismatch, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import flatten, unflatten_into
@@ -79,7 +81,7 @@ class AllReduce(Strategy):
     device_collectives = True
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
-        return EstimatorTerms(exchange=ring_allreduce_seconds, thesis_server="distributed")
+        return EstimatorTerms(exchange=ring_allreduce_seconds, thesis_server="distributed", overlaps=True)
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
@@ -100,7 +102,12 @@ class AllReduce(Strategy):
             take_live_state(prepared.model, prepared.optimizer, prepared.position, state)
             plan, workers, agreement, joined = regrouped.plan, regrouped.workers, regrouped.agreement, regrouped.record
             print(f"joined the run after step {joined['step']}; {workers} workers now", flush=True)
-        exchange = AllReduceExchange(workers, wire_codec(config), membership=membership, synced=config.join)
+        overlap = None
+        if config.overlap:
+            overlap = Overlap(lambda: wire_codec(config), int(config.bucket_mb * 2**20), config.timeout)
+        exchange = AllReduceExchange(
+            workers, wire_codec(config), membership=membership, synced=config.join, overlap=overlap
+        )
         role = Role(
             rank=rank,
             plan=plan,
@@ -142,6 +149,7 @@ class AllReduceExchange(GradientExchange):
         *,
         membership: Membership | None = None,
         synced: bool = False,
+        overlap: Overlap | None = None,
     ) -> None:
         self.workers = workers
         self.codec = codec or WireCodec()
@@ -153,6 +161,8 @@ class AllReduceExchange(GradientExchange):
         self.collectives = Collectives() if self.lost is None else WatchedCollectives(lost=self.lost)
         self.synced = synced  # a worker that joined has its weights from a live peer already
         self._ready = torch.zeros(1)
+        self.overlap = overlap
+        self._overlapped: OverlappedReduce | None = None
 
     def resize(self, workers: int) -> None:
         self.workers = workers
@@ -167,24 +177,41 @@ class AllReduceExchange(GradientExchange):
         dist.broadcast(weights, src=0)
         with torch.no_grad():
             unflatten_into(weights, parameters)
+        self._overlap_on(model)
+
+    def _overlap_on(self, model: nn.Module) -> None:
+        if self.overlap is not None and self.workers > 1:
+            if self._overlapped is not None:
+                self._overlapped.close()
+            self._overlapped = OverlappedReduce(
+                model, self.overlap.make_codec, self.overlap.bucket_bytes, timeout=self.overlap.timeout
+            )
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         # Every worker rebuilt the same network from the agreed decision; the buffers are made per step.
         self.codec.reset()
         if self.workers > 1:
             check_same_layout(list(model.parameters()))
+            self._overlap_on(model)  # new buckets for the new tensors, their codecs fresh
 
     def state_dict(self) -> dict | None:
+        if self._overlapped is not None:
+            return self._overlapped.state_dict()
         return self.codec.state_dict() if self.workers > 1 else None
 
     def load_state_dict(self, state: dict) -> None:
-        self.codec.load_state_dict(state)
+        taken = (self._overlapped or self.codec).load_state_dict(state)
+        if not taken and (state.get("residuals") or state.get("overlap_buckets")):
+            print("the checkpoint's wire codec state was saved with another --wire or --overlap: starting it afresh",
+                  flush=True)  # fmt: skip
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:
             if self.membership is not None:
                 self.membership.join_due = self.membership.join_requested()
             return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
+        if self._overlapped is not None:
+            return self._overlapped_step(model, optimizer, clip_norm)
         parameters = [p for p in model.parameters() if p.grad is not None]
         begin = now()
         gradients = [p.grad for p in parameters]
@@ -208,6 +235,15 @@ class AllReduceExchange(GradientExchange):
             skipped=skipped,
             sent_bytes=self.codec.payload_bytes(layout),
         )
+
+    def _overlapped_step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None
+    ) -> ExchangeTimes:
+        begin = now()
+        self._overlapped.finish()  # what backward did not hide
+        done = now()
+        skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
+        return ExchangeTimes(communication=done - begin, skipped=skipped, sent_bytes=self._overlapped.payload_bytes())
 
     def _reduce(self, gradients: list[torch.Tensor], layout: TensorLayout) -> tuple[float, torch.Tensor]:
         # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it

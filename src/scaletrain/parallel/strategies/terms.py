@@ -118,6 +118,9 @@ class EstimatorTerms:
     exchange: Exchange | None = None
     networks: Networks | None = None
     thesis_server: str | None = None
+    #: its synchronous exchange can run while backward computes (``--overlap``: a profile with
+    #: ``overlap_bucket_bytes`` hides part of it, :func:`scaletrain.estimate.refined.exposed_exchange`)
+    overlaps: bool = False
 
 
 def calibrated_seconds(
