@@ -24,6 +24,7 @@ from typing import Any
 
 from scaletrain.engines.launch import check_engine, run_engine
 from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
+from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
@@ -36,7 +37,7 @@ __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", 
 
 DEFAULT_STEPS = 100
 #: the run settings a foreign engine follows too (scaletrain.engines.prepare.EngineRun)
-FOREIGN_SETTINGS = ("lr", "momentum", "weight_decay", "seed", "timeout")
+FOREIGN_SETTINGS = ("lr", "momentum", "weight_decay", "clip_norm", "seed", "timeout")
 WARMUP_RUN_STEPS = 30  # steps of the unmeasured warm-up run (fewer when the measured runs are shorter)
 CHILD_POLL_SECONDS = 0.5
 
@@ -90,7 +91,8 @@ class SweepConfig:
             raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
         foreign = [name for name in self.frameworks if name != "scaletrain"]
         unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in FOREIGN_SETTINGS]
-        unread += ["-o"] if self.options else []
+        given = {key.replace("-", "_") for key in self.options}
+        unread += ["-o"] if given - set(FOLLOWED_OPTIONS.get(self.workload, ())) else []
         if foreign and unread:
             it = "they set" if len(unread) > 1 else "it sets"
             raise ConfigError(
