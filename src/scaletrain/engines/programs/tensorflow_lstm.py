@@ -103,7 +103,7 @@ def perplexity(tf, values: list[np.ndarray], test: np.ndarray, model: dict) -> d
     length = len(test) // rows
     streams = test[: rows * length].reshape(rows, length)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function  # traced twice: for the full windows, and the last, shorter one
     def score(x, y, state):
         logits, state = forward(tf, weights, x, state, model["layers"])
         return tf.reduce_sum(tf.nn.sparse_softmax_cross_entropy_with_logits(tf.reshape(y, [-1]), logits)), state
