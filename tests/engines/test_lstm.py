@@ -21,7 +21,7 @@ import scaletrain
 from scaletrain.engines.launch import check_run, run_engine
 from scaletrain.engines.prepare import EngineRun
 from scaletrain.errors import ConfigError
-from scaletrain.measure.sweep import SweepConfig
+from scaletrain.measure.sweep import SweepConfig, plan_runs
 
 pytestmark = pytest.mark.multiprocess
 
@@ -122,3 +122,17 @@ def test_bench_passes_the_options_the_engines_follow_and_refuses_the_others() ->
         SweepConfig("ptb-lstm", Path("out"), frameworks=("scaletrain", "mxnet"), options={"dropout": "0.5"})
     with pytest.raises(ConfigError, match="^-o: it sets how scaletrain trains, and tensorflow would not follow"):
         SweepConfig("lenet", Path("out"), frameworks=("tensorflow",), options={"hidden_size": "16"})
+
+
+def test_a_sweep_leaves_out_the_asynchronous_lstm_tensorflow_does_not_run() -> None:
+    config = SweepConfig(
+        "ptb-lstm", Path("out"), workers=(1, 2), frameworks=("tensorflow", "mxnet"),
+        strategies=("allreduce-join", "ps-central-async"),
+    )  # fmt: skip
+    runs, notes = plan_runs(config)
+    planned = {(run.framework, run.label, run.workers) for run in runs}
+    assert planned == {
+        *(("tensorflow", "allreduce-join", n) for n in (1, 2)),
+        *(("mxnet", label, n) for label in ("allreduce-join", "ps-central-async") for n in (1, 2)),
+    }
+    assert notes == ["tensorflow left out ps-central-async: it trains ptb-lstm in local and sync mode only"]

@@ -25,7 +25,7 @@ from typing import Any
 from scaletrain.engines.launch import check_engine, run_engine
 from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
 from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS
-from scaletrain.engines.registry import FRAMEWORKS
+from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.preloaded import start_fresh
@@ -147,6 +147,7 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
         )
     batches = config.batch_sizes or (None,)
     runs = []
+    unrun: dict[tuple[str, str], str] = {}  # (framework, strategy) its engine does not run for this workload
     for repeat in range(config.repeats):
         for framework, spec, batch, count in itertools.product(config.frameworks, config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
@@ -156,7 +157,13 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
             run = Run(strategy, server, sync, count, batch, repeat, framework)
             if run.foreign and foreign_mode(run.label, count) is None:
                 continue
+            limited = dict(ENGINES[framework].workload_modes).get(config.workload) if run.foreign else None
+            if limited is not None and foreign_mode(run.label, count)[0] not in limited:
+                unrun.setdefault((framework, spec), " and ".join(limited))
+                continue
             runs.append(run)
+    for (framework, spec), modes in unrun.items():
+        notes.append(f"{framework} left out {spec}: it trains {config.workload} in {modes} mode only")
     for framework in config.frameworks:
         missing = [spec for spec in config.strategies if spec not in FOREIGN_STRATEGIES]
         if framework != "scaletrain" and missing:
