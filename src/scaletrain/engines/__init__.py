@@ -9,18 +9,25 @@ reads, starts its processes, and turns what they write into the same ``summary.j
 The contract between scaletrain and a program (``PROGRAM --spec SPEC --role ROLE --index I``):
 
 ``spec.json`` (written by scaletrain)
-    ``workload`` (``lenet``), ``mode`` (``local``: one process; ``sync``: all-reduce, a step is one batch of
-    ``batch_size`` on every worker, global batch ``workers × batch_size``; ``async``: parameter servers,
-    every worker applies its own batches), ``workers``, ``servers``, ``batch_size`` (per worker and step),
-    ``lr``, ``momentum``, ``weight_decay`` (SGD as torch defines it: ``v = μv + g + λw; w -= lr·v``),
-    ``steps`` (a list: each worker's steps), ``warmup_steps`` (each process's first steps, left out of the meter),
-    ``train_size`` (the training images), ``threads`` (intra- and inter-op threads, at least 2 inter-op
-    threads for TensorFlow's PS workers),
-    ``data`` (the four Fashion-MNIST IDX files, ``.gz`` or raw, and ``mean``/``std``: pixels / 255, then
-    ``(x - mean) / std``), ``order`` (``order.npz``: ``w0``, ``w1`` …, int64 of shape ``(steps[i],
-    batch_size)``: the training samples of each worker's steps, drawn by scaletrain's sampler), ``init``
-    (``init.npz``: the initial weights scaletrain's seeded model has, under torch's names and layouts),
-    ``out`` (the folder).
+    ``workload`` (``lenet`` or ``ptb-lstm``), ``mode`` (``local``: one process; ``sync``: all-reduce, a step is
+    one batch of ``batch_size`` on every worker, global batch ``workers × batch_size``; ``async``: parameter
+    servers, every worker applies its own batches), ``workers``, ``servers``, ``batch_size`` (per worker and
+    step: images, or rows of text), ``lr``, ``momentum``, ``weight_decay`` (SGD as torch defines it:
+    ``v = μv + g + λw; w -= lr·v``), ``clip_norm`` (the whole gradient's norm clipped to it as torch's
+    ``clip_grad_norm_`` does before the update; 0: not clipped), ``steps`` (a list: each worker's steps),
+    ``warmup_steps`` (each process's first steps, left out of the meter), ``train_size`` (the training images
+    or words), ``steps_per_epoch`` (global batches of an epoch), ``metric`` (the quality the summary names),
+    ``threads`` (intra- and inter-op threads, at least 2 inter-op threads for TensorFlow's PS workers),
+    ``order`` (``order.npz``), ``init`` (``init.npz``: the initial weights scaletrain's seeded model has,
+    under torch's names and layouts), ``out`` (the folder). For ``lenet``: ``data`` (the four Fashion-MNIST
+    IDX files, ``.gz`` or raw, and ``mean``/``std``: pixels / 255, then ``(x - mean) / std``) and in
+    ``order.npz`` ``w0``, ``w1`` …, int64 of shape ``(steps[i], batch_size)``: the training samples of each
+    worker's steps, drawn by scaletrain's sampler. For ``ptb-lstm``
+    (:mod:`scaletrain.engines.prepare_text`): ``model`` (``vocab_size``, ``hidden_size``, ``layers``,
+    ``num_steps``, ``eval_batch_size``), ``data`` (``tokens``: ``tokens.npz`` with the int32 word ids
+    ``train`` and ``test`` as scaletrain's vocabulary encodes them), and in ``order.npz`` ``w<i>``, int64
+    ``(steps[i], batch_size)``: where each row's window starts in ``train`` (targets one word later), and
+    ``r<i>``, ``(steps[i],)``: 1 where the carried LSTM state starts again from zeros.
 Processes (roles)
     TensorFlow: ``worker`` 0..N-1; for ``async`` also ``ps`` 0..P-1 and a ``chief`` (the
     ``ClusterCoordinator``); ``TF_CONFIG`` comes from scaletrain. MXNet: ``worker`` 0..N-1; for ``sync``
@@ -31,7 +38,7 @@ What a program writes in ``out``
     the batch to the updated weights being ready), ``communication_seconds``, ``wait_seconds``,
     ``data_seconds``, ``batch_fraction`` (1.0), ``first_step_loss``, ``last_step_loss``, ``final_loss``
     (the meter of :class:`scaletrain.train.summary.WorkerStats`); ``final.npz`` (the trained weights,
-    torch's names and layouts) and ``quality.json`` (``test_accuracy``, ``test_loss`` over the whole test
-    set) from the process that holds the final weights. A program that fails exits non-zero with one line
-    on stderr.
+    torch's names and layouts) and ``quality.json`` (``test_accuracy`` or ``test_perplexity``, and
+    ``test_loss``: mean cross-entropy per image or word, over the whole test set) from the process that
+    holds the final weights. A program that fails exits non-zero with one line on stderr.
 """

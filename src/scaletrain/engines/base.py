@@ -58,6 +58,8 @@ class Engine:
     workloads: tuple[str, ...]
     #: each mode it runs (``local``, ``sync``, ``async``) and what carries it
     modes: tuple[tuple[str, str], ...]
+    #: the workloads that run in some of the modes only, with those modes (the others run in every mode)
+    workload_modes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: modes whose step time cannot be split into compute, communication and waiting (shown as unmeasured)
     unsplit: tuple[str, ...] = ()
     #: lines of its own start-up noise that its processes print whatever the log level (left out of messages)

@@ -70,6 +70,11 @@ def check_run(run: EngineRun) -> Engine:
     engine = check_engine(run.framework, run.workload)
     if run.mode not in [mode for mode, _ in engine.modes]:
         raise ConfigError(f"the {engine.name} engine runs {engine.describe_modes()}, not {run.mode!r}")
+    limited = dict(engine.workload_modes).get(run.workload)
+    if limited is not None and run.mode not in limited:
+        raise ConfigError(
+            f"the {engine.name} engine trains {run.workload} in {' and '.join(limited)} mode, not {run.mode}"
+        )
     return engine
 
 
@@ -223,8 +228,6 @@ def _summarise(
         quality = json.loads((folder / "quality.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise EngineFailed(f"the {engine.name} run ended without a readable quality.json in {folder}: {exc}") from None
-    global_batch = run.batch_size * (run.workers if run.mode == "sync" else 1)
-    per_epoch = spec["train_size"] // global_batch
     summary = {
         "workload": run.workload,
         "framework": engine.name,
@@ -241,10 +244,12 @@ def _summarise(
         # updates applied: one per global batch; an asynchronous run applies every worker's batches
         "steps": sum(spec["steps"]) if run.mode == "async" else spec["steps"][0],
         "worker_steps": spec["steps"],
-        "steps_per_epoch": per_epoch,
+        "steps_per_epoch": spec["steps_per_epoch"],
         "epochs": run.epochs,
         "warmup_steps": run.warmup_steps,
-        "metric": "test_accuracy",
+        "clip_norm": run.clip_norm,
+        "options": run.options,
+        "metric": spec["metric"],
         **quality,
         **throughput(stats, run.batch_size),
         **({f"{part}_seconds_per_step": None for part in SPLIT} if run.mode in engine.unsplit else {}),

@@ -72,4 +72,6 @@ def engine_run(framework: str, workload: str, strategy: str, workers: int, setti
         threads=given("threads", 1),
         seed=given("seed", 0),
         data_dir=Path(data_dir) if data_dir is not None else None,
+        clip_norm=given("clip_norm", defaults.clip_norm),
+        options=dict(settings.get("options") or {}),
     )

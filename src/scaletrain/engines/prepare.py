@@ -8,7 +8,7 @@ split of a global batch over the workers (:mod:`scaletrain.engines` states the c
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ from scaletrain.data.idx import (
     read_idx,
 )
 from scaletrain.data.sampler import EpochBatches, Part
+from scaletrain.engines.prepare_text import prepare_text
+from scaletrain.errors import ConfigError
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
 
@@ -53,6 +55,8 @@ class EngineRun:
     threads: int
     seed: int
     data_dir: Path | None
+    clip_norm: float | None = None  # the whole gradient's norm clipped to this (None or 0: not clipped)
+    options: dict[str, Any] = field(default_factory=dict)  # the workload's options (-o)
 
 
 def plans(run: EngineRun) -> list[WorkerPlan]:
@@ -92,16 +96,17 @@ def worker_orders(run: EngineRun, train_size: int) -> list[np.ndarray]:
 
 
 def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
-    """Write ``spec.json``, ``order.npz`` and ``init.npz`` into ``out``; the spec."""
-    workload = create_workload(run.workload)
-    directory = find_fashion_mnist(run.data_dir, download=False)
-    # a folder find_fashion_mnist returns holds all four files, gzipped or raw
-    stems = [name.removesuffix(".gz") for name in FASHION_MNIST_FILES]
-    files = {stem: fashion_mnist_file(directory, stem) for stem in stems}
-    train_size = len(read_idx(files["train-labels-idx1-ubyte"]))
-    orders = worker_orders(run, train_size)
+    """Write ``spec.json``, ``order.npz`` and ``init.npz`` (and ``tokens.npz`` for a text) into ``out``; the spec."""
+    workload = create_workload(run.workload, run.options)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / ORDER_NAME, **{f"w{i}": order for i, order in enumerate(orders)})
+    if run.workload == "lenet":
+        if run.options:
+            raise ConfigError(f"workload option {', '.join(sorted(run.options))}: the engines follow none for lenet")
+        if run.clip_norm:
+            raise ConfigError("--clip-norm: the engines clip gradients for ptb-lstm only, not for lenet")
+        fields, orders = _prepare_images(run, out)
+    else:
+        fields, orders = prepare_text(run, plans(run), out)
     torch.manual_seed(run.seed)  # as scaletrain's own run builds its model (train/build.py)
     model = workload.build_model()
     np.savez(out / INIT_NAME, **{name: value.detach().numpy() for name, value in model.state_dict().items()})
@@ -114,9 +119,29 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
         "lr": run.lr,
         "momentum": run.momentum,
         "weight_decay": run.weight_decay,
+        "clip_norm": run.clip_norm or 0.0,
         "steps": [len(order) for order in orders],
         "warmup_steps": run.warmup_steps,
         "threads": run.threads,
+        **fields,
+        "order": str(out / ORDER_NAME),
+        "init": str(out / INIT_NAME),
+        "out": str(out),
+    }
+    (out / SPEC_NAME).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    return spec
+
+
+def _prepare_images(run: EngineRun, out: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``lenet``: the Fashion-MNIST files and ``order.npz``; the spec's fields of the workload and the orders."""
+    directory = find_fashion_mnist(run.data_dir, download=False)
+    # a folder find_fashion_mnist returns holds all four files, gzipped or raw
+    stems = [name.removesuffix(".gz") for name in FASHION_MNIST_FILES]
+    files = {stem: fashion_mnist_file(directory, stem) for stem in stems}
+    train_size = len(read_idx(files["train-labels-idx1-ubyte"]))
+    orders = worker_orders(run, train_size)
+    np.savez(out / ORDER_NAME, **{f"w{i}": order for i, order in enumerate(orders)})
+    fields = {
         "data": {
             "train_images": str(files["train-images-idx3-ubyte"]),
             "train_labels": str(files["train-labels-idx1-ubyte"]),
@@ -126,9 +151,7 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
             "std": FASHION_MNIST_STD,
         },
         "train_size": train_size,
-        "order": str(out / ORDER_NAME),
-        "init": str(out / INIT_NAME),
-        "out": str(out),
+        "steps_per_epoch": train_size // (run.batch_size * plans(run)[0].global_batch_factor),
+        "metric": "test_accuracy",
     }
-    (out / SPEC_NAME).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
-    return spec
+    return fields, orders

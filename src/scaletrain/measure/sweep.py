@@ -24,7 +24,8 @@ from typing import Any
 
 from scaletrain.engines.launch import check_engine, run_engine
 from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
-from scaletrain.engines.registry import FRAMEWORKS
+from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS
+from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.preloaded import start_fresh
@@ -36,7 +37,7 @@ __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", 
 
 DEFAULT_STEPS = 100
 #: the run settings a foreign engine follows too (scaletrain.engines.prepare.EngineRun)
-FOREIGN_SETTINGS = ("lr", "momentum", "weight_decay", "seed", "timeout")
+FOREIGN_SETTINGS = ("lr", "momentum", "weight_decay", "clip_norm", "seed", "timeout")
 WARMUP_RUN_STEPS = 30  # steps of the unmeasured warm-up run (fewer when the measured runs are shorter)
 CHILD_POLL_SECONDS = 0.5
 
@@ -90,7 +91,8 @@ class SweepConfig:
             raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
         foreign = [name for name in self.frameworks if name != "scaletrain"]
         unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in FOREIGN_SETTINGS]
-        unread += ["-o"] if self.options else []
+        given = {key.replace("-", "_") for key in self.options}
+        unread += ["-o"] if given - set(FOLLOWED_OPTIONS.get(self.workload, ())) else []
         if foreign and unread:
             it = "they set" if len(unread) > 1 else "it sets"
             raise ConfigError(
@@ -145,6 +147,7 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
         )
     batches = config.batch_sizes or (None,)
     runs = []
+    unrun: dict[tuple[str, str], str] = {}  # (framework, strategy) its engine does not run for this workload
     for repeat in range(config.repeats):
         for framework, spec, batch, count in itertools.product(config.frameworks, config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
@@ -154,7 +157,13 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
             run = Run(strategy, server, sync, count, batch, repeat, framework)
             if run.foreign and foreign_mode(run.label, count) is None:
                 continue
+            limited = dict(ENGINES[framework].workload_modes).get(config.workload) if run.foreign else None
+            if limited is not None and foreign_mode(run.label, count)[0] not in limited:
+                unrun.setdefault((framework, spec), " and ".join(limited))
+                continue
             runs.append(run)
+    for (framework, spec), modes in unrun.items():
+        notes.append(f"{framework} left out {spec}: it trains {config.workload} in {modes} mode only")
     for framework in config.frameworks:
         missing = [spec for spec in config.strategies if spec not in FOREIGN_STRATEGIES]
         if framework != "scaletrain" and missing:

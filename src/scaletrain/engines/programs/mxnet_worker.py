@@ -1,4 +1,4 @@
-"""MXNet 1.9 (Gluon) worker program: trains scaletrain's ``lenet`` run so that MXNet's scaling can be compared.
+"""MXNet 1.9 (Gluon) worker program: trains scaletrain's ``lenet`` run (``ptb-lstm``: ``mxnet_lstm.py``) in MXNet.
 
 Started by scaletrain's launcher as ``python mxnet_worker.py --spec SPEC.json --role ROLE --index I`` in
 MXNet's own environment; it reads the files :mod:`scaletrain.engines.prepare` writes and writes what the
@@ -219,17 +219,7 @@ def train(spec: dict[str, Any], index: int) -> None:
     from mxnet import autograd, gluon
 
     mode, workers, batch_size = spec["mode"], spec["workers"], spec["batch_size"]
-    kv, rank = None, 0
-    if mode in DISTRIBUTED_MODES:
-        kv = mx.kv.create(f"dist_{mode}")  # waits until every worker and server has reached the scheduler
-        rank = kv.rank
-        if kv.num_workers != workers:
-            raise ValueError(f"the kvstore has {kv.num_workers} workers, the spec {workers}")
-        if rank != index:
-            print(f"mxnet worker {index}: ps-lite gave rank {rank}, so this process trains w{rank}", file=sys.stderr)
-    elif index != 0:
-        raise ValueError(f"mode local has only worker 0, not worker {index}")
-    out = Path(spec["out"])
+    kv, rank = kvstore(mx, spec, index)
     data = spec["data"]
     mean, std = float(data["mean"]), float(data["std"])
     images, labels = read_idx(data["train_images"]), read_idx(data["train_labels"]).astype(np.float32)
@@ -281,16 +271,41 @@ def train(spec: dict[str, Any], index: int) -> None:
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step + 1}")
         meter.add(seconds, communication, fetched - begin, value)
-    if mode == "async":
+
+    def results() -> dict[str, float]:
+        np.savez(Path(spec["out"]) / "final.npz", **{name: param.data().asnumpy() for name, param in params})
+        test_images, test_labels = read_idx(data["test_images"]), read_idx(data["test_labels"])
+        return evaluate(mx, net, test_images, test_labels, mean, std)
+
+    finish(mx, spec, kv, rank, keys, weights, meter, results)
+
+
+def kvstore(mx: Any, spec: dict[str, Any], index: int) -> tuple[Any, int]:
+    """The distributed modes' kvstore (None for ``local``) and this worker's rank, checked against the spec."""
+    if spec["mode"] not in DISTRIBUTED_MODES:
+        if index != 0:
+            raise ValueError(f"mode local has only worker 0, not worker {index}")
+        return None, 0
+    kv = mx.kv.create(f"dist_{spec['mode']}")  # waits until every worker and server has reached the scheduler
+    if kv.num_workers != spec["workers"]:
+        raise ValueError(f"the kvstore has {kv.num_workers} workers, the spec {spec['workers']}")
+    if kv.rank != index:
+        print(f"mxnet worker {index}: ps-lite gave rank {kv.rank}, so this process trains w{kv.rank}", file=sys.stderr)
+    return kv, kv.rank
+
+
+def finish(mx: Any, spec: dict[str, Any], kv: Any, rank: int, keys: list, weights: list, meter: Meter, results) -> None:
+    """After the last step: the final weights on rank 0 (pulled from the servers in ``async``), this worker's
+    stats, rank 0's ``quality.json`` from ``results()`` (which writes ``final.npz``), the kvstore's end."""
+    out = Path(spec["out"])
+    if spec["mode"] == "async":
         kv._barrier()  # every worker's last update is on the servers
         if rank == 0:
             kv.pull(keys, out=weights)
             mx.nd.waitall()
     write_json(out / f"stats-worker-{rank}.json", meter.stats(rank))
     if rank == 0:
-        np.savez(out / "final.npz", **{name: param.data().asnumpy() for name, param in params})
-        test_images, test_labels = read_idx(data["test_images"]), read_idx(data["test_labels"])
-        write_json(out / "quality.json", evaluate(mx, net, test_images, test_labels, mean, std))
+        write_json(out / "quality.json", results())
     mx.nd.waitall()
     del kv  # a dist kvstore's end: a barrier of the workers, then rank 0 stops the servers and scheduler
 
@@ -320,11 +335,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = json.loads(args.spec.read_text(encoding="utf-8"))
         out = Path(spec.get("out", out))
-        if spec.get("workload") != "lenet":
-            raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet only")
+        if spec.get("workload") not in ("lenet", "ptb-lstm"):
+            raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet and ptb-lstm")
         set_threads(spec["threads"])
         check_role(spec, args.role)
-        if args.role == "worker":
+        if args.role == "worker" and spec["workload"] == "ptb-lstm":
+            import mxnet_lstm  # beside this file: the LSTM language model's part of the program
+
+            mxnet_lstm.train(spec, args.index)
+        elif args.role == "worker":
             train(spec, args.index)
         else:
             serve(args.role)

@@ -1,4 +1,4 @@
-"""TensorFlow 2 worker program: LeNet-5 on Fashion-MNIST, trained as scaletrain prepared it.
+"""TensorFlow 2 worker program: LeNet-5 on Fashion-MNIST as scaletrain prepared it (``ptb-lstm``: tensorflow_lstm.py).
 
 ``python tensorflow_worker.py --spec SPEC --role ROLE --index I`` (the contract is in
 :mod:`scaletrain.engines`). It imports only the standard library and NumPy at module level; TensorFlow is
@@ -12,21 +12,20 @@ Modes and roles:
 * ``local``: role ``worker`` 0, no ``TF_CONFIG``. In ``local`` and ``sync``, step ``s`` of worker ``i`` trains on
   the samples ``order.npz["w<i>"][s]``.
 * ``sync``: roles ``worker`` 0..N-1 under ``MultiWorkerMirroredStrategy`` (ring all-reduce over gRPC), from
-  ``TF_CONFIG``. A step is three calls: the gradients of the worker's own batch (loss summed and divided by
-  the global batch ``N × batch_size``), their all-reduce (a sum: the mean gradient of the global batch, timed
-  apart as ``communication_seconds``, which includes waiting for the slower worker), and the update. The
-  weights equal a ``local`` run with the global batch. Worker 0 writes ``final.npz`` and ``quality.json``.
-* ``async``: ``ParameterServerStrategy``; roles ``ps`` and ``worker`` only run a ``tf.distribute.Server``,
-  the ``chief`` holds the ``ClusterCoordinator`` and schedules every batch of every worker, each a closure that
-  trains on one batch (read the weights from the parameter servers, update them and the one shared momentum
-  buffer there, without locks). The coordinator hands a closure to whichever worker is free, so a worker's own
-  order cannot be kept: every batch of ``order.npz`` is trained exactly once, interleaved ``w0[0], w1[0], …,
-  w0[1], …``. The chief sends each batch with its closure and writes ``stats-chief-0.json`` for the whole
-  cluster (closures finished after the first ``warmup_steps × workers``, and the wall time they took;
-  ``communication_seconds`` 0: the parameter traffic happens inside the closures and cannot be timed apart),
-  ``final.npz`` and ``quality.json``. When it ends, successfully or not, it writes ``chief-done`` into the
-  output folder; ``ps`` and ``worker`` processes that see that file (a folder they share with the chief) exit
-  with status 0, otherwise they serve until the launcher stops them.
+  ``TF_CONFIG``. A step is three calls: the gradients of the worker's own batch (loss summed and divided by the global
+  batch ``N × batch_size``), their all-reduce (a sum: the mean gradient of the global batch, timed apart as
+  ``communication_seconds``, which includes waiting for the slower worker), and the update. The weights equal a
+  ``local`` run with the global batch. Worker 0 writes ``final.npz`` and ``quality.json``.
+* ``async``: ``ParameterServerStrategy``; roles ``ps`` and ``worker`` only run a ``tf.distribute.Server``, the
+  ``chief`` holds the ``ClusterCoordinator`` and schedules every batch of every worker, each a closure that trains on
+  one batch (read the weights from the parameter servers, update them and the one shared momentum buffer there,
+  without locks). The coordinator hands a closure to whichever worker is free, so a worker's own order cannot be kept:
+  every batch of ``order.npz`` is trained exactly once, interleaved ``w0[0], w1[0], …, w0[1], …``. The chief sends
+  each batch with its closure and writes ``stats-chief-0.json`` for the whole cluster (closures finished after the
+  first ``warmup_steps × workers``, and the wall time they took; ``communication_seconds`` 0: the parameter traffic
+  happens inside the closures and cannot be timed apart), ``final.npz`` and ``quality.json``. When it ends,
+  successfully or not, it writes ``chief-done`` into the output folder; ``ps`` and ``worker`` processes that see that
+  file (a folder they share with the chief) exit with status 0, otherwise they serve until the launcher stops them.
 
 Each measured step lasts from asking for the batch to the updated weights being ready; the first
 ``warmup_steps`` of each process are not counted. Any failure: one line on stderr, the traceback in
@@ -46,17 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-#: torch's state_dict names of LeNet5, in the order of the variables here
-NAMES = (
-    "features.0.weight",
-    "features.0.bias",
-    "features.3.weight",
-    "features.3.bias",
-    "classifier.1.weight",
-    "classifier.1.bias",
-    "classifier.3.weight",
-    "classifier.3.bias",
-)
+#: torch's state_dict names of LeNet5's weighted layers and weights, in the order of the variables here
+LAYERS = ("features.0", "features.3", "classifier.1", "classifier.3")
+NAMES = tuple(f"{layer}.{kind}" for layer in LAYERS for kind in ("weight", "bias"))
 #: their shapes in torch
 SHAPES = ((20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 500), (10,))
 #: for row ``r`` of the first dense kernel (NHWC flattening, ``h·200 + w·50 + c``): torch's column ``c·16 + h·4 + w``
@@ -196,19 +187,38 @@ def start_tensorflow(threads: int, *, alone: bool = False):
     return tf
 
 
+def replicated_strategy(tf, spec: dict) -> tuple:
+    """The strategy and its replicas: ``sync``, a ring all-reduce ``MultiWorkerMirroredStrategy``; else the default."""
+    if spec["mode"] != "sync":
+        return tf.distribute.get_strategy(), 1
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if strategy.num_replicas_in_sync != spec["workers"]:
+        raise RuntimeError(f"TF_CONFIG gives {strategy.num_replicas_in_sync} workers, the spec {spec['workers']}")
+    return strategy, strategy.num_replicas_in_sync
+
+
+def all_reduce_function(tf, strategy):
+    """A ``tf.function`` that sums each replica's list of gradients over all replicas."""
+
+    @tf.function
+    def all_reduce(grads):
+        def replica(local):
+            with tf.device(strategy.extended.worker_devices[0]):  # a function's inputs have lost their device
+                local = [tf.identity(grad) for grad in local]
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+        return strategy.run(replica, args=(grads,))
+
+    return all_reduce
+
+
 def train_replicated(spec: dict, index: int) -> None:
     """``local`` and ``sync``: train this worker's batches; worker 0 writes the weights and their quality."""
     tf = start_tensorflow(spec["threads"], alone=spec["mode"] == "local")
-    if spec["mode"] == "sync":
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=tf.distribute.experimental.CommunicationImplementation.RING
-        )
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-        replicas = strategy.num_replicas_in_sync
-        if replicas != spec["workers"]:
-            raise RuntimeError(f"TF_CONFIG gives {replicas} workers, the spec {spec['workers']}")
-    else:
-        strategy, replicas = tf.distribute.get_strategy(), 1
+    strategy, replicas = replicated_strategy(tf, spec)
     images, labels = load_split(spec["data"], "train")
     with np.load(spec["order"]) as orders:
         order = orders[f"w{index}"]
@@ -220,14 +230,7 @@ def train_replicated(spec: dict, index: int) -> None:
     def gradients(x, y):
         return strategy.run(lambda a, b: batch_loss(tf, weights, a, b, global_batch), args=(x, y))
 
-    @tf.function
-    def all_reduce(grads):
-        def replica(local):
-            with tf.device(strategy.extended.worker_devices[0]):  # a function's inputs have lost their device
-                local = [tf.identity(grad) for grad in local]
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
-
-        return strategy.run(replica, args=(grads,))
+    all_reduce = all_reduce_function(tf, strategy)
 
     @tf.function
     def update(grads):
@@ -349,7 +352,13 @@ def run_server(spec: dict, role: str, index: int) -> None:
 def run(spec: dict, role: str, index: int) -> None:
     """Check that the role fits the mode and run it."""
     mode = spec["mode"]
-    if role == "worker" and mode in ("local", "sync") and 0 <= index < spec["workers"]:
+    if spec["workload"] == "ptb-lstm" and role == "worker" and 0 <= index < spec["workers"]:
+        import tensorflow_lstm  # beside this file: the LSTM language model's part of the program
+
+        tensorflow_lstm.train_replicated(spec, index)
+    elif spec["workload"] != "lenet":
+        raise ValueError(f"{spec['workload']} as {role} {index}: this program trains lenet, and ptb-lstm's workers")
+    elif role == "worker" and mode in ("local", "sync") and 0 <= index < spec["workers"]:
         train_replicated(spec, index)
     elif mode == "async" and role == "chief" and index == 0:
         try:
