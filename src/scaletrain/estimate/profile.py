@@ -178,11 +178,13 @@ class Profile:
         return path
 
     def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE[-KEYVALUE…]].json`` (float32 parts left out)"""
+        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE[-KEYVALUE…]][-overlap].json`` (float32 parts and
+        an exchange after backward left out)"""
         network = f"-{self.network}" if self.network else ""
         precision = f"-{self.precision}" if self.precision != "fp32" else ""
         wire = f"-w{self.wire}" if self.wire != "fp32" else ""
         wire += "".join(f"-{key}{value}" for key, value in sorted(self.wire_options.items()))
+        wire += "-overlap" if self.overlap_bucket_bytes else ""
         return Path("profiles") / f"{workload_label(self.workload)}-b{self.batch_size}{network}{precision}{wire}.json"
 
     @classmethod
