@@ -219,6 +219,7 @@ def test_stdout_is_the_api_result() -> None:
         ("lenet", ["--framework", "tensorflow", "--servers", "2"], "runs allreduce-join without servers"),
         ("lenet", ["--framework", "mxnet", "--strategy", "ps-central-async", "--servers", "2"], "has one server"),
         ("lenet", ["--servers", "2"], "--servers sets a foreign engine's parameter servers"),
+        ("lenet", ["--framework", "mxnet", "--max-restarts", "2"], "--max-restarts: a foreign engine's Indexed Job"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -25,7 +25,9 @@ Restarts: an engine's run has no checkpoint, so a lost process ends it. An Index
 failed pod (``backoffLimit: 0``); a JobSet recreates every pod, which trains again from the start, up to
 ``--max-restarts`` times. Processes that serve until they are stopped (TensorFlow's ``worker`` and ``ps``
 in asynchronous mode) do not decide the end: the run succeeds when the others have (an Indexed Job's
-``successPolicy`` on their indexes, a JobSet's on their replicated jobs), and the rest are stopped then.
+``successPolicy`` on their indexes, which then removes the lingering pods; a JobSet's on their replicated
+jobs). TensorFlow's servers also end by themselves once the chief's mark appears in the run folder, which
+the shared volume shows every pod.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from scaletrain.config import load_toml, merge
-from scaletrain.deploy.common import CONFIG_DIR, DeployConfig, container_resources, object_labels, object_metadata
+from scaletrain.deploy.common import (
+    CONFIG_DIR,
+    DEFAULT_MAX_RESTARTS,
+    DeployConfig,
+    container_resources,
+    object_labels,
+    object_metadata,
+)
 from scaletrain.engines.base import Engine, Host, Role
 from scaletrain.engines.cluster import PROGRAMS_FOLDER, RUN_FILE, run_json
 from scaletrain.engines.install import ENV_ENGINES
@@ -114,6 +123,11 @@ def plan_engine(
         raise ConfigError(
             f"--operator {deploy.operator} runs scaletrain's own training; a foreign engine's run is rendered "
             "by --operator none (an Indexed Job) or --operator jobset (a JobSet)"
+        )
+    if deploy.operator == "none" and deploy.max_restarts != DEFAULT_MAX_RESTARTS:
+        raise ConfigError(
+            "--max-restarts: a foreign engine's Indexed Job is not restarted (its run has no checkpoint); "
+            "--operator jobset starts every pod over up to --max-restarts times"
         )
     known_engine(framework, workload)
     given = merge(load_toml(config_file) if config_file is not None else {}, settings)
