@@ -5,6 +5,9 @@
 # (the torch CPU wheel comes from the local disk, as scripts/setup.sh gets it).
 #
 #   scripts/build-image.sh [TAG]        # default scaletrain:cpu; prints the image size and build time
+#   ENGINES=tensorflow,mxnet scripts/build-image.sh scaletrain:engines
+#                                       # also the foreign engines' environments in /opt/engines (their
+#                                       # pinned wheels collected here too), for deploy kubernetes --framework
 #
 # Needs root, podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap).
 #
@@ -32,11 +35,25 @@ podman=(podman --runtime runc --cgroup-manager=cgroupfs)
 limits=(--ulimit nofile=1024:1024 --ulimit nproc=4096:4096)
 work=build/image
 started=$(date +%s)
+engines=${ENGINES:-}  # comma-separated: the Dockerfile's ENGINES build argument
 
 for tool in podman runc mmdebstrap; do
     command -v "$tool" >/dev/null || { echo "build-image: $tool is missing; as root: apt-get install -y podman runc mmdebstrap" >&2; exit 2; }
 done
 [ -x .venv/bin/pip ] || { echo "build-image: run scripts/setup.sh first (the wheels are collected with .venv's pip)" >&2; exit 2; }
+# Each engine's pinned packages, as `scaletrain engines install` installs them (one line per engine).
+engine_packages=
+if [ -n "$engines" ]; then
+    engine_packages=$(PYTHONPATH=src .venv/bin/python -c '
+import sys
+from scaletrain.engines.registry import ENGINES
+known = ", ".join(ENGINES)
+for name in sys.argv[1].split(","):
+    if name not in ENGINES:
+        sys.exit(f"build-image: ENGINES names {name!r}; the engines are {known}")
+    print(" ".join(ENGINES[name].packages))
+' "$engines") || exit 2
+fi
 mkdir -p "$work"
 trap 'rm -rf "$work/wheels" "$work/rootfs.tar"' EXIT  # hundreds of MB, also when a step fails
 
@@ -95,8 +112,12 @@ final() {
         rm -rf "$work/wheels"
         quiet_pip_download "setuptools>=68" || return
     fi
+    # One download per engine: their pins clash (MXNet needs numpy<1.24), so each resolves on its own.
+    while read -r pins; do
+        [ -z "$pins" ] || { echo "build-image: engine wheels $pins"; quiet_pip_download $pins || return; }
+    done <<<"$engine_packages"
     "${podman[@]}" build --quiet --pull=never --network none "${limits[@]}" \
-        --build-arg BASE="$deps" --build-arg OFFLINE=1 --tag "$tag" . >/dev/null
+        --build-arg BASE="$deps" --build-arg OFFLINE=1 --build-arg ENGINES="$engines" --tag "$tag" . >/dev/null
 }
 
 kept=1  # whether the build starts from images made by an earlier build

@@ -1,6 +1,7 @@
 """``scaletrain deploy kubernetes WORKLOAD [train flags] --workers N --image IMG``: manifests to apply;
 ``scaletrain deploy kubernetes-bench WORKLOAD [bench flags] --image IMG``: a bench sweep, one run per
-configuration.
+configuration. ``deploy kubernetes --framework tensorflow|mxnet``: a foreign engine's run
+(:mod:`scaletrain.deploy.engines`).
 
 The training flags are ``scaletrain train``'s own, the sweep's ``scaletrain bench``'s own (their
 parsers are the parents of these); ``--out`` here is where the manifests go (a Kustomize base)
@@ -21,6 +22,7 @@ from scaletrain.cli import bench, train
 from scaletrain.config import TrainConfig
 from scaletrain.deploy.common import OPERATORS, PULL_POLICIES
 from scaletrain.deploy.output import to_yaml
+from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 
 __all__ = ["add_parser", "run", "run_bench"]
@@ -68,6 +70,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_false",
         default=True,
         help="leave out the TensorBoard Deployment and Service",
+    )
+    foreign = kube.add_argument_group("foreign engine (docs/frameworks.md)")
+    foreign.add_argument(
+        "--framework",
+        metavar="NAME",
+        help=f"{', '.join(FRAMEWORKS)} (default scaletrain): tensorflow or mxnet renders that engine's run, one pod "
+        "per process (workers; TensorFlow's ps and chief, MXNet's servers and scheduler) in an Indexed Job "
+        "(--operator none) or a JobSet (--operator jobset), with --strategy local, allreduce-join, "
+        "ps-central-async or ps-sharded-async; the image needs the engine (scripts/build-image.sh, ENGINES)",
+    )
+    foreign.add_argument(
+        "--servers",
+        type=int,
+        metavar="P",
+        help="with --framework: parameter servers of ps-sharded-async (default --workers) or of MXNet's "
+        "allreduce-join (dist_sync; default --workers)",
     )
     kube.set_defaults(handler=run)
     sweep = targets.add_parser(
@@ -173,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         tensorboard_deployment=args.tensorboard_deployment,
         min_workers=args.min_workers,
         max_workers=args.max_workers,
+        framework=args.framework,
+        servers=args.servers,
         **_placement(args),
         **training,
     )

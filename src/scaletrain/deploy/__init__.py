@@ -1,6 +1,7 @@
 """Deploying a training run to Kubernetes: manifests in four flavours (see :mod:`.job`, :mod:`.kubeflow`,
 :mod:`.jobset`, :mod:`.trainer`), sharing the run folder's volume claim, the run configuration as a ConfigMap and
-TensorBoard (:mod:`.common`); a bench sweep as one run per configuration on one volume (:mod:`.sweep`).
+TensorBoard (:mod:`.common`); a bench sweep as one run per configuration on one volume (:mod:`.sweep`); a
+foreign engine's run, TensorFlow's or MXNet's, as an Indexed Job or a JobSet (:mod:`.engines`).
 
     >>> from scaletrain.deploy import DeployConfig, plan, render
     >>> run = plan("lenet", DeployConfig(name="demo", image="scaletrain:cpu"), {"workers": 2, "steps": 100})
@@ -23,6 +24,7 @@ from scaletrain.deploy.common import (
     config_map,
     volume_claim,
 )
+from scaletrain.deploy.engines import plan_engine, render_engine
 from scaletrain.deploy.output import to_yaml, write_folder
 from scaletrain.deploy.tensorboard import tensorboard
 from scaletrain.errors import ConfigError
@@ -113,7 +115,14 @@ def render(run: Deployment) -> list[dict[str, Any]]:
 
 
 def kubernetes(
-    workload: str, *, image: str, name: str | None = None, config_file: Path | None = None, **settings: Any
+    workload: str,
+    *,
+    image: str,
+    name: str | None = None,
+    config_file: Path | None = None,
+    framework: str | None = None,
+    servers: int | None = None,
+    **settings: Any,
 ) -> list[dict[str, Any]]:
     """Render a training run as Kubernetes objects (see :func:`scaletrain.api.deploy_kubernetes`).
 
@@ -122,6 +131,9 @@ def kubernetes(
     counts as not given. ``name`` defaults to ``scaletrain-<workload>`` (for a ``module:attribute``
     reference, its module's last part and attribute: ``scaletrain-tasks-make-workload``). The image must
     hold the reference's module, or the package that declares an installed workload.
+
+    ``framework`` ``tensorflow`` or ``mxnet`` renders that engine's run instead (:mod:`.engines`; ``servers``:
+    its number of parameter servers where the strategy leaves it free); the image must hold the engine.
     """
     placement = {f.name for f in fields(DeployConfig)}
     given = {key: value for key, value in settings.items() if value is not None}
@@ -131,4 +143,9 @@ def kubernetes(
         **{key: value for key, value in given.items() if key in placement},
     )
     training = {key: value for key, value in given.items() if key not in placement}
+    if framework not in (None, "scaletrain"):
+        foreign = plan_engine(workload, framework, deploy, training, servers=servers, config_file=config_file)
+        return [volume_claim(foreign), *render_engine(foreign)]
+    if servers is not None:
+        raise ConfigError("--servers sets a foreign engine's parameter servers: add --framework tensorflow or mxnet")
     return render(plan(workload, deploy, training, config_file=config_file))

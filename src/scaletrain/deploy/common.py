@@ -15,7 +15,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
@@ -30,8 +30,12 @@ __all__ = [
     "RUNS_DIR",
     "DeployConfig",
     "Deployment",
+    "Placed",
     "config_map",
     "container",
+    "container_resources",
+    "object_labels",
+    "object_metadata",
     "pod_spec",
     "pod_volumes",
     "run_toml",
@@ -203,20 +207,46 @@ class Deployment:
         return not self.layout.outlives_lost_workers
 
     def labels(self, component: str, *, instance: str | None = None) -> dict[str, str]:
-        labels = {
-            "app.kubernetes.io/name": "scaletrain",
-            "app.kubernetes.io/instance": instance or self.deploy.name,
-            "app.kubernetes.io/component": component,
-        }
-        if self.sweep:
-            labels["app.kubernetes.io/part-of"] = self.sweep
-        return labels
+        return object_labels(self.deploy, component, instance=instance, sweep=self.sweep)
 
     def metadata(self, name: str, component: str, *, instance: str | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "labels": self.labels(component, instance=instance)}
-        if self.deploy.namespace:
-            meta["namespace"] = self.deploy.namespace
-        return meta
+        return object_metadata(self.deploy, name, self.labels(component, instance=instance))
+
+
+class Placed(Protocol):
+    """What a run's volume claim needs of it: a :class:`Deployment` or a foreign engine's run (:mod:`.engines`)."""
+
+    @property
+    def deploy(self) -> DeployConfig: ...
+
+    @property
+    def sweep(self) -> str | None: ...
+
+    @property
+    def claim_name(self) -> str: ...
+
+    def metadata(self, name: str, component: str, *, instance: str | None = None) -> dict[str, Any]: ...
+
+
+def object_labels(
+    deploy: DeployConfig, component: str, *, instance: str | None = None, sweep: str | None = None
+) -> dict[str, str]:
+    """The labels of a run's objects: ``instance`` (default the run's name) and its ``component``."""
+    labels = {
+        "app.kubernetes.io/name": "scaletrain",
+        "app.kubernetes.io/instance": instance or deploy.name,
+        "app.kubernetes.io/component": component,
+    }
+    if sweep:
+        labels["app.kubernetes.io/part-of"] = sweep
+    return labels
+
+
+def object_metadata(deploy: DeployConfig, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": labels}
+    if deploy.namespace:
+        meta["namespace"] = deploy.namespace
+    return meta
 
 
 def _toml_value(value: Any) -> str:
@@ -261,7 +291,7 @@ def config_map(run: Deployment) -> dict[str, Any]:
     }
 
 
-def volume_claim(run: Deployment) -> dict[str, Any]:
+def volume_claim(run: Placed) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "accessModes": [run.deploy.access_mode],
         "resources": {"requests": {"storage": run.deploy.volume_size}},
@@ -320,13 +350,13 @@ def container(
         "ports": [{"name": "rendezvous", "containerPort": deploy.port, "protocol": "TCP"}],
         "volumeMounts": _volume_mounts(),
     }
-    resources = _resources(deploy)
+    resources = container_resources(deploy)
     if resources:
         spec["resources"] = resources
     return spec
 
 
-def _resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
+def container_resources(deploy: DeployConfig) -> dict[str, dict[str, Any]]:
     """``--cpus``, ``--memory`` (request = limit) and ``--gpus`` of one process, in a container's shape."""
     resources: dict[str, dict[str, Any]] = {}
     if deploy.cpu_quantity:

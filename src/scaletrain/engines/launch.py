@@ -29,7 +29,7 @@ from scaletrain.parallel.launch import free_port, is_stopped, stop_processes
 from scaletrain.parallel.preloaded import die_with_parent
 from scaletrain.train.summary import SUMMARY_NAME, THROUGHPUT_NOTE, WorkerStats, throughput
 
-__all__ = ["EngineFailed", "check_engine", "check_run", "run_engine"]
+__all__ = ["EngineFailed", "check_engine", "check_layout", "check_run", "known_engine", "run_engine"]
 
 POLL_SECONDS = 0.2
 CAUSE_SETTLE_SECONDS = 0.5  # after a failure, how long the others get to show whether they caused it
@@ -54,20 +54,27 @@ class _Process:
     stopped_since: float | None = None
 
 
-def check_engine(framework: str, workload: str) -> Engine:
-    """The engine called ``framework``, once it is installed and trains ``workload`` (else one line)."""
+def known_engine(framework: str, workload: str) -> Engine:
+    """The engine called ``framework`` when it trains ``workload`` (else one line); installed or not."""
     engine = engine_named(framework)
     if workload not in engine.workloads:
         raise ConfigError(
             f"the {engine.name} engine has no workload {workload!r}: it trains {', '.join(engine.workloads)}"
         )
+    return engine
+
+
+def check_engine(framework: str, workload: str) -> Engine:
+    """The engine called ``framework``, once it is installed and trains ``workload`` (else one line)."""
+    engine = known_engine(framework, workload)
     require(engine)
     return engine
 
 
-def check_run(run: EngineRun) -> Engine:
-    """The engine of ``run``, once the engine is installed and runs the workload and mode (else one line)."""
-    engine = check_engine(run.framework, run.workload)
+def check_layout(run: EngineRun) -> Engine:
+    """The engine of ``run`` when it runs the workload in the run's mode (else one line); installed or not,
+    so that manifests for a cluster can be checked on a machine without the engine."""
+    engine = known_engine(run.framework, run.workload)
     if run.mode not in [mode for mode, _ in engine.modes]:
         raise ConfigError(f"the {engine.name} engine runs {engine.describe_modes()}, not {run.mode!r}")
     limited = dict(engine.workload_modes).get(run.workload)
@@ -75,6 +82,13 @@ def check_run(run: EngineRun) -> Engine:
         raise ConfigError(
             f"the {engine.name} engine trains {run.workload} in {' and '.join(limited)} mode, not {run.mode}"
         )
+    return engine
+
+
+def check_run(run: EngineRun) -> Engine:
+    """The engine of ``run``, once it runs the workload and mode and is installed (else one line)."""
+    engine = check_layout(run)
+    require(engine)
     return engine
 
 

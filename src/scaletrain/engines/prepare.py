@@ -24,12 +24,12 @@ from scaletrain.data.idx import (
     read_idx,
 )
 from scaletrain.data.sampler import EpochBatches, Part
-from scaletrain.engines.prepare_text import prepare_text
+from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS, prepare_text
 from scaletrain.errors import ConfigError
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
 
-__all__ = ["EngineRun", "prepare"]
+__all__ = ["EngineRun", "check_settings", "prepare"]
 
 SPEC_NAME = "spec.json"
 ORDER_NAME = "order.npz"
@@ -95,15 +95,31 @@ def worker_orders(run: EngineRun, train_size: int) -> list[np.ndarray]:
     return orders
 
 
+def check_settings(run: EngineRun) -> None:
+    """Refuse, in one line, a workload option or setting the engines' programs do not follow for ``run``'s
+    workload (before any file is read or written).
+
+    >>> check_settings(EngineRun("mxnet", "lenet", "sync", 2, 0, 16, 0.1, 0.0, 0.0, 1, None, 0, 1, 0, None, 0.5))
+    Traceback (most recent call last):
+    scaletrain.errors.ConfigError: --clip-norm: the engines clip gradients for ptb-lstm only, not for lenet
+    """
+    followed = FOLLOWED_OPTIONS.get(run.workload, ())
+    unfollowed = sorted({key.replace("-", "_") for key in run.options} - set(followed))
+    if unfollowed:
+        raise ConfigError(
+            f"workload option {', '.join(unfollowed)}: the engines follow "
+            f"{'only ' + ', '.join(followed) if followed else 'none'} for {run.workload}"
+        )
+    if run.workload == "lenet" and run.clip_norm:
+        raise ConfigError("--clip-norm: the engines clip gradients for ptb-lstm only, not for lenet")
+
+
 def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
     """Write ``spec.json``, ``order.npz`` and ``init.npz`` (and ``tokens.npz`` for a text) into ``out``; the spec."""
+    check_settings(run)
     workload = create_workload(run.workload, run.options)
     out.mkdir(parents=True, exist_ok=True)
     if run.workload == "lenet":
-        if run.options:
-            raise ConfigError(f"workload option {', '.join(sorted(run.options))}: the engines follow none for lenet")
-        if run.clip_norm:
-            raise ConfigError("--clip-norm: the engines clip gradients for ptb-lstm only, not for lenet")
         fields, orders = _prepare_images(run, out)
     else:
         fields, orders = prepare_text(run, plans(run), out)
