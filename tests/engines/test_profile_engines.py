@@ -15,7 +15,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.foreign import ENGINE_SPECS, kvstore_exchange
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
-from scaletrain.estimate.refined import Terms
+from scaletrain.estimate.refined import Terms, step_split
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig, run_sweep
 from scaletrain.measure.validate import compare
@@ -63,6 +63,8 @@ def test_each_engine_mode_is_predicted_by_the_terms_of_what_it_does() -> None:
     assert one == 0.0 and two == pytest.approx(2 * 2 * 1_722_000 / 1e9)  # out and back, 2 × server 0's bytes
     calibrated = dataclasses.replace(profile, kvstore={2: 0.01})
     assert kvstore_exchange(Terms(calibrated, None), np.array([2])).tolist() == pytest.approx([0.01])
+    # the refined model's dist_sync step takes that term, not the ring all-reduce's
+    assert step_split(calibrated, strategy="allreduce", sync="join", workers=2)["exchange"] == pytest.approx(0.01)
 
 
 @pytest.mark.parametrize(
