@@ -117,7 +117,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     advice.add_argument("--momentum", type=float, metavar="M",
                         help="with --validate: momentum of the runs (default: the workload's)")  # fmt: skip
     advice.add_argument("--out", type=Path, metavar="FOLDER",
-                        help="with --validate: output folder (default: validation/WORKLOAD-NETWORK)")  # fmt: skip
+                        help="with --validate: output folder (default: validation/WORKLOAD-NETWORK…)")  # fmt: skip
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -222,11 +222,13 @@ def _validate(args: argparse.Namespace) -> int:
             "defaults; drop them, or run scaletrain profile with them and estimate --profile FILE"
         )
     wire = f"-{args.wire}" if args.wire != "fp32" else ""
+    wire += "".join(f"-{name}" for name in args.framework if name != "scaletrain")
     out = args.out or Path("validation") / f"{args.workload}-{args.network or 'loopback'}{wire}"
     settings = {key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
     validate(
         args.workload,
         out=out,
+        frameworks=args.framework,
         workers=args.workers if args.workers != (1,) else None,
         strategies=args.strategies,
         batch_size=args.batch_size,

@@ -6,20 +6,25 @@ import argparse
 from pathlib import Path
 
 from scaletrain.api import profile
-from scaletrain.cli.arguments import number_list, workload_argument, workloads_offered
+from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.train import add_model_flags, parse_options, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
+from scaletrain.engines.registry import FRAMEWORKS
+from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.profile import EXCHANGES
 from scaletrain.tensors.codec import CODECS
 
-__all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run"]
+__all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "run", "single_framework"]
 
 
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say what to profile (shared with ``scaletrain estimate WORKLOAD``)."""
     group = parser.add_argument_group("profiling")
+    group.add_argument("--framework", type=name_list, default=("scaletrain",), metavar="NAME",
+                       help=f"whose runs to profile: {', '.join(FRAMEWORKS)} (a foreign engine times them with its "
+                            "own program; with estimate --validate a comma-separated list)")  # fmt: skip
     group.add_argument("--batch-size", type=int, metavar="N", help="batch size (default: the workload's)")
     group.add_argument("--network", metavar="RATE",
                        help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")  # fmt: skip
@@ -64,6 +69,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
 def profile_settings(args: argparse.Namespace) -> dict:
     """:class:`~scaletrain.measure.profile.ProfileConfig` fields from the flags of :func:`add_profile_flags`."""
     return {
+        "framework": single_framework(args),
         "batch_size": args.batch_size,
         "network": args.network,
         "split_workers": args.split_workers or (),
@@ -88,6 +94,13 @@ def profile_settings(args: argparse.Namespace) -> dict:
     }
 
 
+def single_framework(args: argparse.Namespace) -> str:
+    """The one framework ``--framework`` names where a list is not taken."""
+    if len(args.framework) != 1 and not getattr(args, "validate", False):
+        raise ConfigError("--framework takes one name here (a list only with estimate --validate)")
+    return args.framework[0] if args.framework else "scaletrain"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
@@ -95,14 +108,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Measure forward+backward time of one batch (t_grad, median after warm-up), the optimizer step, "
             "t_grad with several processes at once (contention), and the transfer of all weights between two "
-            "real processes over the parameter server's transport (t_comm, latency, bandwidth)."
+            "real processes over the parameter server's transport (t_comm, latency, bandwidth). With --framework "
+            "tensorflow or mxnet, the engine's own program times them, t_comm in its own exchange."
         ),
     )
     parser.add_argument(
         "workload", type=workload_argument, metavar="WORKLOAD", help=f"what to profile: {workloads_offered()}"
     )
     parser.add_argument("--out", type=Path, metavar="FILE",
-                        help="JSON file to write (default: profiles/WORKLOAD-bBATCH[-RATE].json)")  # fmt: skip
+                        help="JSON file (default: profiles/WORKLOAD-bBATCH[-FRAMEWORK][-RATE].json)")  # fmt: skip
     parser.add_argument("--architecture-of", type=Path, metavar="RUN",
                         help="profile the network a finished run left (e.g. pruned by --technique prunetrain): "
                              "its summary.json's architecture and workload options")  # fmt: skip
@@ -116,6 +130,8 @@ def describe(result: Profile) -> str:
     contention = ", ".join(f"{k} processes ×{v:.3f}" for k, v in sorted(result.contention.items()) if k > 1)
     allreduce = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.allreduce.items()))
     central = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.central.items()))
+    kvstore = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.kvstore.items()))
+    engine = f"{result.framework} engine: " if result.framework != "scaletrain" else ""
     codec = ", ".join(f"{part} {seconds * 1000:.2f} ms" for part, seconds in sorted(result.codec_seconds.items()))
     message = ""
     if result.gradient_bytes is not None:
@@ -124,7 +140,7 @@ def describe(result: Profile) -> str:
                   f"{result.collective_calls} call{'s' if result.collective_calls > 1 else ''})"  # fmt: skip
     return "\n".join(
         [
-            f"{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
+            f"{engine}{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "
             f"({result.weight_bytes:,} weight bytes on the wire), {result.precision} compute"
             f"{' (channels-last)' if result.memory_format == 'channels_last' else ''}, "
             f"{result.threads} thread(s), {result.network or 'loopback'}",
@@ -136,6 +152,7 @@ def describe(result: Profile) -> str:
         + ([f"contention: {contention}"] if contention else [])
         + ([f"all-reduce: {allreduce}"] if allreduce else [])
         + ([f"central server exchange: {central}"] if central else [])
+        + ([f"kvstore dist_sync push + pull: {kvstore}"] if kvstore else [])
         + ([message] if message else [])
         + ([f"codec compute a step: {codec}"] if codec else [])
     )

@@ -32,6 +32,14 @@ Processes (roles)
     TensorFlow: ``worker`` 0..N-1; for ``async`` also ``ps`` 0..P-1 and a ``chief`` (the
     ``ClusterCoordinator``); ``TF_CONFIG`` comes from scaletrain. MXNet: ``worker`` 0..N-1; for ``sync``
     and ``async`` also ``server`` 0..P-1 and a ``scheduler``; the ``DMLC_*`` variables come from scaletrain.
+A probe (``scaletrain profile --framework``, :mod:`scaletrain.engines.probe`)
+    The spec has a ``probe`` block: ``parts``, ``repeats``, ``warmup``, ``threads``, ``processes``; ``steps`` is
+    ``[1]`` per worker. ``local``: ``processes`` programs run at once, each ``worker`` ``i`` alone (no cluster
+    variables); after a barrier of files (``probe-ready-<i>`` in ``out``) each times t_grad of the first
+    ``batch_size / n`` samples of ``w0[0]`` per ``n`` of ``parts`` and the optimizer step. ``sync``: the layout of
+    a synchronous run; each worker times its engine's exchange of the whole gradient (``exchange``) and of one
+    number (``small``). Each timing worker writes ``probe-worker-<i>.json`` (seconds per round after ``warmup``:
+    ``t_grad`` by ``n``, ``t_update``, MXNet's ``t_backward``; or ``exchange`` and ``small``) and nothing else.
 What a program writes in ``out``
     ``stats-<role>-<index>.json`` for each process that measures steps: ``rank``, ``steps``,
     ``measured_steps``, ``measured_seconds`` (the sum of its measured steps' wall time, from asking for

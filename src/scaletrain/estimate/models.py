@@ -23,6 +23,7 @@ import numpy as np
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate import refined, thesis
+from scaletrain.estimate.foreign import ENGINE_SPECS, model_spec
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughputs, throughput_bound
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, get_strategy, parse_spec
@@ -157,13 +158,17 @@ def thesis_configurations() -> list[Configuration]:
     return [Configuration.parse(f"ps-{server}-{sync}") for server in ("central", "sharded") for sync in THESIS_TYPES]
 
 
-def predicted_configurations() -> list[Configuration]:
-    """Every configuration the estimators predict: the strategy registry's predicted specs, in its order.
+def predicted_configurations(framework: str = "scaletrain") -> list[Configuration]:
+    """Every configuration the estimators predict: the strategy registry's predicted specs, in its order; for a
+    foreign ``framework`` those its engine runs (:data:`~scaletrain.estimate.foreign.ENGINE_SPECS`).
 
     >>> [c.label for c in predicted_configurations()][:3]
     ['allreduce-join', 'allreduce-split', 'ps-central-join']
+    >>> [c.label for c in predicted_configurations("tensorflow")]
+    ['allreduce-join', 'ps-central-async', 'ps-sharded-async']
     """
-    return [Configuration.parse(spec) for spec in all_specs(predicted_only=True)]
+    runs = ENGINE_SPECS.get(framework)
+    return [Configuration.parse(spec) for spec in all_specs(predicted_only=True) if runs is None or spec in runs]
 
 
 def predicted_speedup(
@@ -178,6 +183,7 @@ def predicted_speedup(
 ) -> float:
     """Speedup of ``configuration`` on ``workers`` workers against one worker alone."""
     check_inputs(profile, workers, batches=batches, cores=cores)
+    model_spec(profile, configuration.label)  # a foreign profile predicts only the runs its engine has
     if model == "thesis":
         return thesis.speedup(
             t_grad=profile.t_grad,
@@ -223,6 +229,8 @@ def predicted_speedups(
     [1.0, 1.8182]
     """
     check_inputs(profile, max_workers, batches=batches, cores=cores)
+    for configuration in configurations:
+        model_spec(profile, configuration.label)  # a foreign profile predicts only the runs its engine has
     workers = range(1, max_workers + 1)
     if model == "thesis":
         return {

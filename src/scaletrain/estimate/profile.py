@@ -71,6 +71,12 @@ class Profile:
     codec_seconds: dict[str, float] = field(default_factory=dict)
     collective: str = "all_reduce"  # how the codec's all-reduce moves its payload (WireCodec.collective)
     collective_calls: int = 1  # its collectives per step (WireCodec.collective_calls)
+    #: whose runs it measured: ``scaletrain``, or a foreign engine (``tensorflow``, ``mxnet``) timed with its own
+    #: program and python (``scaletrain profile --framework``; :mod:`scaletrain.estimate.foreign`)
+    framework: str = "scaletrain"
+    #: N workers → seconds of MXNet ``dist_sync``'s push of the gradient and pull of the sum among N workers and
+    #: N servers, as its worker times it (a profile of the mxnet engine); empty: not measured
+    kvstore: dict[int, float] = field(default_factory=dict)
 
     def codec(self, part: str) -> float:
         """Seconds of the wire codec's own ``part`` per step (0 where not measured).
@@ -161,7 +167,7 @@ class Profile:
         if unknown:
             raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
         given = dict(data)
-        for key in ("t_grad_parts", "contention", "allreduce", "central"):
+        for key in ("t_grad_parts", "contention", "allreduce", "central", "kvstore"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
         if "tensor_bytes" in given:
@@ -178,9 +184,14 @@ class Profile:
         return path
 
     def default_path(self) -> Path:
-        """``profiles/WORKLOAD-bBATCH[-RATE][-PRECISION][-wWIRE[-KEYVALUE…]][-overlap].json`` (float32 parts and
-        an exchange after backward left out)"""
-        network = f"-{self.network}" if self.network else ""
+        """``profiles/WORKLOAD-bBATCH[-FRAMEWORK][-RATE][-PRECISION][-wWIRE[-KEYVALUE…]][-overlap].json`` (scaletrain,
+        float32 parts and an exchange after backward left out)
+
+        >>> Profile("lenet", 64, t_grad=0.02, t_comm=0.001, framework="mxnet").default_path().name
+        'lenet-b64-mxnet.json'
+        """
+        network = f"-{self.framework}" if self.framework != "scaletrain" else ""
+        network += f"-{self.network}" if self.network else ""
         precision = f"-{self.precision}" if self.precision != "fp32" else ""
         wire = f"-w{self.wire}" if self.wire != "fp32" else ""
         wire += "".join(f"-{key}{value}" for key, value in sorted(self.wire_options.items()))

@@ -43,7 +43,10 @@ def recommend(
         raise ConfigError(f"--max-workers must be ≥ 1, got {max_workers}")
     advice = {}
     for model in models:
-        candidates = thesis_configurations() if model == "thesis" else predicted_configurations()
+        candidates = thesis_configurations() if model == "thesis" else predicted_configurations(profile.framework)
+        if profile.framework != "scaletrain":  # an engine's profile: only the runs that engine has
+            runs = {c.label for c in predicted_configurations(profile.framework)}
+            candidates = [c for c in candidates if c.label in runs]
         best = {"workers": 1, "configuration": "local", "speedup": 1.0}
         per_workers = {}
         ranking = best_per_workers(model, profile, candidates, max_workers, batches=batches, cores=cores, case=case)

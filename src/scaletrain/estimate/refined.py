@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.foreign import engine_exchange, model_spec
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
 from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
@@ -136,6 +137,7 @@ def step_split(
     {'compute': 0.1, 'wait': 0.0, 'exchange': 0.01, 'step': 0.11}
     """
     strategy, server, sync = modelled(strategy, server, sync)
+    model_spec(profile, get_strategy(strategy).label(server, sync))  # a run the profile's engine has
     if sync == "async":
         return None
     terms = Terms(profile, cores)
@@ -152,6 +154,7 @@ def step_split(
 def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, workers: Sequence[int]) -> np.ndarray:
     """Predicted batches per second on each of ``workers`` worker counts; × ``terms.sequential`` is the speedup."""
     strategy, server, sync = modelled(strategy, server, sync)
+    model_spec(terms.profile, get_strategy(strategy).label(server, sync))  # a run the profile's engine has
     n = np.asarray(workers, dtype=int)
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
@@ -193,7 +196,11 @@ def modelled(strategy: str, server: str, sync: str) -> tuple[str, str, str]:
 
 def _exchange(terms: Terms, strategy: str, server: str, sync: str, n: np.ndarray, gradient: np.ndarray) -> np.ndarray:
     """The synchronous exchange's seconds a step adds to the gradient's: all of it, or with an overlapping
-    exchange and a profile of overlapped runs, what backward does not hide."""
+    exchange and a profile of overlapped runs, what backward does not hide. A foreign engine's mode with a term
+    of its own (:mod:`scaletrain.estimate.foreign`) takes that term."""
+    foreign = engine_exchange(terms.profile, get_strategy(strategy).label(server, sync))
+    if foreign is not None:
+        return foreign(terms, n)
     exchange = _declared(strategy, server, sync)(terms, n)
     declared = get_strategy(strategy).estimator_terms(server)
     if declared is not None and declared.overlaps and terms.profile.overlap_bucket_bytes:

@@ -27,7 +27,8 @@
 Every measurement runs in fresh processes started like training processes (torchrun variables,
 1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
 
-The measurements are kept as a :class:`scaletrain.estimate.profile.Profile`.
+The measurements are kept as a :class:`scaletrain.estimate.profile.Profile`. With ``framework`` ``tensorflow``
+or ``mxnet`` a foreign engine's own program times them instead (:mod:`scaletrain.measure.engine_profile`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ import torch
 
 from scaletrain.efficient.channels_last import resolved_memory_format
 from scaletrain.efficient.surgery import apply_architecture
+from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.machine import machine_info
@@ -57,7 +59,7 @@ from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["ProfileConfig", "ProfileError", "measure_codec", "network", "run_profile"]
+__all__ = ["ProfileConfig", "ProfileError", "contention_counts", "measure_codec", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
 EXCHANGES = ("allreduce", "central")  # the synchronous exchanges a profile can time (probe kinds)
@@ -106,9 +108,14 @@ class ProfileConfig:
     device: str = "cpu"  # where t_grad is timed (--device; a GPU: clocks read after synchronising)
     memory_format: str = "auto"  # the convolutions' activations in the timed passes (--memory-format)
     overlap_bucket_mb: float | None = None  # the runs predicted all-reduce buckets of this size during backward
+    #: whose runs to profile: scaletrain's, or a foreign engine's with its own program (measure.engine_profile)
+    framework: str = "scaletrain"
 
     def __post_init__(self) -> None:
         from scaletrain.efficient.precision import Precision
+
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)}, not {self.framework!r}")
 
         # refuses an unknown precision, and fp16 where the device is no GPU
         Precision(precision=self.precision, device_type=resolve_device(self.device).type)
@@ -153,6 +160,10 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     for parts in config.split_workers:
         if batch_size % parts:
             raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
+    if config.framework != "scaletrain":
+        from scaletrain.measure.engine_profile import run_engine_profile
+
+        return run_engine_profile(config, counts=contention_counts(config), out=out)
     # Load the data here first: a missing dataset is one clear error before any process starts.
     workload.load_data(config.data_dir, download=config.download)
     codec = WireCodec.of(config.wire, options=config.wire_options)
@@ -195,9 +206,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     cores = os.cpu_count() or 1
     contention = {1: 1.0}
     contended: dict[str, list[float]] = {}  # k → every t_grad timed while k processes computed (the spread at k)
-    most = config.concurrency or cores
-    counts = sorted({n for n in config.contention_counts if n <= most}) or range(2, most + 1)
-    for processes in counts:
+    for processes in contention_counts(config):
         ranks = [
             rank
             for _ in range(config.launches)
@@ -257,6 +266,13 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     if out is not None:
         profile.save(out)
     return profile
+
+
+def contention_counts(config: ProfileConfig) -> list[int]:
+    """The process counts contention is measured at: those asked for up to ``concurrency`` (default: this
+    machine's cores), else every count from 2 to it."""
+    most = config.concurrency or os.cpu_count() or 1
+    return sorted({n for n in config.contention_counts if n <= most}) or list(range(2, most + 1))
 
 
 def measure_codec(config: ProfileConfig) -> dict[str, float]:

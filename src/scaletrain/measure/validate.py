@@ -10,6 +10,11 @@ With ``wire`` (and ``wire_options``, ``precision``, ``device``) the profile is m
 trains as ``scaletrain train`` would with them: a compressed validation predicts from the codec's
 encoded bytes and its measured compute (``codec_seconds``), and its rows say the wire.
 
+With ``frameworks`` beyond scaletrain (``tensorflow``, ``mxnet``), each foreign engine is profiled with its own
+program (``profile-FRAMEWORK.json``, :mod:`scaletrain.measure.engine_profile`), the sweep runs it beside
+scaletrain's (the strategies it runs), and its rows (``framework``) are predicted from its own profile and
+measured against its own one-worker run.
+
 Writes into ``out``: ``profile.json``, ``bench/`` (runs, results, report), ``validation.csv``,
 ``validation.json``, ``validation.md`` and ``validation.png``.
 """
@@ -21,17 +26,20 @@ import json
 import os
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scaletrain.config import TrainConfig
+from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.refined import step_split
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
+from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
 
@@ -47,6 +55,7 @@ DEFAULT_STRATEGIES = (
 )
 COLUMNS = (
     "workload",
+    "framework",
     "network",
     "wire",
     "strategy",
@@ -84,8 +93,12 @@ class ValidationConfig:
     wire_options: dict[str, str] = field(default_factory=dict)  # its -W options
     precision: str = "fp32"  # the runs' --precision, and the profile's autocast
     device: str = "cpu"  # where the runs train and the profile times t_grad
+    frameworks: tuple[str, ...] = ("scaletrain",)  # and foreign engines, each profiled with its own program
 
     def __post_init__(self) -> None:
+        unknown = [name for name in self.frameworks if name not in FRAMEWORKS]
+        if unknown or not self.frameworks:
+            raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
         for spec in self.strategies:
             Configuration.parse(spec)
         if any(n < 1 for n in self.workers):
@@ -120,6 +133,18 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     splits = tuple(n for n in config.workers if n > 1)
+    profiles = {
+        name: run_profile(
+            ProfileConfig(
+                config.workload, batch_size=config.batch_size, framework=name, exchange_counts=splits,
+                concurrency=min(max(config.workers), cores), network=config.network, threads=config.threads_per_worker,
+                launches=config.launches, data_dir=config.data_dir,
+            ),
+            out=out / f"profile-{name}.json",
+        )
+        for name in config.frameworks
+        if name != "scaletrain"
+    }  # fmt: skip
     profile = run_profile(
         ProfileConfig(
             config.workload,
@@ -162,38 +187,61 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             data_dir=config.data_dir,
             options=dict(config.options),
             settings={**config.settings, **config.run_settings()},
+            frameworks=config.frameworks if "scaletrain" in config.frameworks else ("scaletrain", *config.frameworks),
         ),
         title=f"Validation runs of {config.workload}",
     )
     network = config.network or "loopback"
     wire = wire_label(config.wire, config.wire_options)
-    rows = compare(profile, bench["rows"], steps=config.steps, cores=cores, network=network, wire=wire)
-    return write_validation(profile, rows, config.strategies, out)
+    rows = compare({"scaletrain": profile, **profiles}, bench["rows"], steps=config.steps, cores=cores,
+                   network=network, wire=wire)  # fmt: skip
+    return write_validation(profile, rows, config.strategies, out, others=list(profiles.values()))
 
 
 def compare(
-    profile: Profile, results: list[dict[str, Any]], *, steps: int, cores: int | None, network: str, wire: str = "fp32"
+    profiles: Profile | Mapping[str, Profile],
+    results: list[dict[str, Any]],
+    *,
+    steps: int,
+    cores: int | None,
+    network: str,
+    wire: str = "fp32",
 ) -> list[dict[str, Any]]:
-    """Table rows: measured speedup (vs the median ``local`` run) beside both models' predictions, and a
-    synchronous step's parts (compute, waiting, communication) measured beside the refined model's."""
-    rates: dict[tuple[str, int], list[float]] = defaultdict(list)
-    parts: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    """Table rows: measured speedup (vs the median ``local`` run of the same framework) beside both models'
+    predictions from that framework's profile (``profiles``: by framework; one profile: its framework's), and a
+    synchronous step's parts (compute, waiting, communication) measured beside the refined model's. A foreign
+    engine's one-worker ``allreduce-join`` is its one process too, so it counts as its reference as well."""
+    profiles = {profiles.framework: profiles} if isinstance(profiles, Profile) else dict(profiles)
+    rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    parts: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for row in results:
         if row.get("status") == "ok":
-            rates[(row["strategy"], int(row["workers"]))].append(float(row["batches_per_second"]))
-            parts[(row["strategy"], int(row["workers"]))].append(row)
-    if not rates.get(("local", 1)):
-        raise ConfigError("no successful local run to compare against; see the bench report for the failures")
-    reference = statistics.median(rates[("local", 1)])
+            key = (framework_of(row), row["strategy"], int(row["workers"]))
+            rates[key].append(float(row["batches_per_second"]))
+            parts[key].append(row)
+    unprofiled = sorted({framework for framework, _, _ in rates} - set(profiles))
+    if unprofiled:
+        raise ConfigError(
+            f"no profile of {', '.join(unprofiled)} to predict its runs with: profile it with --framework"
+        )
     table = []
-    for (label, workers), values in sorted(rates.items()):
+    for (framework, label, workers), values in sorted(rates.items()):
+        alone = ("local", "allreduce-join") if framework != "scaletrain" else ("local",)
+        reference = [rate for name in alone for rate in rates.get((framework, name, 1), [])]
         if label == "local":
             continue
+        if not reference:
+            raise ConfigError(
+                f"no successful local run{'' if framework == 'scaletrain' else ' of ' + framework} to compare against; "
+                "see the bench report for the failures"
+            )
+        profile = profiles[framework]
         configuration = Configuration.parse(label)
-        measured = statistics.median(values) / reference
+        measured = statistics.median(values) / statistics.median(reference)
         batches = steps * (workers if configuration.sync == "join" else 1)
         row = {
             "workload": profile.workload,
+            "framework": framework,
             "network": network,
             "wire": wire,
             "strategy": label,
@@ -206,7 +254,7 @@ def compare(
             predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
             row[f"{model}_speedup"] = predicted
             row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
-        row.update(step_parts(profile, configuration, workers, parts[(label, workers)], cores=cores))
+        row.update(step_parts(profile, configuration, workers, parts[(framework, label, workers)], cores=cores))
         table.append(row)
     return table
 
@@ -251,9 +299,10 @@ def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> 
     (['a', 'b', 'c'], 0.0, 1.0, 2)
     """
     result: dict[str, dict[str, Any]] = {}
-    for workers in sorted({int(row["workers"]) for row in rows if int(row["workers"]) > 1}):
-        group = [row for row in rows if int(row["workers"]) == workers]
-        if len(group) < 2:
+    counts = sorted({(framework_of(row) != "scaletrain", framework_of(row), int(row["workers"])) for row in rows})
+    for _, framework, workers in counts:  # scaletrain's first; each framework's strategies among themselves
+        group = [row for row in rows if int(row["workers"]) == workers and framework_of(row) == framework]
+        if workers < 2 or len(group) < 2:
             continue
         measured = [row["strategy"] for row in sorted(group, key=lambda row: -row["measured_speedup"])]
         pairs = [
@@ -274,7 +323,7 @@ def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> 
             tau = (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / len(signs) if signs else None
             entry[f"{model}_kendall_tau"] = tau
             entry[f"{model}_same_order"] = tau is None or tau == 1.0
-        result[str(workers)] = entry
+        result[str(workers) if framework == "scaletrain" else f"{framework} {workers}"] = entry
     return result
 
 
@@ -284,8 +333,15 @@ def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def write_validation(
-    profile: Profile, rows: list[dict[str, Any]], strategies: tuple[str, ...], out: Path
+    profile: Profile,
+    rows: list[dict[str, Any]],
+    strategies: tuple[str, ...],
+    out: Path,
+    *,
+    others: list[Profile] | None = None,
 ) -> dict[str, Any]:
+    """Write the table, its JSON, report and plot (``profile``'s curves); ``others``: the foreign engines' profiles."""
+    others = others or []
     errors = mean_errors(rows)
     with (out / "validation.csv").open("w", newline="", encoding="utf-8") as file:
         writer = csv.DictWriter(file, fieldnames=COLUMNS)
@@ -293,9 +349,10 @@ def write_validation(
         writer.writerows(rows)
     ranking = rank_agreement(rows)
     result = {"rows": rows, "mean_absolute_percentage_error": errors, "ranking": ranking,
-              "profile": profile.to_json()}  # fmt: skip
+              "profile": profile.to_json(), "engine_profiles": {p.framework: p.to_json() for p in others}}  # fmt: skip
     (out / "validation.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
-    measured = {(row["strategy"], row["workers"]): row["measured_speedup"] for row in rows}
+    measured = {(row["strategy"], row["workers"]): row["measured_speedup"] for row in rows
+                if framework_of(row) == profile.framework}  # fmt: skip
     max_workers = max((row["workers"] for row in rows), default=1)
     cores = os.cpu_count() or 1
 
@@ -314,5 +371,7 @@ def write_validation(
         title=f"{profile.workload}, batch {profile.batch_size}, {profile.network or 'loopback'}{wire_suffix(profile)}: "
         "predicted vs measured",
     )
-    (out / "validation.md").write_text(markdown(profile, rows, errors, ranking, RANK_NOISE), encoding="utf-8")
+    (out / "validation.md").write_text(
+        markdown(profile, rows, errors, ranking, RANK_NOISE, others=others), encoding="utf-8"
+    )
     return {**result, "picture": picture, "out": out}

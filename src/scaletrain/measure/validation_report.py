@@ -7,8 +7,9 @@ from typing import Any
 
 from scaletrain.estimate.models import MODELS
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.results import shown_strategy
 
-__all__ = ["markdown", "step_parts_table", "wire_label", "wire_suffix"]
+__all__ = ["engine_line", "markdown", "step_parts_table", "wire_label", "wire_suffix"]
 
 
 def markdown(
@@ -17,9 +18,12 @@ def markdown(
     errors: dict[str, float | None],
     ranking: dict[str, dict[str, Any]],
     noise: float,
+    *,
+    others: list[Profile] | None = None,
 ) -> str:
-    """``validation.md``: the profile, the table, both models' mean errors, the order of the strategies (pairs
-    more than ``noise`` apart) and a synchronous step's parts."""
+    """``validation.md``: the profile (and ``others``: the foreign engines' whose rows the table has), the table,
+    both models' mean errors, the order of the strategies (pairs more than ``noise`` apart) and a synchronous
+    step's parts. A foreign engine's rows name it before the strategy."""
     codec = ""
     if profile.gradient_bytes is not None or profile.codec_seconds:
         codec = f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute " + (
@@ -36,13 +40,14 @@ def markdown(
         + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
         + "."
         + codec,
+        *(engine_line(other) for other in others or []),
         "",
         "| strategy | workers | runs | measured | thesis | error | refined | error |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['strategy']} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
+            f"| {shown_strategy(row)} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
             f"{row['thesis_speedup']:.3f} | {row['thesis_error_percent']:.1f} % | {row['refined_speedup']:.3f} | "
             f"{row['refined_error_percent']:.1f} % |"
         )
@@ -69,6 +74,20 @@ def markdown(
     split = step_parts_table(rows)
     lines += [*split, ""] if split else []
     return "\n".join(lines)
+
+
+def engine_line(profile: Profile) -> str:
+    """One line of a foreign engine's profile, which its rows are predicted from."""
+    exchanges = {**profile.allreduce, **profile.kvstore}
+    return (
+        f"Profile of the {profile.framework} engine (its own program): t_grad {profile.t_grad * 1000:.1f} ms, t_update "
+        f"{profile.t_update * 1000:.2f} ms, t_comm {profile.t_comm * 1000:.2f} ms, latency {profile.latency * 1e6:.0f} "
+        "µs, its exchange "
+        + ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(exchanges.items()))
+        + ", contention "
+        + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
+        + "."
+    )
 
 
 def wire_label(wire: str, options: dict[str, Any]) -> str:
@@ -102,5 +121,5 @@ def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
     for row in synchronous:
         cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
                  for part in ("compute", "wait", "exchange")]  # fmt: skip
-        lines.append(f"| {row['strategy']} | {row['workers']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {shown_strategy(row)} | {row['workers']} | " + " | ".join(cells) + " |")
     return lines

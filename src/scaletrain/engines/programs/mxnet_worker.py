@@ -339,7 +339,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet and ptb-lstm")
         set_threads(spec["threads"])
         check_role(spec, args.role)
-        if args.role == "worker" and spec["workload"] == "ptb-lstm":
+        if args.role == "worker" and spec.get("probe"):
+            import mxnet_probe  # beside this file: the times scaletrain profile --framework mxnet measures
+
+            mxnet_probe.run(spec, args.index)
+        elif args.role == "worker" and spec["workload"] == "ptb-lstm":
             import mxnet_lstm  # beside this file: the LSTM language model's part of the program
 
             mxnet_lstm.train(spec, args.index)

@@ -352,7 +352,9 @@ def run_server(spec: dict, role: str, index: int) -> None:
 def run(spec: dict, role: str, index: int) -> None:
     """Check that the role fits the mode and run it."""
     mode = spec["mode"]
-    if spec["workload"] == "ptb-lstm" and role == "worker" and 0 <= index < spec["workers"]:
+    if spec.get("probe") and spec["workload"] == "lenet" and role == "worker" and mode in ("local", "sync"):
+        __import__("tensorflow_probe").run(spec, index)  # beside this file: what profile --framework measures
+    elif spec["workload"] == "ptb-lstm" and role == "worker" and 0 <= index < spec["workers"]:
         import tensorflow_lstm  # beside this file: the LSTM language model's part of the program
 
         tensorflow_lstm.train_replicated(spec, index)
