@@ -49,4 +49,16 @@ What a program writes in ``out``
     torch's names and layouts) and ``quality.json`` (``test_accuracy`` or ``test_perplexity``, and
     ``test_loss``: mean cross-entropy per image or word, over the whole test set) from the process that
     holds the final weights. A program that fails exits non-zero with one line on stderr.
+The heartbeat (``programs/progress.py``, read by the launcher)
+    Each process that trains (TensorFlow's ``worker`` of ``local``/``sync`` and ``async``'s ``chief``, whose
+    steps are the coordinator's closures; MXNet's ``worker``) writes ``progress-<role>-<index>`` in ``out``:
+    ``<phase> <count>``, rewritten at most every 0.5 s and only when it changed, from its first step done on.
+    Phases: ``train`` (steps done), ``exchange`` (waiting for the others: an all-reduce, a push and pull, a
+    barrier), ``evaluate`` (test batches scored), ``done`` (every result written; waiting for the others to
+    end). Servers, schedulers and TensorFlow's ``async`` workers and ``ps`` write none: their trainers' progress
+    covers them. The launcher stops the run and names a process whose heartbeat has not changed for
+    ``--timeout`` seconds (or that has none after the start bound: ``--timeout``, at least 120 s); a probe
+    writes none and is not watched so. Fault injection, for the tests of that watchdog only: a spec block
+    ``hang`` (``{"role": "worker", "index": 1, "step": 5}``) makes that process wait forever after that step,
+    neither ending nor frozen, after one line on stderr.
 """

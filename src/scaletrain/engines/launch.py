@@ -3,8 +3,11 @@
 Every process of the layout (:meth:`Engine.roles <scaletrain.engines.base.Engine.roles>`) is started with
 its engine's python on the program, told of the others by its engine's variables, on loopback or on an
 emulated network (one host each). The run fails in one line naming the process when one dies, exits with
-an error, or stays frozen for ``timeout`` seconds; the other processes are stopped. When every process
-that ends by itself has ended, the servers that serve until stopped are stopped. What the trainers wrote
+an error, stays frozen for ``timeout`` seconds, or trains but makes no progress: its heartbeat
+(``progress-<role>-<index>``, the contract in :mod:`scaletrain.engines`) unchanged for ``timeout`` seconds,
+or none written within ``start_timeout`` of its start (start-up, imports and the first step); the other
+processes are stopped. When every process that ends by itself has ended, the servers that serve until
+stopped are stopped. What the trainers wrote
 (:mod:`scaletrain.engines` states it) becomes ``summary.json`` with scaletrain's meter
 (:func:`scaletrain.train.summary.throughput`).
 """
@@ -16,7 +19,7 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,6 +40,9 @@ FROZEN = "stopped answering (it is frozen: state T, e.g. after SIGSTOP)"  # how 
 LOGS = "logs"
 ENGINE_FOLDER = "engine"
 SPLIT = ("compute", "communication", "wait", "data")  # a step's parts as the meter reports them
+START_SECONDS = 120.0  # the least time a process that trains has for start-up, imports and its first step
+PROGRESS = "progress"  # the heartbeat's file name: progress-<role>-<index>
+WAITING, DONE = "exchange", "done"  # the heartbeat's phases of a process that waits for the others
 
 
 class EngineFailed(ScaletrainError):
@@ -52,6 +58,17 @@ class _Process:
     log: Path
     log_file: IO[bytes]
     stopped_since: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    beat: str = ""  # its heartbeat's last content seen ("" before the first): "<phase> <count>"
+    beat_at: float | None = None  # when that content was first seen
+
+    @property
+    def phase(self) -> str:
+        return self.beat.split(" ")[0]
+
+    def quiet(self, clock: float) -> float:
+        """Seconds since its heartbeat last changed, or since it started when it has none yet."""
+        return clock - (self.started if self.beat_at is None else self.beat_at)
 
 
 def known_engine(framework: str, workload: str) -> Engine:
@@ -98,8 +115,11 @@ def run_engine(
     *,
     network: str | None = None,
     timeout: float = 60.0,
+    start_timeout: float | None = None,
 ) -> dict[str, Any]:
-    """Train ``run`` with its engine into ``out``; the summary (also written to ``out/summary.json``)."""
+    """Train ``run`` with its engine into ``out``; the summary (also written to ``out/summary.json``).
+    ``start_timeout``: how long a process that trains may take to its first step (default: ``timeout``, at
+    least :data:`START_SECONDS`)."""
     engine = check_run(run)
     python = python_of(engine)
     began = time.time()
@@ -119,7 +139,7 @@ def run_engine(
         try:
             for k, role in enumerate(roles):
                 processes.append(_start(engine, python, spec, role, roles, hosts, k, emulated, out))
-            _watch(engine, processes, timeout)
+            _watch(engine, processes, timeout, progress=Path(spec["out"]), start_timeout=start_timeout)
         except KeyboardInterrupt:
             stop_processes([p.popen for p in processes])
             raise Interrupted("interrupted; every process of the foreign run was stopped") from None
@@ -166,9 +186,19 @@ def _start(
     return _Process(role, popen, log, log_file)
 
 
-def _watch(engine: Engine, processes: list[_Process], timeout: float) -> None:
+def _watch(
+    engine: Engine,
+    processes: list[_Process],
+    timeout: float,
+    *,
+    progress: Path | None = None,
+    start_timeout: float | None = None,
+) -> None:
     """Return once every process that ends by itself has ended well (the others then stopped); raise
-    :class:`EngineFailed` naming the first process that failed or stayed frozen for ``timeout`` seconds."""
+    :class:`EngineFailed` naming the first process that failed or stayed frozen for ``timeout`` seconds, or,
+    given the folder of the heartbeats ``progress``, a process that trains and made no progress
+    (:func:`_check_progress`)."""
+    start = start_timeout if start_timeout is not None else max(timeout, START_SECONDS)
     finished_at: float | None = None
     while True:
         clock = time.monotonic()
@@ -181,6 +211,8 @@ def _watch(engine: Engine, processes: list[_Process], timeout: float) -> None:
                     _fail(engine, processes, process, FROZEN)
             elif code != 0:
                 _fail(engine, processes, *_cause(processes, process))
+        if progress is not None:
+            _check_progress(engine, processes, progress, timeout, start, clock)
         ending = [p for p in processes if p.role.ends_itself]
         if all(p.popen.poll() == 0 for p in ending):
             stop_processes([p.popen for p in processes if p.popen.poll() is None])
@@ -191,6 +223,53 @@ def _watch(engine: Engine, processes: list[_Process], timeout: float) -> None:
                 waiting = next(p for p in ending if p.popen.poll() is None)
                 _fail(engine, processes, waiting, f"did not end within {timeout:.0f} s of the others (--timeout)")
         time.sleep(POLL_SECONDS)
+
+
+def _check_progress(
+    engine: Engine, processes: list[_Process], folder: Path, timeout: float, start: float, clock: float
+) -> None:
+    """Fail naming a running process that trains whose heartbeat has not changed for ``timeout`` seconds (or
+    that wrote none within ``start`` seconds of its start), and so hangs though it is neither frozen nor
+    ended. Of several, one that is not waiting for the others comes first: a peer stuck in its own work
+    leaves the rest waiting in the exchange. Nothing is judged while a process is frozen (that one is named
+    once frozen for ``timeout``). Processes whose heartbeat says ``done`` wait for the others; they fail only
+    when no process that trains has moved for ``timeout`` seconds."""
+    running = [p for p in processes if p.popen.poll() is None]
+    if any(p.stopped_since is not None for p in running):
+        return
+    watched = [p for p in running if p.role.trains]
+    for process in watched:
+        try:
+            beat = (folder / f"{PROGRESS}-{process.role.name}-{process.role.index}").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        if beat.strip() and beat.strip() != process.beat:
+            process.beat, process.beat_at = beat.strip(), clock
+    overdue = [p for p in watched if p.phase != DONE and p.quiet(clock) > (timeout if p.beat else start)]
+    if overdue:
+        cause = min(overdue, key=lambda p: (p.phase == WAITING, -p.quiet(clock)))
+        stuck = [p for p in watched if p.phase not in (WAITING, DONE) and p.quiet(clock) > timeout / 2]
+        if cause.phase != WAITING or not stuck:  # else that peer will be named once its own bound has passed
+            _fail(engine, processes, cause, _stalled(cause, clock, timeout, start))
+    last = min(p.quiet(clock) for p in processes if p.role.trains) if watched else 0.0  # since any one moved
+    if watched and all(p.phase == DONE for p in watched) and last > timeout:
+        how = f"finished its steps but did not end within {timeout:.0f} s of the last progress (--timeout)"
+        _fail(engine, processes, watched[0], how)
+
+
+def _stalled(process: _Process, clock: float, timeout: float, start: float) -> str:
+    """How a process that made no progress is reported, from what its heartbeat last said."""
+    quiet = process.quiet(clock)
+    if not process.beat:
+        return f"did not finish its first step within {quiet:.0f} s of starting (at most {start:.0f} s): it hangs"
+    phase, _, count = process.beat.partition(" ")
+    where = {
+        "train": f"after step {count}",
+        WAITING: f"waiting for the others in the exchange after step {count}",
+        "evaluate": f"while scoring the test set (batch {count})",
+    }.get(phase, f"(its heartbeat says {process.beat!r})")
+    verdict = ": it or a peer hangs" if phase == WAITING else ": it hangs"
+    return f"made no progress for {quiet:.0f} s {where} (--timeout {timeout:.0f} s){verdict}"
 
 
 def _cause(processes: list[_Process], failed: _Process) -> tuple[_Process, str]:

@@ -101,9 +101,10 @@ def clip(mx: Any, grads: list, max_norm: float) -> None:
         grad[:] = mx.nd.broadcast_mul(grad, scale)
 
 
-def perplexity(mx: Any, net: Any, test: np.ndarray, model: dict) -> dict[str, float]:
+def perplexity(mx: Any, net: Any, test: np.ndarray, model: dict, beat: Any) -> dict[str, float]:
     """Test perplexity as scaletrain measures it: ``eval_batch_size`` rows, windows of ``num_steps`` (the
-    last one shorter), the state carried from zeros; e^(mean negative log-likelihood per word)."""
+    last one shorter), the state carried from zeros; e^(mean negative log-likelihood per word). Each window
+    scored is told to the heartbeat ``beat``."""
     rows, steps = model["eval_batch_size"], model["num_steps"]
     length = len(test) // rows
     streams = test[: rows * length].reshape(rows, length)
@@ -114,11 +115,13 @@ def perplexity(mx: Any, net: Any, test: np.ndarray, model: dict) -> dict[str, fl
         losses, state = word_losses(mx, net, streams[:, begin : begin + targets.shape[1]], targets, state)
         total += float(losses.astype("float64").sum().asscalar())
         count += targets.size
+        beat.evaluate(begin // steps + 1)
     return {"test_perplexity": math.exp(total / count), "test_loss": total / count}
 
 
-def train(spec: dict[str, Any], index: int) -> None:
-    """Train as worker ``index`` (the kvstore's rank where it differs) and write this worker's outputs."""
+def train(spec: dict[str, Any], index: int, beat: Any) -> None:
+    """Train as worker ``index`` (the kvstore's rank where it differs) and write this worker's outputs; each step
+    is told to the heartbeat ``beat`` (a ``progress.Progress``)."""
     import mxnet as mx
     import mxnet_worker as common  # the program beside this file (imported here: the doctests import this)
     from mxnet import autograd
@@ -168,6 +171,8 @@ def train(spec: dict[str, Any], index: int) -> None:
             clip(mx, grads, spec["clip_norm"])
         mx.nd.waitall()
         exchange = time.perf_counter()
+        if kv is not None:
+            beat.exchange()
         if mode == "sync":
             kv.push(keys, grads)
             kv.pull(keys, out=grads)  # the sum over all workers
@@ -188,10 +193,11 @@ def train(spec: dict[str, Any], index: int) -> None:
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step + 1}")
         meter.add(seconds, communication, fetched - begin, value)
-    common.finish(mx, spec, kv, rank, keys, weights, meter, lambda: _results(mx, spec, net, params, test))
+        beat.step(step + 1)
+    common.finish(mx, spec, kv, rank, keys, weights, meter, lambda: _results(mx, spec, net, params, test, beat), beat)
 
 
-def _results(mx: Any, spec: dict[str, Any], net: Any, params: list, test: np.ndarray) -> dict[str, float]:
-    """Rank 0's ``final.npz``; the test perplexity for ``quality.json``."""
+def _results(mx: Any, spec: dict[str, Any], net: Any, params: list, test: np.ndarray, beat: Any) -> dict[str, float]:
+    """Rank 0's ``final.npz``; the test perplexity for ``quality.json`` (each window told to ``beat``)."""
     np.savez(Path(spec["out"]) / "final.npz", **{name: param.data().asnumpy() for name, param in params})
-    return perplexity(mx, net, test, spec["model"])
+    return perplexity(mx, net, test, spec["model"], beat)

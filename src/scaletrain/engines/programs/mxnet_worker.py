@@ -30,6 +30,9 @@ The meter (``stats-worker-<rank>.json``)
 Outputs of rank 0
     ``final.npz`` (weights under torch's names and layouts) and ``quality.json`` (accuracy and mean
     cross-entropy over the whole test set).
+Progress
+    A worker's heartbeat, ``progress-worker-<index>`` (``progress.py`` beside this file): each step, the
+    waits for the others inside it and the test batches scored, as the contract states.
 Failures
     One line on stderr (``mxnet worker 1: ...``), the traceback in ``out/error-<role>-<index>.log`` and
     exit status 1, without waiting for the other processes.
@@ -160,8 +163,8 @@ def sgd(mx: Any, spec: dict[str, Any], batch: int) -> Any:
     )
 
 
-def evaluate(mx: Any, net: Any, images: np.ndarray, labels: np.ndarray, mean: float, std: float) -> dict:
-    """Accuracy and mean softmax cross-entropy of ``net`` over the whole test set."""
+def evaluate(mx: Any, net: Any, images: np.ndarray, labels: np.ndarray, mean: float, std: float, beat: Any) -> dict:
+    """Accuracy and mean softmax cross-entropy of ``net`` over the whole test set, each batch told to ``beat``."""
     correct, total_loss = 0, 0.0
     for start in range(0, len(labels), EVAL_BATCH):
         x = mx.nd.array(normalise(images[start : start + EVAL_BATCH], mean, std))
@@ -171,6 +174,7 @@ def evaluate(mx: Any, net: Any, images: np.ndarray, labels: np.ndarray, mean: fl
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         total_loss -= float(log_probs[np.arange(len(truth)), truth].sum())
         correct += int((logits.argmax(axis=1) == truth).sum())
+        beat.evaluate(start // EVAL_BATCH + 1)
     return {"test_accuracy": correct / len(labels), "test_loss": total_loss / len(labels)}
 
 
@@ -213,8 +217,9 @@ class Meter:
         }
 
 
-def train(spec: dict[str, Any], index: int) -> None:
-    """Train as worker ``index`` (the kvstore's rank where it differs) and write this worker's outputs."""
+def train(spec: dict[str, Any], index: int, beat: Any) -> None:
+    """Train as worker ``index`` (the kvstore's rank where it differs) and write this worker's outputs; each step
+    is told to the heartbeat ``beat`` (a ``progress.Progress``)."""
     import mxnet as mx
     from mxnet import autograd, gluon
 
@@ -254,6 +259,8 @@ def train(spec: dict[str, Any], index: int) -> None:
         mean_loss = loss.mean()
         mx.nd.waitall()
         exchange = time.perf_counter()
+        if kv is not None:
+            beat.exchange()
         if mode == "sync":
             kv.push(keys, grads)
             kv.pull(keys, out=grads)  # the sum over all workers
@@ -271,13 +278,14 @@ def train(spec: dict[str, Any], index: int) -> None:
         if not math.isfinite(value):
             raise FloatingPointError(f"the training loss became {value} at step {step + 1}")
         meter.add(seconds, communication, fetched - begin, value)
+        beat.step(step + 1)
 
     def results() -> dict[str, float]:
         np.savez(Path(spec["out"]) / "final.npz", **{name: param.data().asnumpy() for name, param in params})
         test_images, test_labels = read_idx(data["test_images"]), read_idx(data["test_labels"])
-        return evaluate(mx, net, test_images, test_labels, mean, std)
+        return evaluate(mx, net, test_images, test_labels, mean, std, beat)
 
-    finish(mx, spec, kv, rank, keys, weights, meter, results)
+    finish(mx, spec, kv, rank, keys, weights, meter, results, beat)
 
 
 def kvstore(mx: Any, spec: dict[str, Any], index: int) -> tuple[Any, int]:
@@ -294,11 +302,15 @@ def kvstore(mx: Any, spec: dict[str, Any], index: int) -> tuple[Any, int]:
     return kv, kv.rank
 
 
-def finish(mx: Any, spec: dict[str, Any], kv: Any, rank: int, keys: list, weights: list, meter: Meter, results) -> None:
+def finish(
+    mx: Any, spec: dict[str, Any], kv: Any, rank: int, keys: list, weights: list, meter: Meter, results, beat: Any
+) -> None:
     """After the last step: the final weights on rank 0 (pulled from the servers in ``async``), this worker's
-    stats, rank 0's ``quality.json`` from ``results()`` (which writes ``final.npz``), the kvstore's end."""
+    stats, rank 0's ``quality.json`` from ``results()`` (which writes ``final.npz``), the kvstore's end; the
+    heartbeat ``beat`` waits at the barrier, then is done before the kvstore's end waits for the others."""
     out = Path(spec["out"])
     if spec["mode"] == "async":
+        beat.exchange()
         kv._barrier()  # every worker's last update is on the servers
         if rank == 0:
             kv.pull(keys, out=weights)
@@ -307,6 +319,7 @@ def finish(mx: Any, spec: dict[str, Any], kv: Any, rank: int, keys: list, weight
     if rank == 0:
         write_json(out / "quality.json", results())
     mx.nd.waitall()
+    beat.done()
     del kv  # a dist kvstore's end: a barrier of the workers, then rank 0 stops the servers and scheduler
 
 
@@ -339,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet and ptb-lstm")
         set_threads(spec["threads"])
         check_role(spec, args.role)
+        import progress  # beside this file: the heartbeat of a process that trains (the folder is on the path)
+
         if args.role == "worker" and spec.get("probe"):
             import mxnet_probe  # beside this file: the times scaletrain profile --framework mxnet measures
 
@@ -346,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.role == "worker" and spec["workload"] == "ptb-lstm":
             import mxnet_lstm  # beside this file: the LSTM language model's part of the program
 
-            mxnet_lstm.train(spec, args.index)
+            mxnet_lstm.train(spec, args.index, progress.Progress(spec, args.role, args.index))
         elif args.role == "worker":
-            train(spec, args.index)
+            train(spec, args.index, progress.Progress(spec, args.role, args.index))
         else:
             serve(args.role)
     except Exception as error:

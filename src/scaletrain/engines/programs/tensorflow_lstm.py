@@ -95,9 +95,10 @@ def clip(tf, grads, max_norm: float):
     return [grad * scale for grad in grads]
 
 
-def perplexity(tf, values: list[np.ndarray], test: np.ndarray, model: dict) -> dict[str, float]:
+def perplexity(tf, values: list[np.ndarray], test: np.ndarray, model: dict, beat) -> dict[str, float]:
     """Test perplexity as scaletrain measures it: ``eval_batch_size`` rows, windows of ``num_steps`` (the
-    last one shorter), the state carried from zeros; e^(mean negative log-likelihood per word)."""
+    last one shorter), the state carried from zeros; e^(mean negative log-likelihood per word). Each window
+    scored is told to the heartbeat ``beat``."""
     weights = [tf.constant(value) for value in values]
     rows, steps = model["eval_batch_size"], model["num_steps"]
     length = len(test) // rows
@@ -115,11 +116,13 @@ def perplexity(tf, values: list[np.ndarray], test: np.ndarray, model: dict) -> d
         loss, state = score(streams[:, begin : begin + targets.shape[1]], targets, state)
         total += float(loss)
         count += targets.size
+        beat.evaluate(begin // steps + 1)
     return {"test_perplexity": math.exp(total / count), "test_loss": total / count}
 
 
-def train_replicated(spec: dict, index: int) -> None:
-    """``local`` and ``sync``: train this worker's windows; worker 0 writes the weights and their perplexity."""
+def train_replicated(spec: dict, index: int, beat) -> None:
+    """``local`` and ``sync``: train this worker's windows, each step told to the heartbeat ``beat`` (a
+    ``progress.Progress``); worker 0 writes the weights and their perplexity."""
     import tensorflow_worker as common  # the program beside this file (imported here: the doctests import this)
 
     if spec["mode"] not in ("local", "sync"):
@@ -180,6 +183,7 @@ def train_replicated(spec: dict, index: int) -> None:
         state = local(state)
         computed = reduced = time.perf_counter()
         if replicas > 1:
+            beat.exchange()
             grads = all_reduce(grads)
             local(grads)[-1].numpy()
             reduced = time.perf_counter()
@@ -189,6 +193,7 @@ def train_replicated(spec: dict, index: int) -> None:
             meter["measured_seconds"] += time.perf_counter() - begin
             meter["data_seconds"] += fetched - begin
             meter["communication_seconds"] += reduced - computed
+        beat.step(step + 1)
     first, last = (losses[0], losses[-1]) if losses else (None, None)
     common.write_stats(
         spec, "worker", index, steps=len(order), **meter, first_step_loss=first, last_step_loss=last, final_loss=last
@@ -197,5 +202,6 @@ def train_replicated(spec: dict, index: int) -> None:
         values = [weight.numpy() for weight in weights]
         out = Path(spec["out"])
         np.savez(out / "final.npz", **dict(zip(names, values, strict=True)))
-        quality = perplexity(tf, values, test, model)
+        quality = perplexity(tf, values, test, model, beat)
         (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
+    beat.done()

@@ -142,8 +142,8 @@ def batch_loss(tf, weights, images, labels, global_batch: int):
     return tape.gradient(loss, weights), tf.reduce_mean(losses)
 
 
-def evaluate(tf, values: list[np.ndarray], images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Test accuracy and mean cross-entropy of the weights ``values`` (TF layouts) over the whole split."""
+def evaluate(tf, values: list[np.ndarray], images: np.ndarray, labels: np.ndarray, beat) -> dict[str, float]:
+    """Test accuracy and mean cross-entropy of the weights ``values`` (TF layouts) over the split (told to ``beat``)."""
     weights = [tf.constant(value) for value in values]
 
     @tf.function
@@ -158,14 +158,15 @@ def evaluate(tf, values: list[np.ndarray], images: np.ndarray, labels: np.ndarra
         loss, correct = score(images[start : start + 1000], labels[start : start + 1000])
         total_loss += float(loss)
         total_correct += int(correct)
+        beat.evaluate(start // 1000 + 1)
     return {"test_accuracy": total_correct / len(labels), "test_loss": total_loss / len(labels)}
 
 
-def write_results(tf, spec: dict, values: list[np.ndarray]) -> None:
-    """``final.npz`` (torch names and layouts) and ``quality.json`` over the test set."""
+def write_results(tf, spec: dict, values: list[np.ndarray], beat) -> None:
+    """``final.npz`` (torch names and layouts) and ``quality.json`` over the test set (told to ``beat``)."""
     out = Path(spec["out"])
     np.savez(out / "final.npz", **tf_to_torch(values))
-    quality = evaluate(tf, values, *load_split(spec["data"], "test"))
+    quality = evaluate(tf, values, *load_split(spec["data"], "test"), beat)
     (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
 
 
@@ -215,8 +216,8 @@ def all_reduce_function(tf, strategy):
     return all_reduce
 
 
-def train_replicated(spec: dict, index: int) -> None:
-    """``local`` and ``sync``: train this worker's batches; worker 0 writes the weights and their quality."""
+def train_replicated(spec: dict, index: int, beat) -> None:
+    """``local`` and ``sync``: train worker ``index``'s batches (told to ``beat``); worker 0 writes the results."""
     tf = start_tensorflow(spec["threads"], alone=spec["mode"] == "local")
     strategy, replicas = replicated_strategy(tf, spec)
     images, labels = load_split(spec["data"], "train")
@@ -254,6 +255,7 @@ def train_replicated(spec: dict, index: int) -> None:
         losses.append(float(local(loss)))  # reading the loss waits for the gradients
         computed = reduced = time.perf_counter()
         if replicas > 1:
+            beat.exchange()
             grads = all_reduce(grads)
             local(grads)[-1].numpy()
             reduced = time.perf_counter()
@@ -263,12 +265,14 @@ def train_replicated(spec: dict, index: int) -> None:
             meter["measured_seconds"] += time.perf_counter() - start
             meter["data_seconds"] += fetched - start
             meter["communication_seconds"] += reduced - computed
+        beat.step(step + 1)
     first, last = (losses[0], losses[-1]) if losses else (None, None)
     write_stats(
         spec, "worker", index, steps=len(order), **meter, first_step_loss=first, last_step_loss=last, final_loss=last
     )
     if index == 0:
-        write_results(tf, spec, [weight.numpy() for weight in weights])
+        write_results(tf, spec, [weight.numpy() for weight in weights], beat)
+    beat.done()
 
 
 def interleaved(orders: list[np.ndarray]) -> list[np.ndarray]:
@@ -281,8 +285,9 @@ def interleaved(orders: list[np.ndarray]) -> list[np.ndarray]:
     return [order[step] for step in range(longest) for order in orders if step < len(order)]
 
 
-def run_chief(spec: dict) -> None:
-    """``async``: schedule every batch on the workers through a ``ClusterCoordinator``; write the results."""
+def run_chief(spec: dict, beat) -> None:
+    """``async``: schedule every batch on the workers through a ``ClusterCoordinator``; write the results. Each
+    closure's loss is fetched in order as it finishes: the steps of the heartbeat ``beat`` (the join raises errors)."""
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     tf = start_tensorflow(spec["threads"])
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -303,33 +308,27 @@ def run_chief(spec: dict) -> None:
 
         return strategy.run(replica, args=(x, y))
 
-    def schedule(chosen: list[np.ndarray]) -> list:
-        return [coordinator.schedule(train_step, args=(images[i], labels[i])) for i in chosen]
+    def train(chosen: list[np.ndarray], before: int) -> list:
+        results = [coordinator.schedule(train_step, args=(images[i], labels[i])) for i in chosen]
+        for done, result in enumerate(results, before + 1):
+            result.fetch()
+            beat.step(done)
+        coordinator.join()
+        return results
 
     warmup = min(spec["warmup_steps"] * spec["workers"], len(batches))
-    results = schedule(batches[:warmup])
-    coordinator.join()
+    results = train(batches[:warmup], 0)
     start = time.perf_counter()
-    results += schedule(batches[warmup:])
-    coordinator.join()
+    results += train(batches[warmup:], warmup)
     seconds = time.perf_counter() - start
     losses = [float(result.fetch()) for result in results]
     first, last = (losses[0], losses[-1]) if losses else (None, None)
     measured = len(batches) - warmup
     write_stats(
-        spec,
-        "chief",
-        0,
-        steps=len(batches),
-        measured_steps=measured,
-        measured_seconds=seconds if measured else 0.0,
-        communication_seconds=0.0,
-        data_seconds=0.0,
-        first_step_loss=first,
-        last_step_loss=last,
-        final_loss=last,
-    )
-    write_results(tf, spec, [weight.numpy() for weight in weights])
+        spec, "chief", 0, steps=len(batches), measured_steps=measured, measured_seconds=seconds if measured else 0.0,
+        communication_seconds=0.0, data_seconds=0.0, first_step_loss=first, last_step_loss=last, final_loss=last,
+    )  # fmt: skip
+    write_results(tf, spec, [weight.numpy() for weight in weights], beat)
 
 
 def run_server(spec: dict, role: str, index: int) -> None:
@@ -350,21 +349,22 @@ def run_server(spec: dict, role: str, index: int) -> None:
 
 
 def run(spec: dict, role: str, index: int) -> None:
-    """Check that the role fits the mode and run it."""
+    """Check that the role fits the mode and run it; a process that trains has a heartbeat (``progress.py``)."""
+    progress = __import__("progress")  # beside this file: the heartbeat (the program's folder is on the path)
     mode = spec["mode"]
     if spec.get("probe") and spec["workload"] == "lenet" and role == "worker" and mode in ("local", "sync"):
         __import__("tensorflow_probe").run(spec, index)  # beside this file: what profile --framework measures
     elif spec["workload"] == "ptb-lstm" and role == "worker" and 0 <= index < spec["workers"]:
         import tensorflow_lstm  # beside this file: the LSTM language model's part of the program
 
-        tensorflow_lstm.train_replicated(spec, index)
+        tensorflow_lstm.train_replicated(spec, index, progress.Progress(spec, role, index))
     elif spec["workload"] != "lenet":
         raise ValueError(f"{spec['workload']} as {role} {index}: this program trains lenet, and ptb-lstm's workers")
     elif role == "worker" and mode in ("local", "sync") and 0 <= index < spec["workers"]:
-        train_replicated(spec, index)
+        train_replicated(spec, index, progress.Progress(spec, role, index))
     elif mode == "async" and role == "chief" and index == 0:
         try:
-            run_chief(spec)
+            run_chief(spec, progress.Progress(spec, role, index))
         finally:
             (Path(spec["out"]) / DONE_MARK).write_text("", encoding="utf-8")
     elif mode == "async" and role in ("worker", "ps"):
