@@ -201,6 +201,16 @@ def assert_same_weights(first: dict, second: dict) -> None:
         torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def assert_close_runs(first: Path, second: Path, atol: float) -> None:
+    """The final weights of two runs' folders equal within ``atol`` (no relative part)."""
+    import torch
+
+    one, two = model_weights(first), model_weights(second)
+    assert one.keys() == two.keys()
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], rtol=0, atol=atol, msg=name)
+
+
 def mapped_file(address: int) -> str | None:
     """The file this process has mapped at ``address`` (e.g. a tensor's ``data_ptr()``), from /proc/self/maps."""
     for line in Path("/proc/self/maps").read_text().splitlines():

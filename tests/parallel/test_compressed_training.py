@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import make_fashion_mnist, run_cli
+from tests.helpers import assert_close_runs, make_fashion_mnist, run_cli
 
 import scaletrain
 from scaletrain.tensors.codec import TensorLayout
@@ -37,16 +37,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_fashion_mnist(tmp_path_factory.mktemp("compressed") / "fmnist", train=192, test=32)
 
 
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "model.pt", weights_only=True)
-
-
-def assert_close_weights(first: Path, second: Path, atol: float) -> None:
-    one, two = weights(first), weights(second)
-    for name in one:
-        torch.testing.assert_close(one[name], two[name], rtol=0, atol=atol, msg=name)
-
-
 def test_full_rank_powersgd_trains_as_the_dense_wire(data: Path, tmp_path: Path) -> None:
     """Rank 500 covers every LeNet matrix (the widest is 500 × 800) and min_gain 0 factors all of them:
     the same steps as float32 but for the QR's rounding (measured after 6 steps: 1.5·10⁻⁸ apart at most).
@@ -57,7 +47,7 @@ def test_full_rank_powersgd_trains_as_the_dense_wire(data: Path, tmp_path: Path)
         "lenet", out=tmp_path / "full", wire="powersgd", wire_options={"rank": 500, "min_gain": 0}, **common
     )
     assert full["wire_options"] == {"rank": 500, "min_gain": 0}
-    assert_close_weights(tmp_path / "dense", tmp_path / "full", atol=1e-6)
+    assert_close_runs(tmp_path / "dense", tmp_path / "full", atol=1e-6)
     for summary in (dense, full):
         assert len({w["weights_digest"] for w in summary["per_worker"]}) == 1
 
@@ -108,7 +98,7 @@ def test_a_resumed_powersgd_run_ends_as_an_uninterrupted_one(data: Path, tmp_pat
     assert saved == ["exchange-rank0.pt", "exchange-rank1.pt"]
     resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **common)
     assert resumed["resumed_from_step"] == 5 and resumed["steps"] == 8
-    assert_close_weights(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)
+    assert_close_runs(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -229,4 +219,4 @@ def test_a_resumed_topk_run_to_the_sharded_server_ends_as_an_uninterrupted_one(d
     assert scaletrain.train("lenet", out=tmp_path / "stopped", steps=5, **common)["steps"] == 5
     resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **common)
     assert resumed["resumed_from_step"] == 5
-    assert_close_weights(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)
+    assert_close_runs(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)

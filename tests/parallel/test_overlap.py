@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
-from tests.helpers import make_fashion_mnist, run_cli
+from tests.helpers import assert_close_runs, make_fashion_mnist, model_weights, run_cli
 from torch import nn
 
 import scaletrain
@@ -28,16 +27,6 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_fashion_mnist(tmp_path_factory.mktemp("overlap") / "fmnist", train=192, test=32)
 
 
-def weights(out: Path) -> dict[str, torch.Tensor]:
-    return torch.load(out / "model.pt", weights_only=True)
-
-
-def assert_close_weights(first: Path, second: Path, atol: float) -> None:
-    one, two = weights(first), weights(second)
-    for name in one:
-        torch.testing.assert_close(one[name], two[name], rtol=0, atol=atol, msg=name)
-
-
 def test_buckets_follow_backward_and_cover_every_parameter() -> None:
     model = nn.Sequential(nn.Linear(10, 20), nn.ReLU(), nn.Linear(20, 30), nn.Linear(30, 2))
     parameters = list(model.parameters())
@@ -53,7 +42,7 @@ def test_overlapped_float32_trains_as_the_exchange_after_backward(data: Path, tm
     plain = scaletrain.train("lenet", out=tmp_path / "plain", **common)
     overlapped = scaletrain.train("lenet", out=tmp_path / "overlapped", **common, **BUCKETS)
     assert overlapped["overlap"] is True and overlapped["bucket_mb"] == 0.1 and plain["overlap"] is False
-    assert_close_weights(tmp_path / "plain", tmp_path / "overlapped", atol=1e-7)
+    assert_close_runs(tmp_path / "plain", tmp_path / "overlapped", atol=1e-7)
     for summary in (plain, overlapped):
         assert len({w["weights_digest"] for w in summary["per_worker"]}) == 1
     assert [w["gradient_bytes_sent"] for w in overlapped["per_worker"]] == [
@@ -68,7 +57,7 @@ def test_overlapped_full_rank_powersgd_trains_as_the_dense_wire(data: Path, tmp_
     full = scaletrain.train(
         "lenet", out=tmp_path / "full", wire="powersgd", wire_options={"rank": 500, "min_gain": 0}, **common, **BUCKETS
     )
-    assert_close_weights(tmp_path / "dense", tmp_path / "full", atol=1e-6)
+    assert_close_runs(tmp_path / "dense", tmp_path / "full", atol=1e-6)
     assert len({w["weights_digest"] for w in full["per_worker"]}) == 1
 
 
@@ -83,9 +72,9 @@ def test_a_resumed_overlapped_compressed_run_ends_as_an_uninterrupted_one(
     assert scaletrain.train("lenet", out=tmp_path / "stopped", steps=5, **common)["steps"] == 5
     resumed = scaletrain.train("lenet", out=tmp_path / "stopped", resume=True, **common)
     assert resumed["resumed_from_step"] == 5 and resumed["steps"] == 8
-    assert_close_weights(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)
+    assert_close_runs(tmp_path / "straight", tmp_path / "stopped", atol=1e-6)
     assert len({w["weights_digest"] for w in straight["per_worker"]}) == 1
-    dense_bytes = 8 * 4 * sum(p.numel() for p in weights(tmp_path / "straight").values())
+    dense_bytes = 8 * 4 * sum(p.numel() for p in model_weights(tmp_path / "straight").values())
     assert 0 < straight["per_worker"][0]["gradient_bytes_sent"] < dense_bytes / 4
 
 
@@ -112,7 +101,7 @@ def test_synchronised_batch_norm_collectives_in_backward_do_not_mix_with_the_buc
                   **SETTINGS)  # fmt: skip
     scaletrain.train("resnet20", out=tmp_path / "plain", **common)
     scaletrain.train("resnet20", out=tmp_path / "overlapped", **common, overlap=True, bucket_mb=0.05)
-    assert_close_weights(tmp_path / "plain", tmp_path / "overlapped", atol=1e-6)
+    assert_close_runs(tmp_path / "plain", tmp_path / "overlapped", atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.tensors.codec import Collectives, TensorLayout, WireCodec
-from scaletrain.tensors.flat import unflatten_into
+from scaletrain.tensors.flat import unflatten_into, views_of
 
 __all__ = ["Bucket", "Overlap", "OverlapFailed", "OverlappedReduce", "bucket_indices", "buckets_of"]
 
@@ -162,7 +162,7 @@ class OverlappedReduce:
         if len(present) == len(gradients):
             unflatten_into(total, present)
         else:  # a parameter without a gradient this step keeps none: the others take theirs
-            for p, part in zip(bucket.parameters, _split(total, bucket.parameters), strict=True):
+            for p, part in zip(bucket.parameters, views_of(total, bucket.parameters), strict=True):
                 if p.grad is not None:
                     p.grad.copy_(part)
 
@@ -206,11 +206,3 @@ class OverlappedReduce:
         if not isinstance(saved, list) or len(saved) != len(self.buckets):
             return False
         return all([bucket.codec.load_state_dict(part) for bucket, part in zip(self.buckets, saved, strict=True)])
-
-
-def _split(flat: torch.Tensor, parameters: list[nn.Parameter]) -> list[torch.Tensor]:
-    parts, at = [], 0
-    for p in parameters:
-        parts.append(flat[at : at + p.numel()].view_as(p))
-        at += p.numel()
-    return parts
