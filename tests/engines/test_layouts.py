@@ -49,3 +49,15 @@ def test_each_framework_is_its_own_series_with_its_own_one_worker_reference() ->
     # against the common reference, scaletrain's one process (another framework's does other work), too
     assert [r["speedup_common"] for r in rows] == [1.0, 1.7, 0.5, 0.6]
     assert [g.strategy for g in group_rows(rows)] == ["allreduce-join"] * 2 + ["mxnet allreduce-join"] * 2
+
+
+def test_the_engines_follow_a_cpu_device_and_refuse_another() -> None:
+    """They train on the CPU: a validation's ``device="cpu"`` passes; a GPU is refused in one line."""
+    import pytest
+
+    from scaletrain.errors import ConfigError
+
+    both = ("scaletrain", "tensorflow")
+    SweepConfig("lenet", Path("out"), workers=(1, 2), frameworks=both, settings={"device": "cpu", "lr": 0.05})
+    with pytest.raises(ConfigError, match="^--device: it sets how scaletrain trains, and tensorflow would not follow"):
+        SweepConfig("lenet", Path("out"), workers=(1, 2), frameworks=both, settings={"device": "cuda"})

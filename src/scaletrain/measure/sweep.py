@@ -90,7 +90,11 @@ class SweepConfig:
         if unknown or not self.frameworks:
             raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
         foreign = [name for name in self.frameworks if name != "scaletrain"]
-        unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in FOREIGN_SETTINGS]
+        # the engines train on the CPU (tensorflow-cpu, MXNet's CPU build): --device cpu is what they do too
+        followed = {
+            key for key, value in self.settings.items() if key in FOREIGN_SETTINGS or (key, value) == ("device", "cpu")
+        }
+        unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in followed]
         given = {key.replace("-", "_") for key in self.options}
         unread += ["-o"] if given - set(FOLLOWED_OPTIONS.get(self.workload, ())) else []
         if foreign and unread:
