@@ -264,6 +264,8 @@ class TrainConfig:
         if isinstance(size, bool) or not isinstance(size, int | float) or not (math.isfinite(size) and size > 0):
             raise ConfigError(f"bucket_mb must be a number of MiB > 0, e.g. --bucket-mb 0.25; got {size!r}")
         if not self.overlap:
+            if size != TrainConfig.bucket_mb:
+                raise ConfigError(f"--bucket-mb {size:g} sizes the buckets of --overlap; add --overlap, or drop it")
             return
         if self.strategy not in ("allreduce", "local"):
             raise ConfigError(

@@ -122,6 +122,7 @@ def test_synchronised_batch_norm_collectives_in_backward_do_not_mix_with_the_buc
             "--loss-scale off with --overlap, or drop --overlap",
         ),
         (["--overlap", "--bucket-mb", "0"], "bucket_mb must be a number of MiB > 0, e.g. --bucket-mb 0.25; got 0.0"),
+        (["--bucket-mb", "1"], "--bucket-mb 1 sizes the buckets of --overlap; add --overlap, or drop it"),
     ],
 )
 def test_what_cannot_overlap_is_one_line_before_any_process_starts(
