@@ -47,6 +47,7 @@ from scaletrain.deploy.common import (
     object_labels,
     object_metadata,
 )
+from scaletrain.deploy.job import headless_service
 from scaletrain.engines.base import Engine, Host, Role
 from scaletrain.engines.cluster import PROGRAMS_FOLDER, RUN_FILE, run_json
 from scaletrain.engines.install import ENV_ENGINES
@@ -268,17 +269,7 @@ def _pod(run: EngineDeployment, role: Role | None, labels: dict[str, str]) -> di
 
 def _indexed_job(run: EngineDeployment) -> list[dict[str, Any]]:
     name, world, labels = run.deploy.name, len(run.roles), run.labels("training")
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": run.metadata(name, "training"),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": labels,
-            "ports": [{"name": "engine", "port": run.deploy.port, "targetPort": run.deploy.port}],
-        },
-    }
+    service = headless_service(run, "engine")
     template = _pod(run, None, labels)
     template["spec"]["subdomain"] = name
     spec: dict[str, Any] = {

@@ -22,22 +22,28 @@ from scaletrain.deploy.common import Deployment, container, pod_spec
 __all__ = ["render"]
 
 
+def headless_service(run: Any, port_name: str) -> dict[str, Any]:
+    """The headless Service that gives each pod of ``run``'s training Job a stable DNS name (its pods' labels,
+    ``run.deploy``'s name and port, published before the pods are ready)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": run.metadata(run.deploy.name, "training"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": run.labels("training"),
+            "ports": [{"name": port_name, "port": run.deploy.port, "targetPort": run.deploy.port}],
+        },
+    }
+
+
 def render(run: Deployment) -> list[dict[str, Any]]:
     """The headless Service and the Indexed Job of ``run``."""
     name, world = run.deploy.name, run.layout.world_size
     labels = run.labels("training")
     env = {"WORLD_SIZE": str(world), "MASTER_ADDR": f"{name}-0.{name}", "MASTER_PORT": str(run.deploy.port)}
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": run.metadata(name, "training"),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": labels,
-            "ports": [{"name": "rendezvous", "port": run.deploy.port, "targetPort": run.deploy.port}],
-        },
-    }
+    service = headless_service(run, "rendezvous")
     restart = "OnFailure" if run.synchronous else "Never"
     pod = pod_spec(run, [container(run, env, first_rank=0)], restart_policy=restart)
     pod["subdomain"] = name

@@ -141,8 +141,11 @@ class OverlappedReduce:
             if bucket.pending == 0:
                 bucket.ready.set()
             if self._thread is None:  # the step's first gradient: its reductions begin
-                self._thread = threading.Thread(target=self._reduce_all, name="overlapped-all-reduce", daemon=True)
-                self._thread.start()
+                self._start()
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._reduce_all, name="overlapped-all-reduce", daemon=True)
+        self._thread.start()
 
     def _reduce_all(self) -> None:
         try:
@@ -174,8 +177,7 @@ class OverlappedReduce:
             for bucket in self.buckets:
                 bucket.ready.set()
             if self._thread is None:  # no gradient at all this step: reduce zeros, as every worker does
-                self._thread = threading.Thread(target=self._reduce_all, name="overlapped-all-reduce", daemon=True)
-                self._thread.start()
+                self._start()
         thread = self._thread
         calls = max(bucket.codec.collective_calls for bucket in self.buckets)
         thread.join(self.timeout * (calls * len(self.buckets) + 1))
