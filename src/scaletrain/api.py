@@ -36,6 +36,7 @@ from scaletrain.estimate.models import Configuration, predicted_speedups
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend as _recommend
 from scaletrain.measure.bench import compare_results, preset_config, run_bench
+from scaletrain.measure.cases import run_cases as validate_cases
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validate import ValidationConfig, run_validation
@@ -62,6 +63,7 @@ __all__ = [
     "strategy_spec",
     "train",
     "validate",
+    "validate_cases",
 ]
 
 

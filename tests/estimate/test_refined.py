@@ -15,7 +15,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend
-from scaletrain.estimate.refined import mean_value_throughput, predict
+from scaletrain.estimate.refined import mean_value_throughput, predict, step_split
 
 PROFILE = Profile(
     "made-up",
@@ -70,6 +70,25 @@ def test_a_measured_central_exchange_corrects_the_central_server_s_formula():
     three = predict(measured, strategy="ps", server="central", sync="join", workers=3).speedup
     assert three == pytest.approx(3 / (0.1 + 2 * formula_three) * SEQUENTIAL)
     assert predicted_speedup("refined", PROFILE, central, 2, batches=128) > two  # faster without the correction
+
+
+def test_a_measured_sharded_exchange_and_the_gradient_beside_it_replace_the_formula_and_the_contention():
+    # The sharded probe timed, among 2 workers on 2 cores, the exchange at 0.5 s and the gradient beside it at
+    # 0.15 s, where 2 processes that only compute are 1.1× slower (0.11 s).
+    measured = dataclasses.replace(PROFILE, sharded={2: 0.5}, exchange_compute={"sharded": {2: 0.15}})
+    sharded = predict(measured, strategy="ps", server="sharded", sync="join", workers=2, cores=2).speedup
+    assert sharded == pytest.approx(2 / (0.15 + 0.5) * SEQUENTIAL)
+    split = step_split(measured, strategy="ps", server="sharded", sync="join", workers=2, cores=2)
+    assert (split["compute"], split["wait"], split["exchange"]) == pytest.approx((0.15, 0.0, 0.5))
+    # another strategy keeps its own terms: the all-reduce's gradient is 0.1 × 1.1 and its ring formula 0.102 s
+    allreduce = predict(measured, strategy="allreduce", sync="join", workers=2, cores=2).speedup
+    assert allreduce == pytest.approx(2 / (0.11 + 0.102 + 0.01) * SEQUENTIAL)
+    # at a count the probe did not time, the gradient's contention is the profile's again
+    exchange_only = dataclasses.replace(PROFILE, sharded={2: 0.5})
+    three = [predict(p, strategy="ps", server="sharded", sync="join", workers=3, cores=2).speedup
+             for p in (measured, exchange_only)]  # fmt: skip
+    assert three[0] == pytest.approx(three[1])
+    assert predict(PROFILE, strategy="ps", server="sharded", sync="join", workers=2, cores=2).speedup > sharded
 
 
 def test_split_uses_measured_half_batch_gradient_and_contention():

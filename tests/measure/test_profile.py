@@ -53,6 +53,10 @@ def test_the_exchanges_are_timed_among_the_workers_asked_for(tiny_fmnist, tmp_pa
     profile = run_profile(config, out=tmp_path / "profile.json")
     assert set(profile.allreduce) == {3} and profile.allreduce[3] > 0  # the all-reduce exchange among 3
     assert set(profile.central) == {3} and profile.central[3] > 0  # 3 workers and the central server
+    assert set(profile.sharded) == {3} and profile.sharded[3] > 0  # 3 workers, each the owner of a shard
+    # each exchange ran after a real gradient of the batch, timed too (LeNet has 8 tensors: every owner holds one)
+    assert set(profile.exchange_compute) == {"allreduce", "central", "sharded"}
+    assert all(set(timed) == {3} and timed[3] > 0 for timed in profile.exchange_compute.values())
     assert Profile.load(tmp_path / "profile.json") == profile
 
 
@@ -141,5 +145,5 @@ def test_contention_counts_below_two_are_refused_in_one_line() -> None:
         ProfileConfig("lenet", contention_counts=(1, 4))
     with pytest.raises(ConfigError, match="--exchange-at counts must be ≥ 2"):
         ProfileConfig("lenet", exchange_counts=(1,))
-    with pytest.raises(ConfigError, match="--exchanges takes allreduce and central, not ring"):
+    with pytest.raises(ConfigError, match=r"--exchanges takes allreduce, central, sharded \(comma-separated\), not"):
         ProfileConfig("lenet", exchanges=("ring", "central"))

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
+from scaletrain.api import estimate, profile, recommend, strategy_spec, validate, validate_cases
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
@@ -116,6 +116,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="with --validate: learning rate of the runs (default: the workload's)")  # fmt: skip
     advice.add_argument("--momentum", type=float, metavar="M",
                         help="with --validate: momentum of the runs (default: the workload's)")  # fmt: skip
+    advice.add_argument("--cases", metavar="WHICH",
+                        help="with --validate and no WORKLOAD: the named validation cases instead, each with its "
+                        "own flags: holdout (none of them used to adjust the models), adjusted, all, or case names; "
+                        "the report gives each model's errors on adjusted-on and held-out cases apart")  # fmt: skip
+    advice.add_argument("--rescore", type=Path, metavar="FOLDER",
+                        help="with --cases: run nothing; predict the cases saved in FOLDER/CASE (profile.json, "
+                        "validation.csv) again with today's models, e.g. docs/validation")  # fmt: skip
     advice.add_argument("--out", type=Path, metavar="FOLDER",
                         help="with --validate: output folder (default: validation/WORKLOAD-NETWORK…)")  # fmt: skip
     add_profile_flags(parser)
@@ -206,6 +213,8 @@ def _recommend(args: argparse.Namespace, measured: Profile) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.cases is not None or args.rescore is not None:
+        return _validate_cases(args)
     if args.workload is None:
         raise ConfigError("--validate runs a workload: name one, e.g. scaletrain estimate lenet --validate")
     # what the validation measures itself, or does not take: refused rather than silently not done
@@ -246,4 +255,27 @@ def _validate(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print((out / "validation.md").read_text(encoding="utf-8"))
     print(f"table, plot and runs in {out}")
+    return 0
+
+
+#: what a case fixes itself (``scaletrain.measure.cases``): given with --cases, refused rather than ignored
+CASE_FLAGS = ("workload", "strategies", "steps", "warmup_steps", "run_repeats", "lr", "momentum", "network",
+              "batch_size", "wire_option")  # fmt: skip
+
+
+def _validate_cases(args: argparse.Namespace) -> int:
+    if args.cases is None:
+        raise ConfigError(
+            "--rescore FOLDER goes with --cases WHICH, e.g. --validate --cases all --rescore docs/validation"
+        )
+    given = [name for name in CASE_FLAGS if getattr(args, name, None) not in (None, [])]
+    given += ["workers"] if args.workers != (1,) else []
+    given += ["wire"] if args.wire != "fp32" else []
+    if given:
+        shown = ", ".join("WORKLOAD" if name == "workload" else "--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"--cases runs each case with its own flags: drop {shown}")
+    out = args.out or Path("validation") / ("cases-rescored" if args.rescore else "cases")
+    result = validate_cases(args.cases, out, rescore_from=args.rescore, data_dir=args.data_dir)
+    print(result["report"].read_text(encoding="utf-8"))
+    print(f"tables and runs in {out}")
     return 0

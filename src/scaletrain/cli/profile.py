@@ -35,10 +35,10 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--contention-at", type=number_list, metavar="N,N",
                        help="measure contention only at these process counts (default: each from 2)")  # fmt: skip
     group.add_argument("--exchange-at", type=number_list, metavar="N,N",
-                       help="also time the all-reduce and central-server exchanges among N workers, e.g. 2,4 "
-                            "(corrects the refined model's)")  # fmt: skip
+                       help="also time the all-reduce, central and sharded exchanges among N workers, each "
+                            "after a real gradient, e.g. 2,4 (corrects the refined model's)")  # fmt: skip
     group.add_argument("--exchanges", type=lambda text: tuple(text.split(",")), default=EXCHANGES, metavar="LIST",
-                       help="which exchanges --exchange-at times (default: allreduce,central)")  # fmt: skip
+                       help=f"which exchanges --exchange-at times (default: {','.join(EXCHANGES)})")  # fmt: skip
     group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
     group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
     group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")

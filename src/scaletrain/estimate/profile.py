@@ -52,6 +52,13 @@ class Profile:
     #: N workers → seconds of one synchronous exchange with the central server (push, the server's wait for
     #: all N and its update, the reply), as a worker times it (communication + wait; ``--exchange-at``)
     central: dict[int, float] = field(default_factory=dict)
+    #: N workers → seconds of one synchronous sharded exchange (every worker an owner: its pushes, the owners' wait
+    #: and update, the replies), as a worker times it (communication + wait; ``--exchange-at``)
+    sharded: dict[int, float] = field(default_factory=dict)
+    #: exchange (``allreduce``, ``central``, ``sharded``) → N → a worker's gradient seconds (its whole batch) in
+    #: the same probe, a gradient before each exchange as in training: the computation under that strategy's own
+    #: traffic and threads among N, where ``contention`` has the processes compute with nothing else going on
+    exchange_compute: dict[str, dict[int, float]] = field(default_factory=dict)
     cores: int | None = None
     threads: int = 1
     network: str | None = None
@@ -167,9 +174,13 @@ class Profile:
         if unknown:
             raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
         given = dict(data)
-        for key in ("t_grad_parts", "contention", "allreduce", "central", "kvstore"):
+        for key in ("t_grad_parts", "contention", "allreduce", "central", "sharded", "kvstore"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
+        if "exchange_compute" in given:
+            given["exchange_compute"] = {
+                kind: {int(k): float(v) for k, v in timed.items()} for kind, timed in given["exchange_compute"].items()
+            }
         if "tensor_bytes" in given:
             given["tensor_bytes"] = tuple(given["tensor_bytes"])
         try:

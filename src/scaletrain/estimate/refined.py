@@ -143,8 +143,9 @@ def step_split(
     terms = Terms(profile, cores)
     n = np.asarray([workers])
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
-    compute = part * profile.contention_at(workers, cores=cores)
-    gradient = terms.gradient(sync, n)
+    probe = _probe(strategy, server)
+    compute = part * terms.contention(n, probe)[0]
+    gradient = terms.gradient(sync, n, probe)
     total = float(gradient[0])
     exchange = float(_exchange(terms, strategy, server, sync, n, gradient)[0])
     split = {"compute": compute, "wait": max(total - compute, 0.0), "exchange": exchange}
@@ -159,7 +160,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks))
-    gradient = terms.gradient(sync, n)
+    gradient = terms.gradient(sync, n, _probe(strategy, server))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
@@ -242,6 +243,12 @@ def _last_bucket_share(profile: Profile) -> float:
     return sum(sizes[i] for i in buckets[-1]) / sum(sizes)
 
 
+def _probe(strategy: str, server: str) -> str | None:
+    """The exchange the profile times for the strategy (``EstimatorTerms.probe``), None where none."""
+    terms = get_strategy(strategy).estimator_terms(server)
+    return terms.probe if terms is not None else None
+
+
 def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | None:
     """The strategy's own formula for a step of ``sync`` with ``server``, None where it declares none."""
     terms = get_strategy(strategy).estimator_terms(server)
@@ -269,17 +276,25 @@ class Terms:
         column.update((n, compute(n)) for n in counts if n not in column)
         return [column[n] for n in counts]
 
-    def gradient(self, sync: str, workers: np.ndarray) -> np.ndarray:
+    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """t_grad of one worker's part of a step among N: its batch share, contention, stragglers."""
         profile = self.profile
         if sync == "split":
             part = np.array(self.per_count("split", workers, profile.t_grad_at))
         else:
             part = np.full(workers.shape, profile.t_grad_at(1))
-        contention = self.per_count("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
         # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
         slowest = self.per_count("slowest", workers if sync != "async" else np.ones_like(workers), profile.slowest_of)
-        return part * np.array(contention) * np.array(slowest)
+        return part * self.contention(workers, probe) * np.array(slowest)
+
+    def contention(self, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
+        """The gradient's slowdown among N processes: as timed beside the strategy's own exchange among N where
+        the profile did (``exchange_compute[probe]``), else with the processes only computing (``contention``)."""
+        profile = self.profile
+        beside = profile.exchange_compute.get(probe, {}) if probe is not None else {}
+        alone = self.per_count("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
+        return np.array([beside[n] / profile.t_grad if n in beside and n > 1 else factor
+                         for n, factor in zip(workers.tolist(), alone, strict=True)])  # fmt: skip
 
 
 def asynchronous_networks(terms: Terms, *, server: str, workers: np.ndarray, strategy: str = "ps") -> list[Network]:

@@ -15,6 +15,10 @@
 - ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
   it, its rate 0) and every other rank a worker running the parameter-server exchange's step
   (:class:`PSExchange`); each worker keeps its communication + wait per step.
+- ``sharded``: every rank a worker and the synchronous owner of its shard, as ``ps sharded`` runs them.
+
+The three exchanges run a real gradient of the workload before each exchange, as a training step does, and
+keep its seconds too (``compute``): the computation under that strategy's own traffic and threads.
 - ``codec``: one process times the wire codec's own work on gradients of the network's shapes: its
   all-reduce and float32's, each at world size 1 (where the collective moves nothing, so what is
   left of the difference is the codec's compute), and a parameter server's compress and decompress.
@@ -49,7 +53,9 @@ from scaletrain.parallel.ps.protocol import (
 )
 from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange
+from scaletrain.parallel.strategies.ps_shards import tensor_bytes
 from scaletrain.plugins import load_plugins
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device
@@ -57,7 +63,15 @@ from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
 
-__all__ = ["main", "time_allreduce", "time_central", "time_codec", "time_gradient", "time_transfers"]
+__all__ = [
+    "main",
+    "time_allreduce",
+    "time_central",
+    "time_codec",
+    "time_gradient",
+    "time_sharded",
+    "time_transfers",
+]
 
 SMALL_LIMIT = 65536  # bytes
 
@@ -191,18 +205,75 @@ def time_codec(job: dict[str, Any]) -> dict[str, Any]:
     return samples
 
 
+def _gradient_step(job: dict[str, Any], model: torch.nn.Module) -> Any:
+    """A closure: forward + backward of one real batch of the job's workload on ``model``; returns its seconds.
+    The exchange probes run it before each exchange, as a training step does, so the computation is timed
+    under the exchange's own traffic and threads (a parameter server's serving threads, its peers' pushes)."""
+    workload = create_workload(job["workload"], job["options"])
+    data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
+    batch = next(iter(workload.train_batches(data, epoch=0, batch_size=job["batch_size"], seed=0, part=Part(0, 1))))
+    model.train()
+
+    def step() -> float:
+        state = workload.initial_state(model, job["batch_size"])
+        model.zero_grad(set_to_none=True)
+        begin = now()
+        objective, _, _ = workload.training_loss(model, batch, state)
+        objective.backward()
+        return now() - begin
+
+    return step
+
+
+def _time_steps(job: dict[str, Any], model: torch.nn.Module, step: Any, exchanged: Any) -> dict[str, Any]:
+    """``job['repeats']`` steps of gradient, then exchange (``step``; ``exchanged(times)``: the seconds it
+    counts), after ``job['warmup']`` untimed ones: both parts' seconds per step."""
+    compute = _gradient_step(job, model)
+    samples: dict[str, list[float]] = {"exchange": [], "compute": []}
+    for round_number in range(job["warmup"] + job["repeats"]):
+        seconds = compute()
+        times = step()
+        if round_number >= job["warmup"]:
+            samples["exchange"].append(exchanged(times))
+            samples["compute"].append(seconds)
+    return samples
+
+
 def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Communication seconds of ``job['repeats']`` all-reduce exchange steps among ``world_size`` ranks, after
-    ``job['warmup']`` untimed ones: gradients of the network's shapes, the run's wire codec."""
+    """Seconds of ``job['repeats']`` all-reduce steps among ``world_size`` ranks (a real gradient, then the
+    exchange's communication: the run's wire codec on gradients of the network's shapes)."""
     model, optimizer = _exchange_model(job)
     exchange = AllReduceExchange(world_size, _codec(job))
     exchange.start(model, optimizer)
-    samples = []
-    for round_number in range(job["warmup"] + job["repeats"]):
-        times = exchange.step(model, optimizer, None)
-        if round_number >= job["warmup"]:
-            samples.append(times.communication)
-    return {"exchange": samples}
+    return _time_steps(job, model, lambda: exchange.step(model, optimizer, None), lambda times: times.communication)
+
+
+def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """Every rank a worker and the owner of its shard (Algorithm 3.7's greedy plan, :class:`ShardServer`
+    synchronous, rate 0), as ``ps sharded`` runs them: each worker's gradient and communication + wait per step."""
+    model, optimizer = _exchange_model(job)
+    ranks = list(range(world_size))
+    groups = pair_groups(world_size, [(a, b) for a in ranks for b in ranks if a < b], timeout=job["timeout"])
+    peers = {b if a == dist.get_rank() else a: group for (a, b), group in groups.items() if dist.get_rank() in (a, b)}
+    codec = _codec(job)
+
+    def serve(owned: list[torch.nn.Parameter], _: torch.optim.Optimizer) -> ShardServer:
+        master = [torch.nn.Parameter(p.detach().clone()) for p in owned]
+        optimizer = torch.optim.SGD(master, lr=0.0)
+        server = ShardServer(master=master, optimizer=optimizer, peers=peers, contributors=world_size,
+                             synchronous=True, timeout=job["timeout"], codec=codec)  # fmt: skip
+        server.start()
+        return server
+
+    exchange = PSExchange(rank=dist.get_rank(), plan=lambda parameters: assign_greedy(tensor_bytes(parameters), ranks),
+                          groups=peers, serve=serve, codec=codec)  # fmt: skip
+    exchange.start(model, optimizer)
+    samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
+                          lambda times: times.communication + times.wait)  # fmt: skip
+    exchange.finish(model)
+    if exchange.local_server is not None:
+        exchange.local_server.join(deadline_seconds=job["timeout"])
+    return samples
 
 
 def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -220,16 +291,13 @@ def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
         )  # fmt: skip
         server.start()
         server.join(deadline_seconds=job["timeout"])
-        return {"exchange": []}
+        return {"exchange": [], "compute": []}
     exchange = PSExchange(rank=rank, plan=lambda parameters: [0] * len(parameters), groups=peers, codec=codec)
     exchange.start(model, optimizer)
-    samples = []
-    for round_number in range(job["warmup"] + job["repeats"]):
-        times = exchange.step(model, optimizer, None)
-        if round_number >= job["warmup"]:
-            samples.append(times.communication + times.wait)
+    samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
+                          lambda times: times.communication + times.wait)  # fmt: skip
     exchange.finish(model)
-    return {"exchange": samples}
+    return samples
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         result = time_allreduce(job, rendezvous.world_size)
     elif job["kind"] == "central":
         result = time_central(job, rendezvous.world_size)
+    elif job["kind"] == "sharded":
+        result = time_sharded(job, rendezvous.world_size)
     elif job["kind"] == "codec":
         result = time_codec(job)
     else:

@@ -62,7 +62,7 @@ from scaletrain.workloads import Workload, create_workload
 __all__ = ["ProfileConfig", "ProfileError", "contention_counts", "measure_codec", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
-EXCHANGES = ("allreduce", "central")  # the synchronous exchanges a profile can time (probe kinds)
+EXCHANGES = ("allreduce", "central", "sharded")  # the synchronous exchanges a profile can time (probe kinds)
 SMALL_BYTES = 4
 
 
@@ -138,7 +138,7 @@ class ProfileConfig:
             raise ConfigError(f"--exchange-at counts must be ≥ 2 workers, got {self.exchange_counts}")
         unknown = sorted(set(self.exchanges) - set(EXCHANGES))
         if unknown:
-            raise ConfigError(f"--exchanges takes {' and '.join(EXCHANGES)}, not {', '.join(unknown)}")
+            raise ConfigError(f"--exchanges takes {', '.join(EXCHANGES)} (comma-separated), not {', '.join(unknown)}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ConfigError(f"--batch-size must be ≥ 1, got {self.batch_size}")
         if not 0 < self.timeout < math.inf:
@@ -220,12 +220,16 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     latency = statistics.median(worker[str(SMALL_BYTES)]["round_trip"]) / 2
     t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
     timed: dict[str, dict[int, float]] = {kind: {} for kind in EXCHANGES}
-    exchanges = [kind for kind in config.exchanges if kind != "central" or not codec.all_reduce_only]
+    computed: dict[str, dict[int, float]] = {}
+    exchanges = [kind for kind in config.exchanges if kind == "allreduce" or not codec.all_reduce_only]
     for workers in sorted(set(config.exchange_counts)):
         for kind in exchanges:  # the central server is one more process, rank 0, which times nothing
             server = 1 if kind == "central" else 0
             ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
+            computed.setdefault(kind, {})[workers] = statistics.median(
+                x for rank in ranks[server:] for x in rank["compute"]
+            )
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -243,6 +247,8 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         contention=contention,
         allreduce=timed["allreduce"],
         central=timed["central"],
+        sharded=timed["sharded"],
+        exchange_compute=computed,
         cores=cores,
         threads=config.threads,
         network=config.network,

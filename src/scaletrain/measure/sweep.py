@@ -76,6 +76,7 @@ class SweepConfig:
     max_workers: int | None = None
     warmup_run: bool = True  # a short unmeasured run before the first measured one (of each framework)
     frameworks: tuple[str, ...] = ("scaletrain",)  # and foreign engines: tensorflow, mxnet (scaletrain.engines)
+    local_only_at: tuple[int, ...] = ()  # counts at which only ``local`` runs (a validation's reference)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -155,6 +156,8 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     for repeat in range(config.repeats):
         for framework, spec, batch, count in itertools.product(config.frameworks, config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
+            if count in config.local_only_at and strategy != "local":
+                continue
             most = get_strategy(strategy).max_workers
             if most is not None and count > most:
                 continue

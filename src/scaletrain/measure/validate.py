@@ -39,11 +39,20 @@ from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.refined import step_split
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import ProfileConfig, run_profile
+from scaletrain.measure.ranking import RANK_NOISE, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
 
-__all__ = ["DEFAULT_STRATEGIES", "ValidationConfig", "compare", "rank_agreement", "run_validation"]
+__all__ = [
+    "DEFAULT_STRATEGIES",
+    "ValidationConfig",
+    "compare",
+    "compare_measured",
+    "mean_errors",
+    "rank_agreement",
+    "run_validation",
+]
 
 DEFAULT_STRATEGIES = (
     "allreduce-join",
@@ -155,7 +164,11 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             exchange_counts=splits,
             exchanges=tuple(
                 kind
-                for kind, prefix in (("allreduce", "allreduce-"), ("central", "ps-central-"))
+                for kind, prefix in (
+                    ("allreduce", "allreduce-"),
+                    ("central", "ps-central-"),
+                    ("sharded", "ps-sharded-"),
+                )
                 if any(s.startswith(prefix) and not s.endswith("-async") for s in config.strategies)
             ),
             concurrency=min(max(config.workers), cores),
@@ -176,7 +189,8 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
         SweepConfig(
             workload=config.workload,
             out=out / "bench",
-            workers=config.workers,
+            workers=tuple(sorted({1, *config.workers})),
+            local_only_at=() if 1 in config.workers else (1,),  # the reference, even where no strategy runs at 1
             strategies=("local", *config.strategies),
             batch_sizes=(profile.batch_size,),
             steps=config.steps,
@@ -236,27 +250,54 @@ def compare(
                 "see the bench report for the failures"
             )
         profile = profiles[framework]
-        configuration = Configuration.parse(label)
         measured = statistics.median(values) / statistics.median(reference)
-        batches = steps * (workers if configuration.sync == "join" else 1)
-        row = {
-            "workload": profile.workload,
-            "framework": framework,
-            "network": network,
-            "wire": wire,
-            "strategy": label,
-            "workers": workers,
-            "runs": len(values),
-            "measured_batches_per_second": statistics.median(values),
-            "measured_speedup": measured,
-        }
-        for model in MODELS:
-            predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
-            row[f"{model}_speedup"] = predicted
-            row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
-        row.update(step_parts(profile, configuration, workers, parts[(framework, label, workers)], cores=cores))
+        row = {"framework": framework, "measured_batches_per_second": statistics.median(values)}
+        row.update(predicted_row(profile, label, workers, measured, len(values), steps=steps, cores=cores,
+                                 network=network, wire=wire))  # fmt: skip
+        row.update(step_parts(profile, Configuration.parse(label), workers, parts[(framework, label, workers)],
+                              cores=cores))  # fmt: skip
         table.append(row)
     return table
+
+
+def predicted_row(
+    profile: Profile,
+    label: str,
+    workers: int,
+    measured: float,
+    runs: int,
+    *,
+    steps: int,
+    cores: int | None,
+    network: str,
+    wire: str,
+) -> dict[str, Any]:
+    """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors."""
+    configuration = Configuration.parse(label)
+    batches = steps * (workers if configuration.sync == "join" else 1)
+    row: dict[str, Any] = {"workload": profile.workload, "network": network, "wire": wire, "strategy": label,
+                           "workers": workers, "runs": runs, "measured_speedup": measured}  # fmt: skip
+    for model in MODELS:
+        predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
+        row[f"{model}_speedup"] = predicted
+        row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
+    return row
+
+
+def compare_measured(
+    profile: Profile,
+    measured: Mapping[tuple[str, int], tuple[float, int]],
+    *,
+    steps: int,
+    network: str,
+    wire: str = "fp32",
+    cores: int | None = None,
+) -> list[dict[str, Any]]:
+    """Rows from speedups measured before (``(strategy, workers) → (speedup, runs)``), predicted with today's
+    models from the profile they were measured with; ``cores``: the machine's (default: this one's)."""
+    cores = cores or os.cpu_count() or 1
+    return [predicted_row(profile, label, workers, speedup, runs, steps=steps, cores=cores, network=network, wire=wire)
+            for (label, workers), (speedup, runs) in sorted(measured.items())]  # fmt: skip
 
 
 #: a run's per-step figures (``summary.json``) → the refined model's part they are set beside
@@ -279,57 +320,6 @@ def step_parts(
         result[f"measured_{part}_seconds"] = statistics.median(values) if values else None
         result[f"refined_{part}_seconds"] = split[part] if split is not None else None
     return result
-
-
-#: two configurations whose measured speedups differ by less than this fraction are within the noise of
-#: single runs here (±5–10 %), so their order says nothing and is not counted
-RANK_NOISE = 0.05
-
-
-def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> dict[str, dict[str, Any]]:
-    """At each worker count > 1 with two strategies or more: the strategies fastest first as measured
-    and as each model predicts them, and each model's Kendall τ against the measured order over the
-    pairs whose measured gap exceeds ``noise`` (1: every such pair in the measured order; −1: every one
-    reversed; None: no pair apart). ``X_same_order``: τ is 1 (or no pair is apart).
-
-    >>> rows = [{"workers": 2, "strategy": s, "measured_speedup": m, "thesis_speedup": t, "refined_speedup": r}
-    ...         for s, m, t, r in (("a", 1.8, 1.9, 1.7), ("b", 1.2, 1.95, 1.1), ("c", 1.19, 1.0, 1.2))]
-    >>> result = rank_agreement(rows)["2"]
-    >>> result["measured"], result["thesis_kendall_tau"], result["refined_kendall_tau"], result["pairs_apart"]
-    (['a', 'b', 'c'], 0.0, 1.0, 2)
-    """
-    result: dict[str, dict[str, Any]] = {}
-    counts = sorted({(framework_of(row) != "scaletrain", framework_of(row), int(row["workers"])) for row in rows})
-    for _, framework, workers in counts:  # scaletrain's first; each framework's strategies among themselves
-        group = [row for row in rows if int(row["workers"]) == workers and framework_of(row) == framework]
-        if workers < 2 or len(group) < 2:
-            continue
-        measured = [row["strategy"] for row in sorted(group, key=lambda row: -row["measured_speedup"])]
-        pairs = [
-            (first, second)
-            for index, first in enumerate(group)
-            for second in group[index + 1 :]
-            if abs(first["measured_speedup"] - second["measured_speedup"])
-            > noise * max(first["measured_speedup"], second["measured_speedup"])
-        ]
-        entry: dict[str, Any] = {"measured": measured, "pairs": len(group) * (len(group) - 1) // 2,
-                                 "pairs_apart": len(pairs)}  # fmt: skip
-        for model in MODELS:
-            entry[model] = [row["strategy"] for row in sorted(group, key=lambda row: -row[f"{model}_speedup"])]
-            signs = [
-                (a["measured_speedup"] - b["measured_speedup"]) * (a[f"{model}_speedup"] - b[f"{model}_speedup"])
-                for a, b in pairs
-            ]
-            tau = (sum(s > 0 for s in signs) - sum(s < 0 for s in signs)) / len(signs) if signs else None
-            entry[f"{model}_kendall_tau"] = tau
-            entry[f"{model}_same_order"] = tau is None or tau == 1.0
-        result[str(workers) if framework == "scaletrain" else f"{framework} {workers}"] = entry
-    return result
-
-
-def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Mean absolute percentage error of each model over the rows."""
-    return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
 
 
 def write_validation(

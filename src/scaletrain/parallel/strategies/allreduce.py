@@ -81,7 +81,9 @@ class AllReduce(Strategy):
     device_collectives = True
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
-        return EstimatorTerms(exchange=ring_allreduce_seconds, thesis_server="distributed", overlaps=True)
+        return EstimatorTerms(
+            exchange=ring_allreduce_seconds, thesis_server="distributed", overlaps=True, probe="allreduce"
+        )
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config

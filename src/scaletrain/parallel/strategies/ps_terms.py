@@ -54,19 +54,23 @@ def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
 
     Worker i sends (1 − s_i) of the bytes over its uplink while owner j receives (N−1)·s_j over its
     downlink; the busiest link sets each phase's length (and the same for the replies): the one of
-    the owner with the smallest share or the one with the largest.
+    the owner with the smallest share or the one with the largest. Corrected by the exchange itself where
+    the profile timed it among N workers (``--exchange-at``).
     """
     profile = inputs.profile
-    held = shares(inputs, n)
-    smallest = np.array([min(share) for share in held])
-    largest = np.array([max(share) for share in held])
-    update = largest * profile.t_update
-    busiest = np.maximum(1 - smallest, (n - 1) * largest)
-    both = (gradient_bytes(profile) + weight_bytes(profile)) * busiest / profile.bytes_per_second
-    # every worker compresses its whole gradient (a message per owner, its own shard too: it applies what the others
-    # would receive, so one worker alone pays it as well); the busiest owner decompresses N of its share
-    codec = profile.codec("compress") + n * largest * profile.codec("decompress")
-    return np.where(n == 1, update, 2 * (n - 1) * profile.latency + both + update) + codec
+
+    def formula(workers: int) -> float:
+        held = shares(inputs, np.asarray([workers]))[0]
+        smallest, largest = min(held), max(held)
+        update = largest * profile.t_update
+        busiest = max(1 - smallest, (workers - 1) * largest)
+        both = (gradient_bytes(profile) + weight_bytes(profile)) * busiest / profile.bytes_per_second
+        # every worker compresses its whole gradient (a message per owner, its own shard too: it applies what the
+        # others would receive, so one worker alone pays it as well); the busiest owner decompresses N of its share
+        codec = profile.codec("compress") + workers * largest * profile.codec("decompress")
+        return float((update if workers == 1 else 2 * (workers - 1) * profile.latency + both + update) + codec)
+
+    return calibrated_seconds(profile, profile.sharded, n, formula)
 
 
 def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
@@ -100,6 +104,8 @@ def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     return networks
 
 
-CENTRAL = EstimatorTerms(exchange=central_exchange, networks=central_networks, thesis_server="central")
+CENTRAL = EstimatorTerms(exchange=central_exchange, networks=central_networks, thesis_server="central", probe="central")
 # Owners update in parallel: their step is part of the exchange.
-SHARDED = EstimatorTerms(exchange=sharded_exchange, networks=sharded_networks, thesis_server="distributed")
+SHARDED = EstimatorTerms(
+    exchange=sharded_exchange, networks=sharded_networks, thesis_server="distributed", probe="sharded"
+)

@@ -70,6 +70,8 @@ class ProfileNumbers(Protocol):
     @property
     def central(self) -> dict[int, float]: ...  # N workers → a measured central-server exchange's seconds
     @property
+    def sharded(self) -> dict[int, float]: ...  # N workers → a measured sharded exchange's seconds
+    @property
     def collective(self) -> str: ...  # how the wire codec's all-reduce moves its payload (all_reduce, all_gather)
     @property
     def collective_calls(self) -> int: ...  # its collectives per step
@@ -121,6 +123,10 @@ class EstimatorTerms:
     #: its synchronous exchange can run while backward computes (``--overlap``: a profile with
     #: ``overlap_bucket_bytes`` hides part of it, :func:`scaletrain.estimate.refined.exposed_exchange`)
     overlaps: bool = False
+    #: the exchange ``scaletrain profile --exchange-at`` times for it (``allreduce``, ``central``, ``sharded``):
+    #: where the profile timed it among N, the gradient's seconds measured beside it (``exchange_compute``) replace
+    #: the contention of N processes that only compute
+    probe: str | None = None
 
 
 def calibrated_seconds(

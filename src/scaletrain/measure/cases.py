@@ -1,0 +1,254 @@
+"""The validation cases, and which of them the models were adjusted on (the held-out protocol).
+
+**What.** A model's error on the cases it was developed against says little about a case it has never
+seen: the refined model's error was 6.0 % on its own four tables and 12 % on ResNet-20 over 100 Mbit/s.
+So every case the estimators are judged on is named here once, with the flags of the validation that
+measures it, and marked ``adjusted`` when the models' rules or constants were changed while looking at
+its figures. ``scaletrain estimate --validate --cases holdout`` measures the held-out cases afresh and
+reports both errors apart: the adjusted-on one and the held-out one, each with the order of the
+strategies (Kendall's τ per worker count, :func:`scaletrain.measure.validate.rank_agreement`).
+
+**Rules of the protocol.** A held-out case stays held out only as long as nothing in the models is
+changed because of its figures; once something is, its entry turns ``adjusted = True`` in the same commit
+(and new held-out cases are needed for a claim about unseen cases). ``--rescore FOLDER`` predicts a
+saved validation again with today's models (its ``profile.json`` and measured speedups in
+``validation.csv``; nothing is run), so a change to a model shows its effect on every case, adjusted
+or not, before it lands.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaletrain.errors import ConfigError
+from scaletrain.estimate.models import MODELS
+from scaletrain.estimate.profile import Profile
+from scaletrain.measure.validate import ValidationConfig, compare_measured, rank_agreement, run_validation
+
+__all__ = ["CASES", "Case", "rescore", "run_cases", "select_cases", "summarize", "write_summary"]
+
+FOUR = ("allreduce-join", "ps-central-join", "ps-central-async", "ps-sharded-join")
+PTB = {"train_split": "valid"}  # only valid/test are in ../shared/datasets/ptb; timing needs no more
+
+
+@dataclass(frozen=True)
+class Case:
+    """One validation: the flags of ``scaletrain estimate WORKLOAD --validate`` that measure it."""
+
+    name: str
+    workload: str
+    adjusted: bool  # the models were changed while looking at its figures
+    why: str  # where it comes from, in a few words
+    network: str | None = None
+    batch_size: int | None = None
+    options: dict[str, str] = field(default_factory=dict)
+    strategies: tuple[str, ...] = FOUR
+    workers: tuple[int, ...] = (2,)  # the strategies' counts; local runs at one worker as the reference
+    steps: int = 40
+    warmup_steps: int = 5
+    repeats: int = 2
+    settings: dict[str, float] = field(default_factory=dict)  # lr, momentum
+    wire: str = "fp32"
+    wire_options: dict[str, str] = field(default_factory=dict)
+
+    def validation(self, out: Path, *, data_dir: Path | None = None) -> ValidationConfig:
+        """The validation that measures this case, writing into ``out``."""
+        return ValidationConfig(
+            self.workload, out, workers=self.workers, strategies=self.strategies, batch_size=self.batch_size,
+            steps=self.steps, warmup_steps=self.warmup_steps, repeats=self.repeats, network=self.network,
+            options=dict(self.options), settings=dict(self.settings), data_dir=data_dir, wire=self.wire,
+            wire_options=dict(self.wire_options),
+        )  # fmt: skip
+
+    def command(self) -> str:
+        """The command line that measures this case alone."""
+        parts = ["scaletrain estimate", self.workload, "--validate", "--workers", ",".join(map(str, self.workers))]
+        parts += [f"--batch-size {self.batch_size}"] if self.batch_size else []
+        parts += [f"-o {key}={value}" for key, value in self.options.items()]
+        parts += [f"--{key} {value}" for key, value in self.settings.items()]
+        parts += [f"--steps {self.steps} --warmup-steps {self.warmup_steps} --runs {self.repeats}"]
+        parts += [f"--network {self.network}"] if self.network else []
+        parts += [f"--strategies {','.join(self.strategies)}"]
+        if self.wire != "fp32":
+            parts += [f"--wire {self.wire}", *(f"-W {key}={value}" for key, value in self.wire_options.items())]
+        return " ".join(parts)
+
+
+_LENET = {"batch_size": 512, "settings": {"lr": 0.025, "momentum": 0.0}, "workers": (1, 2)}
+_SQUEEZE = {"batch_size": 32, "options": {"image_size": "64", "data": "synthetic"}, "repeats": 2, "workers": (1, 2)}
+_RESNET = {"batch_size": 64, "options": {"dataset": "fashion-mnist"}, "steps": 60, "warmup_steps": 5}
+_LSTM = {"batch_size": 20, "options": PTB, "steps": 12, "warmup_steps": 3, "repeats": 1}
+
+#: every case by name; a name is also its folder under docs/validation
+CASES: dict[str, Case] = {case.name: case for case in (
+    Case("lenet-loopback", "lenet", True, "the thesis's LeNet; the refined model was built on it",
+         steps=30, repeats=3, strategies=(*FOUR[:3], "ps-central-split", "ps-sharded-join", "ps-sharded-async"),
+         **_LENET),
+    Case("lenet-100mbit", "lenet", True, "the thesis's LeNet on a slow link; the refined model was built on it",
+         network="100mbit", steps=12, warmup_steps=3, **_LENET),
+    Case("lenet-100mbit-topk", "lenet", True, "top-k's codec terms were mended on it (issue 27)",
+         network="100mbit", steps=30, workers=(1, 2), wire="topk", wire_options={"ratio": "0.01"}),
+    Case("squeezenet-loopback", "squeezenet", True, "the thesis's second network; the refined model was built on it",
+         steps=14, warmup_steps=3, strategies=FOUR[:3], **_SQUEEZE),
+    Case("squeezenet-100mbit", "squeezenet", True, "the thesis's second network on a slow link",
+         network="100mbit", steps=10, warmup_steps=3, strategies=FOUR[:3], **_SQUEEZE),
+    Case("resnet20-100mbit", "resnet20", False, "issue 30's table: a deeper network, batch norm", network="100mbit",
+         **_RESNET),
+    Case("resnet20-50mbit", "resnet20", False, "a slower link", network="50mbit", **_RESNET),
+    Case("ptb-lstm-100mbit", "ptb-lstm", False, "a recurrent network whose weights are mostly embeddings",
+         network="100mbit", **_LSTM),
+    Case("ptb-lstm-50mbit", "ptb-lstm", False, "the LSTM on a slower link", network="50mbit", **_LSTM),
+)}  # fmt: skip
+
+SELECTIONS = {"holdout": lambda case: not case.adjusted, "adjusted": lambda case: case.adjusted,
+              "all": lambda case: True}  # fmt: skip
+
+
+def select_cases(selection: str) -> list[Case]:
+    """``holdout``, ``adjusted``, ``all`` or case names, comma-separated."""
+    if selection in SELECTIONS:
+        return [case for case in CASES.values() if SELECTIONS[selection](case)]
+    names = [name for name in selection.split(",") if name]
+    unknown = [name for name in names if name not in CASES]
+    if unknown or not names:
+        raise ConfigError(
+            f"--cases takes {', '.join(SELECTIONS)} or case names ({', '.join(CASES)}), got {selection!r}"
+        )
+    return [CASES[name] for name in names]
+
+
+def run_cases(
+    selection: str, out: Path, *, rescore_from: Path | None = None, data_dir: Path | None = None
+) -> dict[str, Any]:
+    """Measure the selected cases afresh (each a validation in ``out/NAME``), or with ``rescore_from`` predict
+    their saved validations (``rescore_from/NAME``) again with today's models; then ``out/cases.md`` and
+    ``cases.json``: each model's error on the adjusted-on and on the held-out cases apart."""
+    cases = select_cases(selection)
+    if rescore_from is not None:  # every folder checked before anything is written
+        results = {case.name: rescore(case, rescore_from / case.name) for case in cases}
+    else:
+        results = {case.name: run_validation(case.validation(out / case.name, data_dir=data_dir))["rows"]
+                   for case in cases}  # fmt: skip
+    summary = summarize(results)
+    return {**summary, "report": write_summary(summary, out)}
+
+
+def rescore(case: Case, folder: Path) -> list[dict[str, Any]]:
+    """The rows of a saved validation of ``case`` (``folder``: its ``profile.json`` and ``validation.csv``)
+    predicted again with today's models; the measured speedups are the file's, nothing is run."""
+    profile_file, table = folder / "profile.json", folder / "validation.csv"
+    if not profile_file.is_file() or not table.is_file():
+        raise ConfigError(
+            f"{folder} holds no saved validation of {case.name} (profile.json and validation.csv): "
+            f"measure it with --cases {case.name}, or give the folder that holds it with --rescore"
+        )
+    with table.open(newline="", encoding="utf-8") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("framework", "scaletrain") == "scaletrain"]
+    return compare_measured(
+        Profile.load(profile_file),
+        {(row["strategy"], int(row["workers"])): (float(row["measured_speedup"]), int(row["runs"])) for row in rows},
+        steps=case.steps,
+        network=case.network or "loopback",
+        wire=wire_name(case),
+    )
+
+
+def wire_name(case: Case) -> str:
+    return " ".join([case.wire, *(f"{key}={value}" for key, value in sorted(case.wire_options.items()))])
+
+
+def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per case (name → its rows) and per group (adjusted-on, held-out): each model's mean absolute percentage
+    error over the configurations, and per case and worker count the order of the strategies."""
+    cases: dict[str, Any] = {}
+    groups: dict[str, list[dict[str, Any]]] = {"adjusted": [], "holdout": []}
+    for name, rows in results.items():
+        case = CASES[name]
+        judged = [row for row in rows if row["workers"] > 1]  # one worker alone is the reference's own setting
+        groups["adjusted" if case.adjusted else "holdout"] += judged
+        cases[name] = {
+            "adjusted": case.adjusted,
+            "configurations": len(judged),
+            "errors": _errors(judged),
+            "ranking": rank_agreement(judged),
+            "command": case.command(),
+            "rows": rows,
+        }
+    return {
+        "cases": cases,
+        "groups": {group: {"configurations": len(rows), "errors": _errors(rows)} for group, rows in groups.items()},
+    }
+
+
+def _errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
+
+
+def write_summary(summary: dict[str, Any], out: Path) -> Path:
+    """``cases.json`` and ``cases.md`` in ``out``; returns the Markdown file."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cases.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+    def percent(value: float | None) -> str:
+        return "—" if value is None else f"{value:.1f} %"
+
+    lines = [
+        "# The estimators on the cases they were adjusted on and on held-out ones",
+        "",
+        "Configurations with more than one worker; error = |predicted − measured| / measured speedup.",
+        "",
+        "| group | configurations | thesis | refined |",
+        "|---|---|---|---|",
+    ]
+    for group, entry in summary["groups"].items():
+        label = "adjusted on" if group == "adjusted" else "held out"
+        lines.append(
+            f"| {label} | {entry['configurations']} | {percent(entry['errors']['thesis'])} | "
+            f"{percent(entry['errors']['refined'])} |"
+        )
+    lines += [
+        "",
+        "| case | group | configurations | thesis | refined | τ refined (thesis) per worker count |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in summary["cases"].items():
+        taus = "; ".join(
+            f"{workers}: {_tau(ranking['refined_kendall_tau'])} ({_tau(ranking['thesis_kendall_tau'])})"
+            for workers, ranking in entry["ranking"].items()
+        )
+        lines.append(
+            f"| {name} | {'adjusted on' if entry['adjusted'] else 'held out'} | {entry['configurations']} | "
+            f"{percent(entry['errors']['thesis'])} | {percent(entry['errors']['refined'])} | {taus or '—'} |"
+        )
+    lines += [
+        "",
+        "τ over the pairs of strategies whose measured speedups are more than 5 % apart (— : none).",
+        "",
+        "| case | strategy | workers | measured | thesis | refined | refined error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in summary["cases"].items():
+        for row in entry["rows"]:
+            lines.append(
+                f"| {name} | {row['strategy']} | {row['workers']} | {row['measured_speedup']:.3f} | "
+                f"{row['thesis_speedup']:.3f} | {row['refined_speedup']:.3f} | "
+                f"{percent(row['refined_error_percent'])} |"
+            )
+    lines += [
+        "",
+        "Each case alone:",
+        "",
+        *(f"- {name}: `{entry['command']}`" for name, entry in summary["cases"].items()),
+    ]
+    path = out / "cases.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _tau(value: float | None) -> str:
+    return "—" if value is None else f"{value:+.2f}"
