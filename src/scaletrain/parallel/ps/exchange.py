@@ -116,6 +116,7 @@ class PSExchange(GradientExchange):
                         parameter.data = view
             if owner == self.rank:
                 self._weights[owner].copy_(self.local_server.weights())
+                self.versions[owner] = self.local_server.version
             else:
                 self._receive_first_reply(owner)
         self._weights_to_device()
@@ -173,6 +174,7 @@ class PSExchange(GradientExchange):
                 "must use the same wire codec"
             )
         self._take_weights(owner, dist.irecv(self._wires[owner], src=owner, group=self.groups[owner], tag=REPLY))
+        self.versions[owner] = version  # a resumed server starts past 0: the first gradient is not stale by that
 
     def _stop_at_first_reply(self, owner: int, version: int, numel: int) -> None:
         """Before raising: if the server has not seen it yet, take its ``numel`` weights (8 bytes a value:
