@@ -52,6 +52,8 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
+    ``max_staleness`` (asynchronous: a worker may be at most this many pushes ahead of the slowest, stale
+    synchronous parallel, :mod:`scaletrain.parallel.ps.bound`; ``None``: unbounded),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
     ``min_workers`` (an all-reduce or synchronous central-server run that loses a worker goes on with the
     survivors while at least this many remain; see :mod:`scaletrain.parallel.strategies.elastic` and
@@ -128,6 +130,7 @@ class TrainConfig:
     sync: str = "join"
     ps_admission: str = "none"
     async_compensation: str = "momentum"
+    max_staleness: int | None = None
     timeout: float = 60.0
     min_workers: int | None = None
     max_workers: int | None = None
@@ -204,6 +207,19 @@ class TrainConfig:
         if self.async_compensation not in ASYNC_COMPENSATIONS:
             raise ConfigError(
                 f"async_compensation must be one of {', '.join(ASYNC_COMPENSATIONS)}, got {self.async_compensation!r}"
+            )
+        bound = self.max_staleness
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+            raise ConfigError(
+                f"max_staleness must be a whole number ≥ 0 (0: every worker waits for all the others each step), "
+                f"got {bound!r}"
+            )
+        if bound is not None and (self.technique is not None or self.batch_budget is not None):
+            # uneven shares of an epoch leave the clocks apart by up to one push per epoch at its end, where a
+            # reconfiguration gathers every worker: a held worker could wait for one that waits for it
+            raise ConfigError(
+                "--max-staleness does not work with --technique or --batch-budget yet (their reconfigurations "
+                "gather every worker at an epoch's end, where the bound could hold one of them); drop one of them"
             )
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")

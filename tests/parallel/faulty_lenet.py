@@ -9,7 +9,8 @@ names a folder where each process appends, per global batch it starts, the sampl
 (``samples-PID.jsonl``: rank, epoch, number, part count, indices), and where ``fault-time`` says when the
 fault happened. ``SCALETRAIN_TEST_WAIT=RANK:STEP:PATH[,…]``: that rank waits at the forward pass of its STEP-th step
 until PATH exists, or for ``store:KEY`` until the run's store holds KEY (at most a minute), so that a worker
-started mid-run (``--join``) has asked to join at a known step."""
+started mid-run (``--join``) has asked to join at a known step. ``SCALETRAIN_TEST_SLOW=RANK:SECONDS``: that rank
+sleeps SECONDS at every forward pass (a slower worker, for bounded staleness)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from scaletrain.workloads.lenet import LeNetWorkload
 ENV_FAULT = "SCALETRAIN_TEST_FAULT"
 ENV_SAMPLES = "SCALETRAIN_TEST_SAMPLES"
 ENV_WAIT = "SCALETRAIN_TEST_WAIT"
+ENV_SLOW = "SCALETRAIN_TEST_SLOW"
 
 
 class FaultyLeNet(LeNetWorkload):
@@ -72,6 +74,9 @@ class FaultyLeNet(LeNetWorkload):
 
     def training_loss(self, model: Any, batch: Any, state: Any) -> Any:
         mine = int(os.environ.get("RANK", "-1"))  # a worker that joined has none
+        slow = os.environ.get(ENV_SLOW)
+        if slow and int(slow.split(":")[0]) == mine:
+            time.sleep(float(slow.split(":")[1]))
         waits = [(int(step), what) for rank, step, what in _specs(os.environ.get(ENV_WAIT)) if int(rank) == mine]
         if waits:
             FaultyLeNet._waits += 1

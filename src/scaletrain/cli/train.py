@@ -118,6 +118,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "asynchrony's own momentum it stays --momentum; "
         "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
     )
+    group.add_argument(
+        "--max-staleness",
+        type=int,
+        metavar="S",
+        help="async only: a worker waits before its next step while it is more than S pushes ahead of the slowest "
+        "worker still training (stale synchronous parallel; 0: all wait for all each step); the wait is in "
+        "summary.json (staleness_wait) (default: unbounded)",
+    )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")
     group.add_argument(
         "--min-workers",

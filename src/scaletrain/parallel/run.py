@@ -43,7 +43,8 @@ def make_config(workload: str, *, config_file: Path | None = None, **settings: A
 
 def refuse_unread(settings: dict[str, Any]) -> None:
     """Refuse settings (TrainConfig fields as given, a spec split) that the run's strategy would never read:
-    a server's settings for a strategy without servers, asynchronous compensation for synchronous updates.
+    a server's settings for a strategy without servers, asynchronous compensation or a staleness bound for
+    synchronous updates.
     A setting given at its default value asks for nothing and passes.
 
     >>> refuse_unread({"workers": 2, "server": "sharded"})
@@ -65,6 +66,12 @@ def refuse_unread(settings: dict[str, Any]) -> None:
                 )
     sync = settings.get("sync") or "join"
     sync = ALIASES.get(sync, sync)
+    if "max_staleness" in asked and sync != "async":
+        where = f"{name} has no servers" if strategy is not None and not strategy.servers else f"--sync {sync}"
+        raise ConfigError(
+            f"--max-staleness {settings['max_staleness']} bounds how far an asynchronous worker runs ahead of the "
+            f"slowest, and this run's updates are synchronous ({where}); add --strategy ps --sync async, or drop it"
+        )
     if "async_compensation" in asked and sync != "async":
         raise ConfigError(
             f"--async-compensation {settings['async_compensation']} compensates asynchronous updates' staleness, "

@@ -6,7 +6,8 @@ its own links: an asynchronous central server carries on with the others. An own
 peer from its own thread; the threads meet in :class:`ShardServer`, which applies updates under a
 lock. Messages (tags keep the two directions of a pair apart):
 
-- worker → owner, ``REQUEST``: header ``[kind, version, batches_done, layout_id, numel]`` then, for
+- worker → owner, ``REQUEST``: header ``[kind, version, batches_done, layout_id, numel]`` (``batches_done``:
+  the worker's clock, by which ``--max-staleness`` holds replies: :mod:`.bound`) then, for
   a gradient, the flat gradient of the owner's tensors (kinds: gradient, done, reconfigure — the
   worker is at a step boundary where the network changes; ``version`` then holds the epoch);
 - owner → worker, ``REPLY``: header ``[version, layout_id, numel, skipped, payload bytes, generation]``
@@ -30,6 +31,6 @@ Modules: ``protocol`` (tags, headers, the pair groups, sending and receiving a m
 (:class:`~scaletrain.parallel.ps.server.ShardServer`, an owner's side), ``exchange``
 (:class:`~scaletrain.parallel.ps.exchange.PSExchange`, a worker's side), ``records`` (what a server
 writes: checkpoints, metrics, the model), ``staleness`` (how an asynchronous server compensates
-for stale gradients) and ``membership`` (an elastic central server's survivors going on without a lost
-worker).
+for stale gradients), ``bound`` (bounded staleness: a fast worker's reply held for the slowest) and
+``membership`` (an elastic central server's survivors going on without a lost worker).
 """

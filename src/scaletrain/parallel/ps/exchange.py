@@ -65,8 +65,9 @@ class PSExchange(GradientExchange):
         patience: float | None = None,
     ) -> None:
         self.rank, self.plan, self.groups = rank, plan, groups
-        # elastic (a central server that drops lost workers): how long a reply may take, the server's own wait
-        # for a lost peer included; the reply then may ask for the step again (``redo_generation``)
+        # elastic (a central server that drops lost workers) or --max-staleness (a reply held for the slowest):
+        # how long a reply may take, the server's own wait for a lost peer included; an elastic server's reply
+        # then may ask for the step again (``redo_generation``)
         self.patience = patience
         self.redo_generation: int | None = None
         self.serve, self.gather, self.exclusive = serve, gather, exclusive
@@ -116,6 +117,7 @@ class PSExchange(GradientExchange):
                         parameter.data = view
             if owner == self.rank:
                 self._weights[owner].copy_(self.local_server.weights())
+                self.versions[owner] = self.local_server.version
             else:
                 self._receive_first_reply(owner)
         self._weights_to_device()
@@ -173,6 +175,7 @@ class PSExchange(GradientExchange):
                 "must use the same wire codec"
             )
         self._take_weights(owner, dist.irecv(self._wires[owner], src=owner, group=self.groups[owner], tag=REPLY))
+        self.versions[owner] = version  # a resumed server starts past 0: the first gradient is not stale by that
 
     def _stop_at_first_reply(self, owner: int, version: int, numel: int) -> None:
         """Before raising: if the server has not seen it yet, take its ``numel`` weights (8 bytes a value:
@@ -244,7 +247,8 @@ class PSExchange(GradientExchange):
             # as the other owners receive theirs: compressed and back (nothing at all for float32)
             payload, context = self.codec.compress(own, self._layouts[self.rank], stream=self.rank)
             self.codec.decompress(payload, context, out=own)
-            version, weights, skipped = self.local_server.contribute(own, self.versions[self.rank])
+            push = (self.rank, self.batches_done)  # the clock of --max-staleness
+            version, weights, skipped = self.local_server.contribute(own, self.versions[self.rank], push)
             self.codec.unpack(self.codec.encode(weights), self._weights[self.rank])  # as the others get theirs
             self.versions[self.rank] = version
             self._skipped = self._skipped or skipped
@@ -285,7 +289,9 @@ class PSExchange(GradientExchange):
         return now() - begin
 
     def finish(self, model: nn.Module) -> None:
-        """Tell every remote owner this worker is done."""
+        """Tell every remote owner this worker is done (and its own server: it no longer holds others back)."""
+        if self.local_server is not None:
+            self.local_server.finished(self.rank)
         self._tell_owners(DONE)
 
     def _tell_owners(self, kind: int, epoch: int | None = None) -> None:

@@ -38,13 +38,18 @@ SHARDS_DIR = "shards"
 
 @dataclass
 class ServerStats:
-    """What an owner observed: updates, staleness of applied gradients, lost peers."""
+    """What an owner observed: updates, staleness of applied gradients, lost peers; with ``--max-staleness``
+    each worker's clock (pushes applied), who finished, and the replies held (:mod:`.bound`)."""
 
     updates: int = 0
     skipped: int = 0  # overflowed gradients not applied (dynamic loss scaling)
     staleness: Counter = field(default_factory=Counter)
     lost: dict[int, str] = field(default_factory=dict)
     batches_done: dict[int, int] = field(default_factory=dict)
+    clocks: dict[int, int] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+    held: int = 0
+    held_seconds: dict[int, float] = field(default_factory=dict)
 
     def staleness_summary(self) -> dict[str, object]:
         count = sum(self.staleness.values())

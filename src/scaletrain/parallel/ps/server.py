@@ -12,6 +12,7 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import connection_closed, describe
+from scaletrain.parallel.ps.bound import StalenessBound, StalenessTimeout
 from scaletrain.parallel.ps.losses import Closed, LossHandling, Redo
 from scaletrain.parallel.ps.membership import REDO, Members
 from scaletrain.parallel.ps.protocol import (
@@ -47,7 +48,9 @@ class ShardServer(LossHandling):
     arrival, and its staleness (updates applied since the sender's weights were current) recorded;
     ``compensation`` then sets each update's rate factor and momentum (:mod:`scaletrain.parallel.ps.staleness`).
     ``skip_nonfinite``: an update whose gradient holds inf or nan is not made (the version still
-    advances, as the workers' step count does) and the reply says so.
+    advances, as the workers' step count does) and the reply says so. ``bound`` (asynchronous,
+    ``--max-staleness``): a worker's reply is held until the slowest worker is close enough
+    (:mod:`scaletrain.parallel.ps.bound`).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class ShardServer(LossHandling):
         skip_nonfinite: bool = False,
         members: Members | None = None,
         lost: Callable[[], bool] | None = None,
+        bound: StalenessBound | None = None,
     ) -> None:
         self.master, self.optimizer = master, optimizer
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
@@ -84,6 +88,7 @@ class ShardServer(LossHandling):
         self.codec = codec or WireCodec()
         self.payload_bytes = self.codec.payload_bytes(self.layout)  # of a gradient message, in every header
         self.skip_nonfinite = skip_nonfinite
+        self.bound = bound if not synchronous else None
         # elastic (--min-workers, synchronous central server): a lost peer is dropped and the survivors go on
         self.members = members if synchronous else None
         self._skipped = False  # whether the last update was skipped
@@ -132,29 +137,45 @@ class ShardServer(LossHandling):
         with self._condition:
             return self._snapshot.clone()
 
-    def contribute(self, gradient: torch.Tensor, version: int) -> tuple[int, torch.Tensor, bool]:
+    def contribute(
+        self, gradient: torch.Tensor, version: int, push: tuple[int, int] | None = None
+    ) -> tuple[int, torch.Tensor, bool]:
         """The owner's own worker adds its gradient; returns the new version, the weights and whether
-        the update was skipped."""
+        the update was skipped. ``push``: the worker's rank and clock (for ``--max-staleness``)."""
+        if self._stalled() is not None:  # a peer's reply was held past the deadline: stop this worker too
+            raise self._stalled()
         new_version, self._own_sent, skipped = self._apply(
-            gradient, views_of(gradient, self.master), version, self._own_sent
+            gradient, views_of(gradient, self.master), version, self._own_sent, push=push
         )
         return new_version, self._own_sent, skipped
+
+    def finished(self, worker: int) -> None:
+        """The owner's own worker has trained its last batch: it no longer holds the others back."""
+        with self._condition:
+            self.stats.finished.add(worker)
+            self._condition.notify_all()
 
     def join(self, deadline_seconds: float | None = None) -> ServerStats:
         """Wait for every peer to finish or to reach a reconfiguration; in synchronous mode a lost peer
         is an error, and in every mode a peer whose network differs from this server's."""
         deadline = None if deadline_seconds is None else now() + deadline_seconds
         with self._condition:  # woken by every thread's end or failure; a mismatch stops the run at once
-            while self._mismatch is None and any(self._serving()):
+            while self._mismatch is None and self._stalled() is None and any(self._serving()):
                 if deadline is not None and now() > deadline:
                     break
                 self._condition.wait(0.2)
         if self._mismatch is not None:
             raise self._mismatch
+        if self._stalled() is not None:
+            raise self._stalled()
         if self.synchronous and self._failure is not None:
             peer, reason = self._failure
             raise PeerLost(f"worker rank {peer} failed during synchronous training: {reason}")
         return self.stats
+
+    def _stalled(self) -> StalenessTimeout | None:
+        """A reply held past ``--max-staleness``'s deadline: the run stops naming the slowest worker."""
+        return self.bound.failure if self.bound is not None else None
 
     def _serving(self) -> list[int]:
         """The peers whose thread is still serving them (not one an elastic server dropped: its thread may
@@ -196,18 +217,21 @@ class ShardServer(LossHandling):
                 with self._condition:
                     self.stats.batches_done[peer] = batches_done
                 if kind == DONE:
+                    self.finished(peer)
                     return
                 if kind == RECONFIGURE:
                     with self._condition:
                         self.reconfiguring[peer] = version
                     return
                 try:
-                    new_version, sent, skipped = self._apply(gradient, gradient_views, version, sent, peer)
+                    new_version, sent, skipped = self._apply(
+                        gradient, gradient_views, version, sent, peer, push=(peer, batches_done)
+                    )
                 except Redo:  # computed before the membership changed: the same weights, and do it again
                     self._reply(peer, group, self.version, sent, REDO)
                     continue
                 self._reply(peer, group, new_version, sent, skipped)
-        except Closed:
+        except (Closed, StalenessTimeout):  # the bound's failure stops the run from join
             return
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             if self.closed:  # a group the survivors left behind
@@ -262,9 +286,11 @@ class ShardServer(LossHandling):
         version: int,
         stale: torch.Tensor | None = None,
         peer: int | None = None,
+        push: tuple[int, int] | None = None,
     ) -> tuple[int, torch.Tensor, bool]:
         """``stale``: the weights the gradient was computed on, when known (async replies are snapshots).
-        ``peer``: who sent it (an elastic server raises :class:`Redo` for a gradient of an old membership)."""
+        ``peer``: who sent it (an elastic server raises :class:`Redo` for a gradient of an old membership).
+        ``push``: the sender's rank and clock; with a bound, the weights returned are those after the hold."""
         with self._condition:
             if not self.synchronous:
                 staleness = self.version - version
@@ -273,7 +299,12 @@ class ShardServer(LossHandling):
                     self.compensation.correct(gradient, self._flat, stale)
                 scale, momentum = self.compensation.step(staleness) if self.compensation else (1.0, None)
                 self._update(views, scale, momentum)
-                return self.version, self._snapshot, self._skipped
+                skipped = self._skipped
+                if self.bound is not None and push is not None:
+                    self.bound.pushed(*push)
+                    self._condition.notify_all()
+                    self.bound.hold(self._condition, *push)
+                return self.version, self._snapshot, skipped
             if self.members is not None and peer is not None and self.members.redo(peer):
                 raise Redo
             if self.closed:

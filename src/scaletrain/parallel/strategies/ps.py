@@ -15,10 +15,11 @@ import torch.distributed as dist
 
 from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.agreement import StoreAgreement, load_buffers
+from scaletrain.parallel.ps.bound import StalenessBound
 from scaletrain.parallel.ps.exchange import PSExchange
 from scaletrain.parallel.ps.membership import CentralMembership, Members
 from scaletrain.parallel.ps.protocol import pair_groups
-from scaletrain.parallel.ps.records import ServerObserver
+from scaletrain.parallel.ps.records import ServerObserver, ServerStats
 from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
@@ -115,6 +116,22 @@ class _Setup:
         config = self.prepared.config
         return Compensation(config.async_compensation, momentum=config.momentum, workers=self.layout.workers)
 
+    def bound(self, workers: list[int], stats: ServerStats) -> StalenessBound | None:
+        """One per owner, over the clocks in ``stats`` of the ``workers`` that push to it (``--max-staleness``).
+
+        A held reply waits at most 1.5 × ``--timeout`` + 5 s: a lagging worker's link times out sooner, and a
+        held worker waits for its reply ``patience`` seconds (2 × ``--timeout`` + 10 s), longer still."""
+        limit = self.prepared.config.max_staleness
+        if self.synchronous or limit is None:
+            return None
+        return StalenessBound(limit, workers, stats, deadline=1.5 * self.prepared.config.timeout + 5)
+
+    @property
+    def patience(self) -> float | None:
+        """How long a worker waits for a reply that a server may hold (elastic, ``--max-staleness``)."""
+        held = not self.synchronous and self.prepared.config.max_staleness is not None
+        return 2 * self.prepared.config.timeout + 10 if self.elastic or held else None
+
     def agreement(self, rank: int) -> StoreAgreement:
         deciding = rank == self.layout.worker_ranks()[0]
         return StoreAgreement(
@@ -132,7 +149,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
     master network, carry its optimizer state, and serve the survivors again."""
     prepared, layout = setup.prepared, setup.layout
     observer = ServerObserver(prepared, setup.agreement(0))
-    peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, None, setup.compensation()
+    peers, version, stats, compensation = setup.peers_of[0], prepared.position.step, ServerStats(), setup.compensation()
     members = None
     if setup.elastic:  # started by another launcher, this process may be the first to see the settings
         check_elastic_batch(prepared.config, layout, prepared.batch_size)
@@ -158,6 +175,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
                 compensation=compensation,
                 stats=stats,
                 members=members,
+                bound=setup.bound(list(peers), stats),
                 **setup.options,
             )
             server.start()
@@ -182,7 +200,9 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
         worker_stats,
         layout_fields=layout_fields(layout),
         steps=server.version,
-        extra=server_extra(stats, layout, prepared, server.compensation, members, steps=server.version),
+        extra=server_extra(
+            stats, layout, prepared, server.compensation, members, steps=server.version, bound=server.bound
+        ),
     )
 
 
@@ -213,7 +233,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
             exclusive=config.ps_admission == "exclusive",
             codec=wire_codec(config),
             # the server may wait out --timeout on a stopped worker before it answers the others
-            patience=2 * config.timeout + 10 if setup.elastic else None,
+            patience=setup.patience,
         )
         membership = None
         if setup.elastic:
@@ -260,5 +280,5 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         stats,
         layout_fields=fields,
         steps=local_server.version,
-        extra=server_extra(server_stats, layout, prepared, local_server.compensation),
+        extra=server_extra(server_stats, layout, prepared, local_server.compensation, bound=local_server.bound),
     )

@@ -81,6 +81,7 @@ class Shards:
             version = self.version
             if self.lost is None:  # not after an elastic regroup: nothing about the network changed
                 checkpointer.save(version)  # the new network's shards, and (rank 0) checkpoint.pt
+        stats = self.stats or ServerStats()
         server = ShardServer(
             master=master,
             optimizer=shard_optimizer,
@@ -89,8 +90,9 @@ class Shards:
             on_update=checkpointer,
             after_step=technique_step(prepared.technique, [names[id(p)] for p in owned]),
             compensation=setup.compensation(),
-            stats=self.stats,
+            stats=stats,
             lost=self.lost,
+            bound=setup.bound(self.workers, stats),
             **{**setup.options, "contributors": len(self.workers)},
         )
         server.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaletrain.parallel.ps.bound import StalenessBound
 from scaletrain.parallel.ps.membership import Members
 from scaletrain.parallel.ps.records import ServerStats
 from scaletrain.parallel.ps.staleness import Compensation
@@ -22,8 +23,11 @@ def server_extra(
     compensation: Compensation | None,
     members: Members | None = None,
     steps: int = 0,
+    bound: StalenessBound | None = None,
 ) -> dict[str, Any]:
-    """``steps``: the updates the run made in all (an elastic central server's last membership ends there)."""
+    """``steps``: the updates the run made in all (an elastic central server's last membership ends there);
+    ``bound``: the server's ``--max-staleness`` (for a sharded run rank 0's owner, whose holds stand for all:
+    every owner holds a fast worker until the same slow push reaches it)."""
     extra: dict[str, Any] = {
         "server_updates": stats.updates,
         "server_skipped_updates": stats.skipped,
@@ -32,6 +36,8 @@ def server_extra(
     if layout.sync == "async":
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
+        extra["max_staleness"] = prepared.config.max_staleness
+        extra["staleness_wait"] = bound.summary() if bound is not None else None
     if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
         segments = members.segments(layout.workers, steps)
         extra |= {"min_workers": prepared.config.min_workers, "membership": members.changes, "lost_workers": []}
