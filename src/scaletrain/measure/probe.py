@@ -86,9 +86,7 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"], fused=True)
-    # the forward pass as the training loop runs it: activations' layout, then autocast
-    layout = memory_format_technique(job.get("memory_format", "auto"), device.type)
-    autocast = stacked(layout, Precision(precision=job.get("precision", "fp32"), device_type=device.type))
+    autocast = _forward_context(job, device)
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}
     updates: list[float] = []
@@ -121,6 +119,12 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
                     backwards.append(middle - forward)
         grads[str(parts)] = samples
     return {"t_grad": grads, "t_update": updates, "t_backward": backwards}
+
+
+def _forward_context(job: dict[str, Any], device: torch.device) -> Any:
+    """The forward pass as the training loop runs it: the activations' layout, then autocast."""
+    layout = memory_format_technique(job.get("memory_format", "auto"), device.type)
+    return stacked(layout, Precision(precision=job.get("precision", "fp32"), device_type=device.type))
 
 
 def time_transfers(job: dict[str, Any], rank: int) -> dict[str, Any]:
@@ -213,12 +217,14 @@ def _gradient_step(job: dict[str, Any], model: torch.nn.Module) -> Any:
     data = workload.load_data(Path(job["data_dir"]) if job["data_dir"] else None, download=job["download"])
     batch = next(iter(workload.train_batches(data, epoch=0, batch_size=job["batch_size"], seed=0, part=Part(0, 1))))
     model.train()
+    context = _forward_context(job, torch.device("cpu"))  # the exchanges' probes run on the CPU
 
     def step() -> float:
         state = workload.initial_state(model, job["batch_size"])
         model.zero_grad(set_to_none=True)
         begin = now()
-        objective, _, _ = workload.training_loss(model, batch, state)
+        with context.forward_context():
+            objective, _, _ = workload.training_loss(model, batch, state)
         objective.backward()
         return now() - begin
 
@@ -228,14 +234,16 @@ def _gradient_step(job: dict[str, Any], model: torch.nn.Module) -> Any:
 def _time_steps(job: dict[str, Any], model: torch.nn.Module, step: Any, exchanged: Any) -> dict[str, Any]:
     """``job['repeats']`` steps of gradient, then exchange (``step``; ``exchanged(times)``: the seconds it
     counts), after ``job['warmup']`` untimed ones: both parts' seconds per step."""
-    compute = _gradient_step(job, model)
+    # the exchanges' probes hold the model on the CPU: a profile for another device times no gradient beside them
+    on_cpu = resolve_device(job.get("device", "cpu")).type == "cpu"
+    compute = _gradient_step(job, model) if on_cpu else None
     samples: dict[str, list[float]] = {"exchange": [], "compute": []}
     for round_number in range(job["warmup"] + job["repeats"]):
-        seconds = compute()
+        seconds = compute() if compute is not None else None
         times = step()
         if round_number >= job["warmup"]:
             samples["exchange"].append(exchanged(times))
-            samples["compute"].append(seconds)
+            samples["compute"] += [seconds] if seconds is not None else []
     return samples
 
 

@@ -227,9 +227,9 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             server = 1 if kind == "central" else 0
             ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
-            computed.setdefault(kind, {})[workers] = statistics.median(
-                x for rank in ranks[server:] for x in rank["compute"]
-            )
+            beside = [x for rank in ranks[server:] for x in rank["compute"]]  # none for a profile of another device
+            if beside:
+                computed.setdefault(kind, {})[workers] = statistics.median(beside)
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
