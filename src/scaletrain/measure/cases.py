@@ -105,8 +105,6 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("resnet20-100mbit", "resnet20", True, "issue 30's table; the sharded probe came after it", network="100mbit",
          **_RESNET),
     Case("resnet20-50mbit", "resnet20", True, "seen with issue 30's table", network="50mbit", **_RESNET),
-    Case("ptb-lstm-100mbit", "ptb-lstm", True, "seen with issue 30's table", network="100mbit", **_LSTM),
-    Case("ptb-lstm-50mbit", "ptb-lstm", True, "seen with issue 30's table", network="50mbit", **_LSTM),
     # held out for the models of b8ed4aa, then looked at: the probes' gradient ran without the training's memory
     # format (channels-last on a CPU), 20–40 % slower than the runs' computation
     Case("lenet-b128-50mbit", "lenet", True, "seen: held out for b8ed4aa", network="50mbit", batch_size=128,
@@ -116,7 +114,10 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("squeezenet-50mbit", "squeezenet", True, "seen: held out for b8ed4aa", network="50mbit", steps=10,
          warmup_steps=3, **{**_SQUEEZE, "workers": (2,)}),
     Case("ptb-lstm-200mbit", "ptb-lstm", True, "seen: held out for b8ed4aa", network="200mbit", **_LSTM),
-    # held out: chosen before any run of them, for the models with the probes' memory format mended
+    # held out: chosen before any run of them, for the models with the probes' memory format mended (the two
+    # LSTM cases were chosen with issue 30's table, but their first run stopped at a missing --data-dir)
+    Case("ptb-lstm-100mbit", "ptb-lstm", False, "issue 30's LSTM case", network="100mbit", **_LSTM),
+    Case("ptb-lstm-50mbit", "ptb-lstm", False, "issue 30's LSTM case on a slower link", network="50mbit", **_LSTM),
     Case("lenet-b64-200mbit", "lenet", False, "LeNet at another batch and link", network="200mbit", batch_size=64,
          steps=30, warmup_steps=5),
     Case("resnet20-b256-50mbit", "resnet20", False, "a large batch on a slow link", network="50mbit",
