@@ -91,6 +91,7 @@ def test_the_summary_keeps_the_adjusted_on_and_the_held_out_errors_apart(tmp_pat
     report = write_summary(summary, tmp_path).read_text()
     assert "| held out | 2 | 0.0 % | 15.0 % |" in report
     assert "| ptb-lstm-500mbit | held out | 2 | 0.0 % | 15.0 % | 2: -1.00 (+1.00) |" in report
+    assert f"- ptb-lstm-500mbit (the LSTM on a fast link): `{CASES['ptb-lstm-500mbit'].command()}`" in report
 
 
 def test_a_case_without_a_saved_validation_is_one_line_and_nothing_is_written(capsys, tmp_path):

@@ -199,6 +199,7 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "errors": _errors(judged),
             "ranking": rank_agreement(judged),
             "command": case.command(),
+            "why": case.why,
             "rows": rows,
         }
     return {
@@ -265,7 +266,7 @@ def write_summary(summary: dict[str, Any], out: Path) -> Path:
         "",
         "Each case alone:",
         "",
-        *(f"- {name}: `{entry['command']}`" for name, entry in summary["cases"].items()),
+        *(f"- {name} ({entry['why']}): `{entry['command']}`" for name, entry in summary["cases"].items()),
     ]
     path = out / "cases.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
