@@ -12,6 +12,14 @@ import os
 # spinning costs 15-40 % alone). It changes how threads wait, not what they compute.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
+import signal
+
+# A background job of a non-interactive shell (`bash .ci/run &`, nohup) starts with SIGINT ignored, and every
+# process it starts inherits that, so a run the tests press Ctrl-C on would never see it (as a user's run
+# started that way does not). The tests' processes get the terminal's default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 from pathlib import Path
 
 import numpy as np

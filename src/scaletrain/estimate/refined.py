@@ -144,7 +144,7 @@ def step_split(
     n = np.asarray([workers])
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
     probe = _probe(strategy, server)
-    compute = part * terms.contention(n, probe)[0]
+    compute = part * float(terms.contention(n, probe)[0])
     gradient = terms.gradient(sync, n, probe)
     total = float(gradient[0])
     exchange = float(_exchange(terms, strategy, server, sync, n, gradient)[0])
