@@ -121,6 +121,13 @@ def test_cases_refuse_flags_they_fix_themselves(args, fragment, capsys, tmp_path
     assert not (tmp_path / "v").exists()
 
 
+@pytest.mark.parametrize("flag", [["--cases", "holdout"], ["--rescore", "docs/validation"]])
+def test_cases_without_validate_are_refused_not_ignored(flag, capsys):
+    assert main(["estimate", "--t-grad", "0.1", "--t-comm", "0.01", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--cases and --rescore compare the models with runs: add --validate" in err, err
+
+
 def test_the_reference_runs_alone_at_one_worker_when_no_strategy_does(tmp_path):
     config = SweepConfig("lenet", Path(tmp_path), workers=(1, 2), strategies=("local", "allreduce-join"),
                          local_only_at=(1,))  # fmt: skip

@@ -137,6 +137,8 @@ def strategy_choices() -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
+    if not args.validate and (args.cases is not None or args.rescore is not None):
+        raise ConfigError("--cases and --rescore compare the models with runs: add --validate")
     if args.validate:
         return _validate(args)
     # The spec and the thesis's flags agree (or the error says how) before anything is profiled.
