@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS
 from scaletrain.estimate.profile import Profile
-from scaletrain.measure.validate import ValidationConfig, compare_measured, rank_agreement, run_validation
+from scaletrain.measure.ranking import mean_errors, rank_agreement
+from scaletrain.measure.validate import ValidationConfig, compare_measured, run_validation
+from scaletrain.measure.validation_report import wire_label
 
 __all__ = ["CASES", "Case", "rescore", "run_cases", "select_cases", "summarize", "write_summary"]
 
@@ -176,12 +176,8 @@ def rescore(case: Case, folder: Path) -> list[dict[str, Any]]:
         {(row["strategy"], int(row["workers"])): (float(row["measured_speedup"]), int(row["runs"])) for row in rows},
         steps=case.steps,
         network=case.network or "loopback",
-        wire=wire_name(case),
+        wire=wire_label(case.wire, case.wire_options),
     )
-
-
-def wire_name(case: Case) -> str:
-    return " ".join([case.wire, *(f"{key}={value}" for key, value in sorted(case.wire_options.items()))])
 
 
 def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -196,7 +192,7 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         cases[name] = {
             "adjusted": case.adjusted,
             "configurations": len(judged),
-            "errors": _errors(judged),
+            "errors": mean_errors(judged),
             "ranking": rank_agreement(judged),
             "command": case.command(),
             "why": case.why,
@@ -204,12 +200,8 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         }
     return {
         "cases": cases,
-        "groups": {group: {"configurations": len(rows), "errors": _errors(rows)} for group, rows in groups.items()},
+        "groups": {group: {"configurations": len(rows), "errors": mean_errors(rows)} for group, rows in groups.items()},
     }
-
-
-def _errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> Path:
