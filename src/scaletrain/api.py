@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +263,7 @@ def estimate(
     model: str = "thesis",
     cores: int | None = None,
     plot: Path | None = None,
+    async_batches: str = "share",
 ) -> list[float]:
     """Predicted speedups for 1..``workers`` workers (Šlampa's ``estimate.py`` interface).
 
@@ -276,7 +278,7 @@ def estimate(
     >>> [round(s, 3) for s in estimate(t_grad=0.758, t_comm=0.033, strategy="ps-sharded-join", workers=3)]
     [1.0, 1.917, 2.835]
     """
-    configuration = Configuration.from_flags(strategy, kind, server)
+    configuration = replace(Configuration.from_flags(strategy, kind, server), async_batches=async_batches)
     if profile is None:
         if t_grad is None or t_comm is None:
             raise ConfigError("give --t-grad and --t-comm, a --profile file, or a workload to profile")

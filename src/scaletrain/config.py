@@ -35,6 +35,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 DIVERGENCE_FACTOR = 1e4
 #: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.ps.staleness`).
 ASYNC_COMPENSATIONS = ("momentum", "lr", "delay", "none")
+#: The values of ``--async-batches``: how asynchronous workers divide ``--batch-size`` (see TrainConfig).
+ASYNC_BATCHES = ("split", "share")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
+    ``async_batches`` (asynchronous, more than one worker: ``share``, Downpour's, each update a whole
+    ``batch_size`` at the full rate; ``split``, each update a batch of ``batch_size // workers`` at the rate times
+    its share of ``batch_size``, so that the workers' N updates move the weights as one step of ``batch_size``
+    does; see :mod:`scaletrain.parallel.ps.staleness`),
     ``max_staleness`` (asynchronous: a worker may be at most this many pushes ahead of the slowest, stale
     synchronous parallel, :mod:`scaletrain.parallel.ps.bound`; ``None``: unbounded),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
@@ -130,6 +136,7 @@ class TrainConfig:
     sync: str = "join"
     ps_admission: str = "none"
     async_compensation: str = "momentum"
+    async_batches: str = "share"
     max_staleness: int | None = None
     timeout: float = 60.0
     min_workers: int | None = None
@@ -208,6 +215,8 @@ class TrainConfig:
             raise ConfigError(
                 f"async_compensation must be one of {', '.join(ASYNC_COMPENSATIONS)}, got {self.async_compensation!r}"
             )
+        if self.async_batches not in ASYNC_BATCHES:
+            raise ConfigError(f"async_batches must be one of {', '.join(ASYNC_BATCHES)}, got {self.async_batches!r}")
         bound = self.max_staleness
         if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
             raise ConfigError(

@@ -100,22 +100,44 @@ def async_batches(workers: int, batches_per_epoch: int, epochs: int) -> dict[int
 
 
 @pytest.mark.parametrize(
-    ("server", "workers", "batch"),
-    [("central", 8, 8), ("sharded", 8, 8), ("central", 16, 32), ("sharded", 16, 32)],
-    ids=["central-8", "sharded-8", "central-16-fewer-batches-than-workers", "sharded-16-fewer-batches-than-workers"],
+    ("server", "workers", "batch", "mode"),
+    [
+        ("central", 8, 8, "share"),
+        ("sharded", 8, 8, "share"),
+        ("central", 16, 32, "share"),
+        ("sharded", 16, 32, "share"),
+        ("central", 16, 40, "split"),
+        ("sharded", 16, 40, "split"),
+    ],
+    ids=[
+        "central-8",
+        "sharded-8",
+        "central-16-fewer-batches-than-workers",
+        "sharded-16-fewer-batches-than-workers",
+        "central-16-split",
+        "sharded-16-split",
+    ],
 )
-def test_asynchronous_runs_account_for_every_batch(server: str, workers: int, batch: int, tmp_path: Path) -> None:
+def test_asynchronous_runs_account_for_every_batch(
+    server: str, workers: int, batch: int, mode: str, tmp_path: Path
+) -> None:
+    """Every update is counted once; under --async-batches split each is a batch of batch // N (40 // 16 = 2)."""
     epochs = 2
     label = f"ps-{server}-async"
-    summary = train(label, workers, tmp_path / "run", batch_size=batch, epochs=epochs)
-    planned = async_batches(workers, SAMPLES // batch, epochs)
-    if batch * workers > SAMPLES:
+    summary = train(label, workers, tmp_path / "run", batch_size=batch, epochs=epochs, async_batches=mode)
+    update = batch if mode == "share" else batch // workers
+    planned = async_batches(workers, SAMPLES // update, epochs)
+    if update * workers > SAMPLES:
         assert 0 in planned.values()  # some workers have no batch in an epoch: they must finish all the same
     first_worker = processes(label, workers) - workers
     done = {worker["rank"] - first_worker: worker["steps"] for worker in summary["per_worker"]}
     assert summary["lost_workers"] == []
     assert done == planned
-    assert summary["server_updates"] == summary["steps"] == sum(planned.values()) == epochs * (SAMPLES // batch)
+    assert summary["server_updates"] == summary["steps"] == sum(planned.values()) == epochs * (SAMPLES // update)
+    assert (summary["async_batches"], summary["update_batch_size"]) == (mode, update)
+    share = update / batch  # each update's rate factor, and the part of a batch of --batch-size it counts for
+    assert summary["async_compensation"]["batch_share"] == pytest.approx(share)
+    assert all(worker["batch_fraction"] == pytest.approx(share) for worker in summary["per_worker"])
 
 
 def test_sixteen_workers_reconfigure_like_one_process(references: dict, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from scaletrain.cli.train import (
     technique_settings,
     workload_options,
 )
-from scaletrain.config import ASYNC_COMPENSATIONS
+from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
@@ -82,6 +82,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         choices=ASYNC_COMPENSATIONS,
         help="async runs: momentum (default), lr, delay or none; see scaletrain train --help",
     )
+    parser.add_argument(
+        "--async-batches",
+        choices=ASYNC_BATCHES,
+        help="async runs: share (default) or split (each update --batch-size / N); see scaletrain train --help",
+    )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
     parser.add_argument("--out", type=Path, help="output folder (default: bench-results/WORKLOAD-DATE-TIME)")
@@ -113,6 +118,7 @@ def sweep_settings(args: argparse.Namespace) -> dict[str, Any]:
                 ("lr", args.lr),
                 ("momentum", args.momentum),
                 ("async_compensation", args.async_compensation),
+                ("async_batches", args.async_batches),
                 ("wire", args.wire),
                 ("error_feedback", args.error_feedback),
                 ("overlap", args.overlap),

@@ -21,6 +21,7 @@ from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
+from scaletrain.config import ASYNC_BATCHES
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
@@ -93,6 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=number_list, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
     )
     model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
+    model.add_argument("--async-batches", choices=ASYNC_BATCHES, default="share",
+                       help="async: share (default; Downpour's, the thesis's and the validated mode) or split "
+                       "(each update --batch-size / N; predicted, not validated yet)")  # fmt: skip
     model.add_argument("--output", choices=OUTPUTS, default="single", help="speedup at N, 1..N as csv, or a PNG")
     model.add_argument("--plot-file", type=Path, default=Path("speedup-estimate.png"), metavar="PNG",
                        help="picture for --output plot")  # fmt: skip
@@ -155,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         cores=args.cores,
         plot=args.plot_file if args.output == "plot" else None,
+        async_batches=args.async_batches,
     )
     if args.output == "single":
         print(f"{speedups[-1]:{DIGITS}}")

@@ -12,7 +12,7 @@ from typing import Any
 from scaletrain.api import exit_now, train
 from scaletrain.cli.arguments import workload_argument, workloads_offered
 from scaletrain.cli.formatter import shown_default
-from scaletrain.config import ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
+from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
 from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
@@ -117,6 +117,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
         "asynchrony's own momentum it stays --momentum; "
         "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
+    )
+    group.add_argument(
+        "--async-batches",
+        choices=ASYNC_BATCHES,
+        help="async only. share (default, Downpour): each update a whole --batch-size at the full rate; split: each "
+        "update a batch of --batch-size / N at the rate times its share, so N workers' updates move the weights as "
+        "one step of --batch-size (keeps quality where stale full steps lose it: docs/distributed.md)",
     )
     group.add_argument(
         "--max-staleness",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,6 +52,13 @@ class Configuration:
     strategy: str
     server: str
     sync: str
+    #: how asynchronous workers divide the batch (``--async-batches``): ``share``, Downpour's (the thesis's async,
+    #: and the mode the validations measure), or ``split``; nothing to a synchronous one
+    async_batches: str = field(default="share", repr=False)
+
+    @property
+    def async_split(self) -> bool:
+        return self.sync == "async" and self.async_batches == "split"
 
     @classmethod
     def parse(cls, spec: str) -> Configuration:
@@ -193,6 +200,7 @@ def predicted_speedup(
             workers=workers,
             batches=batches,
             case=case,
+            split=configuration.async_split,
         )
     if model == "refined":
         return refined.predict(
@@ -203,6 +211,7 @@ def predicted_speedup(
             workers=workers,
             batches=batches,
             cores=cores,
+            async_split=configuration.async_split,
         ).speedup
     raise ConfigError(f"unknown --model {model!r}; choose thesis or refined")
 
@@ -242,15 +251,18 @@ def predicted_speedups(
                 workers=max_workers,
                 batches=batches,
                 case=case,
+                split=c.async_split,
             )
             for c in configurations
         }
     if model == "refined":
-        terms = refined.Terms(profile, cores)
+        terms = _terms(profile, cores)
         return {
             c: (
-                refined.batches_per_second(terms, strategy=c.strategy, server=c.server, sync=c.sync, workers=workers)
-                * terms.sequential
+                refined.batches_per_second(
+                    terms[c.async_split], strategy=c.strategy, server=c.server, sync=c.sync, workers=workers
+                )
+                * terms[c.async_split].sequential
             ).tolist()
             for c in configurations
         }
@@ -283,20 +295,24 @@ def best_per_workers(
             for c in configurations
             if c.sync != "async"
         }
+        split = _terms(profile, cores)
         floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
         asynchronous = {
-            c: refined.asynchronous_networks(terms, strategy=c.strategy, server=c.server, workers=workers)
+            c: refined.asynchronous_networks(
+                split[c.async_split], strategy=c.strategy, server=c.server, workers=workers
+            )
             for c in configurations
             if c.sync == "async"
         }
         # Small networks first (the central server's): solved first, they often rule the larger ones out.
         for c, networks in sorted(asynchronous.items(), key=lambda item: _queue_count(item[1])):
             # The margin keeps rounding in the bound from ever dropping a network that could win.
-            bounds = np.array([throughput_bound(*network) for network in networks]) * terms.sequential * (1 + 1e-9)
-            contenders = np.flatnonzero(bounds >= floor)
+            share = split[c.async_split].update_share(workers)  # batches an update trains
+            bounds = np.array([throughput_bound(*network) for network in networks]) * share * terms.sequential
+            contenders = np.flatnonzero(bounds * (1 + 1e-9) >= floor)
             curve = np.full(max_workers, -np.inf)
             throughputs = mean_value_throughputs([networks[index] for index in contenders.tolist()])
-            curve[contenders] = np.array(throughputs) * terms.sequential
+            curve[contenders] = np.array(throughputs) * share[contenders] * terms.sequential
             curves[c] = curve
             floor = np.maximum(floor, curve)
     else:
@@ -313,6 +329,11 @@ def best_per_workers(
     return [
         (speedup, ranked[winner].label) for speedup, winner in zip(speedups.tolist(), winners.tolist(), strict=True)
     ]
+
+
+def _terms(profile: Profile, cores: int | None) -> dict[bool, refined.Terms]:
+    """The refined model's terms for Downpour's asynchronous updates (False) and split ones (True)."""
+    return {split: refined.Terms(profile, cores, async_split=split) for split in (False, True)}
 
 
 def _queue_count(networks: list[Network]) -> int:

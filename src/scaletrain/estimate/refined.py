@@ -93,13 +93,16 @@ def predict(
     server: str = "central",
     batches: float = 128,
     cores: int | None = None,
+    async_split: bool = False,
 ) -> Prediction:
     """Predict one configuration. ``cores``: the workers share this many cores (None: a machine each).
 
     ``server`` counts only for a strategy that has servers (``ps``); ``allreduce`` ignores it.
+    ``async_split``: asynchronous workers divide each batch (``--async-batches split``).
     """
+    terms = Terms(profile, cores, async_split)
     return predict_many(profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches,
-                        cores=cores)[0]  # fmt: skip
+                        terms=terms)[0]  # fmt: skip
 
 
 def predict_many(
@@ -159,7 +162,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     n = np.asarray(workers, dtype=int)
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
-        return np.array(mean_value_throughputs(networks))
+        return np.array(mean_value_throughputs(networks)) * terms.update_share(n)
     gradient = terms.gradient(sync, n, _probe(strategy, server))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
@@ -260,12 +263,28 @@ def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | No
 class Terms:
     """The profile's terms that depend on the worker count, each computed once however often it is asked for."""
 
-    def __init__(self, profile: Profile, cores: int | None) -> None:
+    def __init__(self, profile: Profile, cores: int | None, async_split: bool = False) -> None:
         self.profile = profile
         self.cores = cores
+        # --async-batches split: each asynchronous update a gradient of batch // N, a (batch // N) / batch of a batch
+        self.async_split = async_split
         self._columns: dict[str, dict[int, Any]] = {}
         # The sequential reference: one worker alone, t_grad + t_update per batch.
         self.sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
+
+    def update_share(self, workers: np.ndarray) -> np.ndarray:
+        """The batches of ``--batch-size`` one asynchronous update trains among N workers: 1, or split ``(b // N) / b``.
+
+        >>> toy = Profile("toy", 20, t_grad=0.1, t_comm=0.01)
+        >>> Terms(toy, None, async_split=True).update_share(np.array([1, 3])).tolist()
+        [1.0, 0.3]
+        """
+        if not self.async_split:
+            return np.ones(workers.shape)
+        batch = self.profile.batch_size
+        if batch < 1:  # times given without a batch: the thesis's t_grad / N
+            return 1.0 / workers
+        return np.maximum(batch // workers, 1) / batch
 
     def per_count(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
         """``compute(n)`` for each of ``workers``, each n computed once per name (strategies' terms share it)."""
@@ -279,7 +298,7 @@ class Terms:
     def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """t_grad of one worker's part of a step among N: its batch share, contention, stragglers."""
         profile = self.profile
-        if sync == "split":
+        if sync == "split" or (sync == "async" and self.async_split):
             part = np.array(self.per_count("split", workers, profile.t_grad_at))
         else:
             part = np.full(workers.shape, profile.t_grad_at(1))

@@ -73,10 +73,22 @@ def train_time(
 
 
 def _train_time(
-    t_grad: float, t_comm: float, kind: str, server: str, workers: np.ndarray, batches: float, case: str
+    t_grad: float,
+    t_comm: float,
+    kind: str,
+    server: str,
+    workers: np.ndarray,
+    batches: float,
+    case: str,
+    split: bool = False,
 ) -> np.ndarray:
-    """:func:`train_time` of inputs :func:`check` has passed, for an array of worker counts at once."""
+    """:func:`train_time` of inputs :func:`check` has passed, for an array of worker counts at once.
+
+    ``split`` (async, ``--async-batches split``): the D batches are N·D updates of a gradient of t_grad / N,
+    the thesis's formulas applied to those updates."""
     n, d = workers, batches
+    if kind == "async" and split:
+        t_grad, d = t_grad / n, d * n
     if kind == "async":
         if server == "distributed":
             return (d / n) * (2 * t_comm * (n - 1) / n + t_grad)  # 4.21
@@ -97,23 +109,41 @@ def _pick(best: np.ndarray, worst: np.ndarray, case: str) -> np.ndarray:
 
 
 def speedup(
-    *, t_grad: float, t_comm: float, kind: str, server: str, workers: int, batches: float, case: str = "mean"
+    *,
+    t_grad: float,
+    t_comm: float,
+    kind: str,
+    server: str,
+    workers: int,
+    batches: float,
+    case: str = "mean",
+    split: bool = False,
 ) -> float:
-    """S = D·t_grad / t_train (eq. 4.23)."""
-    time = train_time(
-        t_grad=t_grad, t_comm=t_comm, kind=kind, server=server, workers=workers, batches=batches, case=case
-    )
+    """S = D·t_grad / t_train (eq. 4.23); ``split``: see :func:`_train_time`."""
+    server = check(kind, server, case, workers, batches, t_grad, t_comm)
+    time = float(_train_time(t_grad, t_comm, kind, server, np.array(workers), batches, case, split))
     return batches * t_grad / time
 
 
 def speedups(
-    *, t_grad: float, t_comm: float, kind: str, server: str, workers: int, batches: float, case: str = "mean"
+    *,
+    t_grad: float,
+    t_comm: float,
+    kind: str,
+    server: str,
+    workers: int,
+    batches: float,
+    case: str = "mean",
+    split: bool = False,
 ) -> list[float]:
-    """Speedups for 1..N workers (what ``--output csv`` prints).
+    """Speedups for 1..N workers (what ``--output csv`` prints); ``split``: see :func:`_train_time`.
 
     >>> [round(s, 3) for s in speedups(t_grad=1, t_comm=0, kind="async", server="central", workers=3, batches=6)]
     [1.0, 2.0, 3.0]
+    >>> [round(s, 3) for s in speedups(t_grad=1, t_comm=0.1, kind="async", server="distributed", workers=2,
+    ...                                batches=6, split=True)]
+    [1.0, 1.667]
     """
     server = check(kind, server, case, workers, batches, t_grad, t_comm)
-    times = _train_time(t_grad, t_comm, kind, server, np.arange(1, workers + 1), batches, case)
+    times = _train_time(t_grad, t_comm, kind, server, np.arange(1, workers + 1), batches, case, split)
     return (batches * t_grad / times).tolist()

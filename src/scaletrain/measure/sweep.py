@@ -241,7 +241,7 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     # what only some runs of the grid read goes to those (a run refuses a setting it would not read)
     unread = set() if run.server else {"server", "ps_admission"}
     if run.sync != "async":
-        unread.add("async_compensation")
+        unread |= {"async_compensation", "async_batches"}
     if run.sync == "async" or run.workers == 1:  # no global batch shared by several workers
         unread.add("sync_batchnorm")
     if run.strategy not in ("allreduce", "local"):  # buckets reduced during backward: all-reduce's alone

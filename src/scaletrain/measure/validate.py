@@ -22,6 +22,7 @@ Writes into ``out``: ``profile.json``, ``bench/`` (runs, results, report), ``val
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import statistics
@@ -53,6 +54,16 @@ __all__ = [
     "rank_agreement",
     "run_validation",
 ]
+
+#: How the validations' asynchronous runs divide the batch: Downpour's, the mode every saved case measured
+#: (``--async-batches split`` is predicted but not validated yet).
+VALIDATED_ASYNC_BATCHES = "share"
+
+
+def validated(label: str) -> Configuration:
+    """The configuration a validation runs and predicts for ``label`` (its async runs: Downpour's shares)."""
+    return dataclasses.replace(Configuration.parse(label), async_batches=VALIDATED_ASYNC_BATCHES)
+
 
 DEFAULT_STRATEGIES = (
     "allreduce-join",
@@ -200,7 +211,7 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             network=config.network,
             data_dir=config.data_dir,
             options=dict(config.options),
-            settings={**config.settings, **config.run_settings()},
+            settings={**config.settings, **config.run_settings(), "async_batches": VALIDATED_ASYNC_BATCHES},
             frameworks=config.frameworks if "scaletrain" in config.frameworks else ("scaletrain", *config.frameworks),
         ),
         title=f"Validation runs of {config.workload}",
@@ -254,7 +265,7 @@ def compare(
         row = {"framework": framework, "measured_batches_per_second": statistics.median(values)}
         row.update(predicted_row(profile, label, workers, measured, len(values), steps=steps, cores=cores,
                                  network=network, wire=wire))  # fmt: skip
-        row.update(step_parts(profile, Configuration.parse(label), workers, parts[(framework, label, workers)],
+        row.update(step_parts(profile, validated(label), workers, parts[(framework, label, workers)],
                               cores=cores))  # fmt: skip
         table.append(row)
     return table
@@ -273,7 +284,7 @@ def predicted_row(
     wire: str,
 ) -> dict[str, Any]:
     """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors."""
-    configuration = Configuration.parse(label)
+    configuration = validated(label)
     batches = steps * (workers if configuration.sync == "join" else 1)
     row: dict[str, Any] = {"workload": profile.workload, "network": network, "wire": wire, "strategy": label,
                            "workers": workers, "runs": runs, "measured_speedup": measured}  # fmt: skip
@@ -348,7 +359,7 @@ def write_validation(
 
     def predict(model: str, label: str, workers: int) -> float:
         batches = 128
-        return predicted_speedup(model, profile, Configuration.parse(label), workers, batches=batches, cores=cores)
+        return predicted_speedup(model, profile, validated(label), workers, batches=batches, cores=cores)
 
     from scaletrain.estimate.plots import plot_curves  # matplotlib only when drawing
 

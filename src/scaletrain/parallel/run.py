@@ -72,6 +72,11 @@ def refuse_unread(settings: dict[str, Any]) -> None:
             f"--max-staleness {settings['max_staleness']} bounds how far an asynchronous worker runs ahead of the "
             f"slowest, and this run's updates are synchronous ({where}); add --strategy ps --sync async, or drop it"
         )
+    if "async_batches" in asked and sync != "async":
+        raise ConfigError(
+            f"--async-batches {settings['async_batches']} says how asynchronous workers divide --batch-size, and "
+            f"this run's updates are synchronous (--sync {sync}); add --strategy ps --sync async, or drop it"
+        )
     if "async_compensation" in asked and sync != "async":
         raise ConfigError(
             f"--async-compensation {settings['async_compensation']} compensates asynchronous updates' staleness, "

@@ -21,7 +21,7 @@ from scaletrain.train.checkpoint import (
 from scaletrain.train.defaults import resolve
 from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Position, Schedule
-from scaletrain.train.state import Prepared, count_steps_per_epoch, make_optimizer
+from scaletrain.train.state import Prepared, check_async_split, count_steps_per_epoch, make_optimizer
 from scaletrain.workloads import Workload, create_workload
 from scaletrain.workloads.base import count_parameters
 
@@ -34,6 +34,7 @@ def prepare(
     *,
     process: ProcessSettings,
     global_batch_factor: int = 1,
+    async_split: int = 1,
     coordinator: bool = True,
     device: torch.device | None = None,
     workers_device: torch.device | None = None,
@@ -44,7 +45,9 @@ def prepare(
     ``process``: the threads and allocator the caller set up (:func:`scaletrain.train.runtime.configure_process`);
     ``device``: where the model lives (default: the CPU); ``workers_device``: where the run's workers
     compute, when this process is a server that does not (its precision settings are theirs);
-    ``label_of``: how the strategy names a run (for checkpoints).
+    ``label_of``: how the strategy names a run (for checkpoints); ``async_split``: asynchronous workers that
+    divide ``--batch-size`` (:mod:`scaletrain.parallel.strategies.async_batches`): each update, and the
+    schedule, is a batch of ``batch_size // async_split``.
     """
     device = device or torch.device("cpu")
     workers_device = workers_device or device
@@ -59,9 +62,11 @@ def prepare(
     # how this process reads: a Dataset workload's loader workers, page-locked batches for a GPU's copies
     workload.set_loading(Loading(config.loader_workers, pin_memory=device.type == "cuda", timeout=config.timeout))
     data = workload.load_data(config.data_dir, download=config.download)
-    steps_per_epoch = count_steps_per_epoch(workload, data, config.batch_size * global_batch_factor)
+    check_async_split(config.batch_size, async_split)
+    update_batch = config.batch_size // async_split
+    steps_per_epoch = count_steps_per_epoch(workload, data, update_batch * global_batch_factor)
     schedule = Schedule.starting(
-        steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
+        steps_per_epoch=steps_per_epoch, batch_size=update_batch, epochs=config.epochs, step_limit=config.steps
     )
 
     torch.manual_seed(config.seed)

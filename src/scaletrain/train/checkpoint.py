@@ -188,12 +188,20 @@ def check_compatible(
         ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy, label_of)),
         # the technique's saved state is laid out for the techniques in force (precision is one)
         ("precision", _precision_label(config), checkpoint.get("precision", "fp32, no loss scaling")),
+        # how asynchronous workers divide the batch sets the schedule (files before it had Downpour's shares)
+        ("--async-batches", _async_batches(config), checkpoint.get("async_batches", _async_batches(config, "share"))),
     ):
         if saved != expected:
             raise ConfigError(
                 f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
                 f"{expected}; use the same settings or another --out"
             )
+
+
+def _async_batches(config: TrainConfig, mode: str | None = None) -> str | None:
+    """``config.async_batches`` (or ``mode``) for an asynchronous run of several workers; None for any other."""
+    asynchronous = config.sync in ("async", "none") and config.workers > 1
+    return (mode or config.async_batches) if asynchronous else None
 
 
 def _precision_label(config: TrainConfig) -> str:
@@ -232,6 +240,7 @@ def checkpoint_payload(
         "batch_size": config.batch_size,
         "seed": config.seed,
         "precision": _precision_label(config),
+        "async_batches": _async_batches(config),
         "strategy": prepared.strategy_label,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),

@@ -238,7 +238,9 @@ class Trainer:
             # .item() waits for the device; only pay for it when logging.
             self.last_loss = loss.item()
             rate = self.meter.take_window()
-            samples = None if rate is None else rate * self.prepared.batch_size * self.role.plan.batch_fraction
+            plan = self.role.plan  # the rows one step of this worker computes
+            rows = self.prepared.batch_size * plan.global_batch_factor / plan.part.count
+            samples = None if rate is None else rate * rows
             lr = self.optimizer.param_groups[0]["lr"]
             self.records.step(step, self.position.epoch, self.last_loss, lr, rate, samples)
         self.records.progress.update(

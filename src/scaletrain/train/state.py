@@ -238,6 +238,17 @@ def count_steps_per_epoch(workload: Workload, data: Any, global_batch: int) -> i
     return steps
 
 
+def check_async_split(batch_size: int, workers: int) -> None:
+    """Refuse a batch too small to give each of ``workers`` asynchronous workers a sample (``--async-batches
+    split``: every update is a batch of ``batch_size // workers``), naming the fix."""
+    if batch_size < workers:
+        raise ConfigError(
+            f"--async-batches split gives each of {workers} asynchronous workers a part of each batch of "
+            f"{batch_size}, which leaves some with none; use --batch-size {workers} or more, fewer workers, "
+            "or --async-batches share (each update a whole --batch-size)"
+        )
+
+
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
     """SGD with the run's rate, momentum and weight decay; fused (one pass over each tensor for the weight
     decay, momentum and update: 3x faster than the per-op step on large tensors here), everywhere alike, so

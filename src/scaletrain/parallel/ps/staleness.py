@@ -152,7 +152,9 @@ class Compensation:
     """The server's side: for each applied gradient, the factor on the rate and the momentum to use.
 
     ``mode`` is one of :data:`COMPENSATIONS`; ``momentum`` the user's requested momentum (not the
-    optimizer's current value, which a resumed checkpoint may hold lowered).
+    optimizer's current value, which a resumed checkpoint may hold lowered); ``share`` a factor on every
+    update's rate, its batch's share of ``--batch-size`` (``--async-batches split``,
+    :mod:`scaletrain.parallel.strategies.async_batches`; 1 otherwise).
 
     >>> compensation = Compensation("momentum", momentum=0.9, workers=2)
     >>> [tuple(round(v, 3) for v in compensation.step(s)) for s in (0, 1, 1)]
@@ -163,6 +165,7 @@ class Compensation:
     momentum: float
     workers: int = 1
     horizon: int = 100
+    share: float = 1.0
     estimate: StalenessEstimate = field(init=False)
     applied: float = field(init=False)
     applied_scale: float = field(init=False, default=1.0)
@@ -196,6 +199,7 @@ class Compensation:
             momentum = compensated_momentum(self.momentum, mean)
         elif self.mode == "lr":
             scale = staleness_rate_scale(staleness)
+        scale *= self.share
         self.applied, self.applied_scale = momentum, scale
         self._sum += momentum
         self._scale_sum += scale
@@ -203,13 +207,15 @@ class Compensation:
         return scale, momentum
 
     def summary(self) -> dict[str, object]:
-        """For ``summary.json``: the mode, the requested and the explicit momentum (last and mean)."""
+        """For ``summary.json``: the mode, the requested and the explicit momentum (last and mean), the rate
+        factor (last and mean, the batch's share included) and the batch's share alone."""
         return {
             "mode": self.mode,
             "requested_momentum": self.momentum,
             "explicit_momentum": self.applied,
             "mean_explicit_momentum": self._sum / self._updates if self._updates else self.momentum,
             "rate_factor": self.applied_scale,
-            "mean_rate_factor": self._scale_sum / self._updates if self._updates else 1.0,
+            "mean_rate_factor": self._scale_sum / self._updates if self._updates else self.share,
+            "batch_share": self.share,
             "staleness_estimate": self.estimate.mean,
         }

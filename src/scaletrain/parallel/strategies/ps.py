@@ -8,6 +8,7 @@ master tensors, buffers and optimizer state for the new network, and ownership i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from scaletrain.parallel.ps.protocol import pair_groups
 from scaletrain.parallel.ps.records import ServerObserver, ServerStats
 from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.parallel.strategies.async_batches import batch_share, splits
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.elastic import StoreMembership
@@ -114,7 +116,9 @@ class _Setup:
         if self.synchronous:
             return None
         config = self.prepared.config
-        return Compensation(config.async_compensation, momentum=config.momentum, workers=self.layout.workers)
+        share = batch_share(config, self.layout, config.batch_size)
+        mode, workers = config.async_compensation, self.layout.workers
+        return Compensation(mode, momentum=config.momentum, workers=workers, share=share)
 
     def bound(self, workers: list[int], stats: ServerStats) -> StalenessBound | None:
         """One per owner, over the clocks in ``stats`` of the ``workers`` that push to it (``--max-staleness``).
@@ -219,6 +223,8 @@ def _reconfigure_master(prepared: Prepared, decision: Reconfiguration | None, ep
 def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
     prepared, layout, config = setup.prepared, setup.layout, setup.prepared.config
     plan, agreement, joined = layout.worker_plan(rank), setup.agreement(rank), None
+    if splits(config, layout):  # each step a part of a batch of --batch-size, as the throughput counts it
+        plan = dataclasses.replace(plan, batch_fraction=batch_share(config, layout, config.batch_size))
     if setup.elastic and layout.server == "sharded":
         exchange, membership, joined = elastic_sharded(setup, rank)
         plan, agreement = (joined.plan, joined.agreement) if joined is not None else (plan, membership.agreement())
