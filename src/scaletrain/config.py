@@ -54,10 +54,10 @@ class TrainConfig:
     (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
     the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
     rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
-    ``async_batches`` (asynchronous, more than one worker: ``share``, Downpour's, each update a whole
-    ``batch_size`` at the full rate; ``split``, each update a batch of ``batch_size // workers`` at the rate times
-    its share of ``batch_size``, so that the workers' N updates move the weights as one step of ``batch_size``
-    does; see :mod:`scaletrain.parallel.ps.staleness`),
+    ``async_batches`` (asynchronous, more than one worker: ``split``, the default, each update a batch of
+    ``batch_size // workers`` at the rate times its share of ``batch_size``, so that the workers' N updates move
+    the weights as one step of ``batch_size`` does; ``share``, Downpour's, each update a whole ``batch_size`` at
+    the full rate; see :mod:`scaletrain.parallel.ps.staleness`),
     ``max_staleness`` (asynchronous: a worker may be at most this many pushes ahead of the slowest, stale
     synchronous parallel, :mod:`scaletrain.parallel.ps.bound`; ``None``: unbounded),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
@@ -136,7 +136,7 @@ class TrainConfig:
     sync: str = "join"
     ps_admission: str = "none"
     async_compensation: str = "momentum"
-    async_batches: str = "share"
+    async_batches: str = "split"
     max_staleness: int | None = None
     timeout: float = 60.0
     min_workers: int | None = None

@@ -176,7 +176,7 @@ def test_asynchronous_workers_prune_and_finish_every_batch(data: Path, tmp_path:
     layout = {"workers": 2, "strategy": "ps", "server": server, "sync": "async"}
     summary = lenet_train(data, tmp_path / "run", **layout)
     assert summary["parameters"] < summary["parameters_initial"]
-    assert summary["server_updates"] == summary["steps"] == 2 * 16  # 2 epochs of 192 samples, batch 12
+    assert summary["server_updates"] == summary["steps"] == 2 * 32  # 2 epochs of 192 samples, updates of 12 // 2
     assert not summary.get("lost_workers")
 
 

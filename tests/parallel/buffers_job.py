@@ -100,6 +100,8 @@ def main(spec: str, out: Path, ports: list[int]) -> None:
             elif spec != "local":
                 os.environ["MASTER_PORT"] = str(next(port))
                 settings.update(workers=2, strategy=spec)
+                if spec.endswith("-async"):  # Downpour's whole batches: the local reference's steps
+                    settings.update(async_batches="share")
             summary = scaletrain.train(own, out=folder, **settings)
             if "metric" in summary:  # rank 0: keep what this leg wrote before the next leg resumes it
                 (folder / f"{leg}.model.pt").write_bytes((folder / "model.pt").read_bytes())

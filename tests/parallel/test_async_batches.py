@@ -14,6 +14,7 @@ from scaletrain.api import make_config
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.strategies import Layout
 from scaletrain.parallel.strategies.async_batches import batch_share, update_batch
@@ -33,15 +34,15 @@ def test_a_batch_smaller_than_the_workers_is_refused_with_the_fix(tmp_path: Path
 
 
 def test_async_batches_with_synchronous_updates_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"--async-batches split .* synchronous \(--sync join\)"):
-        make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="split")
+    with pytest.raises(ConfigError, match=r"--async-batches share .* synchronous \(--sync join\)"):
+        make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="share")
     with pytest.raises(ConfigError, match="async_batches must be one of split, share"):
         make_config("lenet", **ASYNC, async_batches="halves")
-    make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="share")  # the default asks nothing
+    make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="split")  # the default asks nothing
 
 
 def test_the_update_batch_and_its_share_of_the_rate() -> None:
-    split, share = make_config("lenet", **ASYNC, async_batches="split"), make_config("lenet", **ASYNC)
+    split, share = make_config("lenet", **ASYNC), make_config("lenet", **ASYNC, async_batches="share")
     layout = Layout("ps", 3, "central", "async")
     assert (update_batch(split, layout, 20), batch_share(split, layout, 20)) == (6, 0.3)
     assert (update_batch(share, layout, 20), batch_share(share, layout, 20)) == (None, 1.0)
@@ -51,7 +52,7 @@ def test_the_update_batch_and_its_share_of_the_rate() -> None:
 
 def test_a_checkpoint_resumes_only_with_the_async_batches_it_was_written_with() -> None:
     class Saved:  # what checkpoint_payload reads of a prepared run
-        config = make_config("lenet", **ASYNC, batch_size=30)
+        config = make_config("lenet", **ASYNC, batch_size=30, async_batches="share")
         workload = type("W", (), {"name": "lenet"})()
         technique = None
         strategy_label = "ps-central-async, 3 workers"
@@ -89,3 +90,18 @@ def test_split_updates_exchange_n_times_as_often(model: str) -> None:
         assert predicted_speedup(model, slow, c, 1, batches=300) == pytest.approx(
             predicted_speedup(model, slow, share, 1, batches=300), rel=1e-6
         )
+
+
+def test_beside_foreign_engines_a_sweep_runs_downpours_whole_batches() -> None:
+    """TensorFlow's and MXNet's asynchronous runs apply a whole batch per update: scaletrain's runs beside them do
+    the same work; alone, a sweep runs training's default."""
+    alone = SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), batch_sizes=(64,))
+    beside = SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), batch_sizes=(64,),
+                         frameworks=("scaletrain", "tensorflow"))  # fmt: skip
+    [run] = [run for run in plan_runs(alone)[0] if run.workers > 1]
+    assert "async_batches" not in run_settings(alone, run)
+    [run] = [run for run in plan_runs(beside)[0] if run.workers > 1 and not run.foreign]
+    assert run_settings(beside, run)["async_batches"] == "share"
+    with pytest.raises(ConfigError, match="--async-batches: it sets how scaletrain trains"):
+        SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), frameworks=("scaletrain", "tensorflow"),
+                    settings={"async_batches": "split"})  # fmt: skip

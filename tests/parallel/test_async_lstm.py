@@ -1,6 +1,6 @@
 """Asynchronous training without momentum (issue 31): the PTB LSTM, plain SGD at lr 1.0, 3 async workers.
 
-``--async-batches split`` (:mod:`scaletrain.parallel.strategies.async_batches`) makes every update a
+The default ``--async-batches split`` (:mod:`scaletrain.parallel.strategies.async_batches`) makes every update a
 batch of ``--batch-size // 3`` at the rate times its share, so a gradient two updates stale lags two thirds of
 one step of ``--batch-size`` instead of two. Measured at the issue's setting (2 epochs, hidden 200;
 docs/distributed.md): one process 448; Downpour's shares (``--async-batches share``) 639–708 (central) and 671 or
@@ -31,9 +31,9 @@ SHORT = dict(
 
 
 @pytest.mark.parametrize("server", ["central", "sharded"])
-def test_async_plain_sgd_with_split_batches_stays_near_one_process(server: str, real_ptb: Path, tmp_path: Path) -> None:
+def test_async_plain_sgd_with_the_defaults_stays_near_one_process(server: str, real_ptb: Path, tmp_path: Path) -> None:
     one = scaletrain.train("ptb-lstm", data_dir=real_ptb, out=tmp_path / "one", **SHORT)
-    layout = dict(workers=3, strategy="ps", server=server, sync="async", async_batches="split")
+    layout = dict(workers=3, strategy="ps", server=server, sync="async")  # the defaults: --async-batches split
     run = scaletrain.train("ptb-lstm", data_dir=real_ptb, out=tmp_path / "async", **layout, **SHORT)
     compensation = run["async_compensation"]
     assert run["async_batches"] == "split" and run["update_batch_size"] == 20 // 3 == 6

@@ -44,7 +44,7 @@ def train_async(
     monkeypatch.setenv("SCALETRAIN_TEST_SLOW", SLOW)
     if "SCALETRAIN_TEST_FAULT" not in os.environ:  # with it a victim would first wait for the others' batches
         monkeypatch.setenv("SCALETRAIN_TEST_SAMPLES", str(samples))
-    layout = {"workers": WORKERS, "strategy": "ps", "server": server, "sync": "async"}
+    layout = {"workers": WORKERS, "strategy": "ps", "server": server, "sync": "async", "async_batches": "share"}
     summary = scaletrain.train(FAULTY, data_dir=data, out=tmp_path / "run", **layout, **COMMON, **settings)
     records = [json.loads(line) for path in samples.glob("samples-*.jsonl") for line in path.read_text().splitlines()]
     return summary, records
@@ -90,7 +90,8 @@ def test_a_lost_worker_does_not_hold_the_others(data: Path, tmp_path: Path, monk
 def test_a_bounded_run_resumes(data: Path, tmp_path: Path) -> None:
     """Stopped after 5 updates (shares of 1, 2 and 2 batches: the first to finish holds nobody back), then
     resumed: the clocks start again from the checkpoint, every worker at 0."""
-    layout = {"workers": WORKERS, "strategy": "ps", "server": "sharded", "sync": "async", "max_staleness": 0}
+    layout = {"workers": WORKERS, "strategy": "ps", "server": "sharded", "sync": "async", "max_staleness": 0,
+              "async_batches": "share"}  # fmt: skip
     settings = {**layout, **COMMON, "data_dir": data, "out": tmp_path / "run"}
     first = scaletrain.train("lenet", steps=5, **settings)
     resumed = scaletrain.train("lenet", resume=True, **settings)

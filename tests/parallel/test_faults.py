@@ -97,7 +97,10 @@ def train_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 def test_async_run_survives_a_killed_worker(data: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    run = start_cli(*train_args(data, out, "--workers", "3", "--strategy", "ps", "--sync", "async"))
+    # Downpour's whole batches (split's lost-worker accounting: test_many_workers.py)
+    run = start_cli(
+        *train_args(data, out, "--workers", "3", "--strategy", "ps", "--sync", "async", "--async-batches", "share")
+    )
     victim = wait_for_training(out, rank=2)
     os.kill(victim, signal.SIGKILL)
     _, stderr = run.communicate(timeout=300)
@@ -178,7 +181,8 @@ def test_ctrl_c_before_the_first_checkpoint_promises_nothing(workers: str, tmp_p
 def test_async_run_survives_a_stopped_worker(data: Path, tmp_path: Path) -> None:
     """SIGSTOP, not death: the server counts the worker lost within --timeout and finishes with the other."""
     out = tmp_path / "run"
-    extra = ["--workers", "2", "--strategy", "ps", "--sync", "async", "--timeout", str(STOP_TIMEOUT)]
+    extra = ["--workers", "2", "--strategy", "ps", "--sync", "async", "--async-batches", "share"]
+    extra += ["--timeout", str(STOP_TIMEOUT)]
     run = start_cli(*train_args(data, out, *extra))
     victim = wait_for_training(out, rank=2)
     os.kill(victim, signal.SIGSTOP)

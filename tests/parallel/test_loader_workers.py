@@ -95,7 +95,9 @@ def test_every_strategy_trains_with_two_loader_workers_and_shows_the_data_part(s
     root, _ = runs
     run = summary(root, spec)
     assert (run["workers"], run["loader_workers"]) == (2, LOADER_WORKERS)
-    assert run["steps"] == (TRAIN // BATCH if spec.endswith(("split", "async")) else TRAIN // (2 * BATCH))
+    # split and async (--async-batches split: updates of BATCH // 2) train every sample once an epoch
+    steps = {"split": TRAIN // BATCH, "async": TRAIN // (BATCH // 2)}.get(spec.rsplit("-", 1)[-1], TRAIN // (2 * BATCH))
+    assert run["steps"] == steps
     # the step split: each worker's measured wait for its batches, and compute is the step less all the rest
     measured = [worker for worker in run["per_worker"] if worker["measured_steps"]]
     assert len(measured) == 2 and all(worker["data_seconds"] > 0 for worker in measured)
@@ -125,7 +127,7 @@ def read_by(notes: Path, trainers: set[int]) -> tuple[dict[int, list[int]], dict
 
 def shares(spec: str) -> set[frozenset[int]]:
     """The two workers' samples of the epoch: split, each half of every batch of 12; join, each half of every
-    global batch of 24; async, each its half of the epoch's batches of 12."""
+    global batch of 24; async, each its half of the epoch's batches of 6 (split's updates)."""
     order = epoch_permutation(TRAIN, seed=datasets_job.SETTINGS["seed"], epoch=0).tolist()
     if spec.endswith("async"):
         return {frozenset(order[: TRAIN // 2]), frozenset(order[TRAIN // 2 :])}

@@ -160,7 +160,8 @@ def test_sixteen_sharded_workers_resume_like_one_process(references: dict, tmp_p
 
 def test_sixteen_async_workers_lose_one_and_account_for_every_batch(tmp_path: Path) -> None:
     out, victim, workers, epochs = tmp_path / "run", 9, 16, 4
-    settings = {**COMMON, **layout("ps-central-async", workers), "batch_size": JOIN_BATCH, "epochs": epochs}
+    # --async-batches split (the default): every update a batch of 32 // 16 = 2
+    settings = {**COMMON, **layout("ps-central-async", workers), "batch_size": 16 * JOIN_BATCH, "epochs": epochs}
     with started(workers + 1, out=str(out), log_every=1, **settings) as run:
         deadline = time.monotonic() + 60
         metrics = out / "metrics.jsonl"

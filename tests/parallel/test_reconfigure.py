@@ -108,8 +108,9 @@ def test_synchronous_reconfiguration_matches_one_process(
 def test_asynchronous_workers_finish_every_batch_on_the_new_network(server: str, data: Path, tmp_path: Path) -> None:
     summary = train_on(data, tmp_path / "run", "ps", server, "async")
     assert summary["lost_workers"] == []
-    assert summary["server_updates"] == summary["steps"] == 2 * (TRAIN // 12)
-    assert sum(worker["steps"] for worker in summary["per_worker"]) == 2 * (TRAIN // 12)
+    # --async-batches split: updates of 12 // 2 = 6 samples
+    assert summary["server_updates"] == summary["steps"] == 2 * (TRAIN // 6)
+    assert sum(worker["steps"] for worker in summary["per_worker"]) == 2 * (TRAIN // 6)
     assert weights(tmp_path / "run")["classifier.1.weight"].shape == (250, 800)
 
 
@@ -258,7 +259,9 @@ def test_a_batch_change_matches_one_process(
 def test_asynchronous_workers_follow_a_batch_change(data: Path, tmp_path: Path) -> None:
     summary = train_on(data, tmp_path / "run", "ps", "central", "async", **REBATCH)
     assert summary["lost_workers"] == []
-    assert summary["server_updates"] == summary["steps"] == 16 + 8 + 8
+    # --async-batches split: updates of 12 // 2 in the first epoch, of 24 // 2 after the change to 24
+    assert summary["server_updates"] == summary["steps"] == 32 + 16 + 16
+    assert summary["update_batch_size"] == 12
 
 
 RESUMED = [

@@ -52,12 +52,14 @@ def test_synchronous_resume_matches_an_uninterrupted_run(
         torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5)
 
 
-def test_async_resume_finishes_the_remaining_updates(data: Path, tmp_path: Path) -> None:
-    layout = {"workers": 2, "strategy": "ps", "sync": "async", "data_dir": data}
+@pytest.mark.parametrize(("mode", "update"), [("split", 6), ("share", 12)])
+def test_async_resume_finishes_the_remaining_updates(mode: str, update: int, data: Path, tmp_path: Path) -> None:
+    """Split: updates of 12 // 2 = 6, so twice as many; the resumed run keeps the checkpoint's schedule."""
+    layout = {"workers": 2, "strategy": "ps", "sync": "async", "data_dir": data, "async_batches": mode}
     scaletrain.train("lenet", out=tmp_path / "run", steps=5, **layout, **SETTINGS)
     resumed = scaletrain.train("lenet", out=tmp_path / "run", resume=True, **layout, **SETTINGS)
-    assert resumed["resumed_from_step"] == 5
-    assert resumed["steps"] == resumed["server_updates"] + 5 == 2 * (192 // 12)
+    assert resumed["resumed_from_step"] == 5 and resumed["update_batch_size"] == update
+    assert resumed["steps"] == resumed["server_updates"] + 5 == 2 * (192 // update)
 
 
 def test_resume_with_another_strategy_is_refused_in_one_true_line(data: Path, tmp_path: Path) -> None:

@@ -85,7 +85,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--async-batches",
         choices=ASYNC_BATCHES,
-        help="async runs: share (default) or split (each update --batch-size / N); see scaletrain train --help",
+        help="async runs: split (default; each update --batch-size / N) or share; see scaletrain train --help",
     )
     parser.add_argument("--data-dir", type=Path, help="folder with the dataset files")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")

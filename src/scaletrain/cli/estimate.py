@@ -94,9 +94,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=number_list, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
     )
     model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
-    model.add_argument("--async-batches", choices=ASYNC_BATCHES, default="share",
-                       help="async: share (default; Downpour's, the thesis's and the validated mode) or split "
-                       "(each update --batch-size / N; predicted, not validated yet)")  # fmt: skip
+    model.add_argument("--async-batches", choices=ASYNC_BATCHES,
+                       help="async: split (each update --batch-size / N, as training does unless told) or share "
+                       "(Downpour's whole batches: the thesis's async, and what --validate measures) (default: split "
+                       "with a workload or --profile, share with --t-grad and --t-comm)")  # fmt: skip
     model.add_argument("--output", choices=OUTPUTS, default="single", help="speedup at N, 1..N as csv, or a PNG")
     model.add_argument("--plot-file", type=Path, default=Path("speedup-estimate.png"), metavar="PNG",
                        help="picture for --output plot")  # fmt: skip
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         cores=args.cores,
         plot=args.plot_file if args.output == "plot" else None,
-        async_batches=args.async_batches,
+        async_batches=_async_batches(args),
     )
     if args.output == "single":
         print(f"{speedups[-1]:{DIGITS}}")
@@ -209,8 +210,14 @@ def _profile(args: argparse.Namespace, spec: str) -> Profile:
     return measured
 
 
+def _async_batches(args: argparse.Namespace) -> str:
+    """``--async-batches``, or its default: the thesis's Downpour for given times, training's split otherwise."""
+    return args.async_batches or ("share" if args.t_grad is not None or args.t_comm is not None else "split")
+
+
 def _recommend(args: argparse.Namespace, measured: Profile) -> int:
-    advice = recommend(measured, max_workers=args.max_workers, batches=args.batches, cores=args.cores, case=args.case)
+    advice = recommend(measured, max_workers=args.max_workers, batches=args.batches, cores=args.cores, case=args.case,
+                       async_batches=_async_batches(args))  # fmt: skip
     for model, best in advice.items():
         print(
             f"{model} model: {best['workers']} worker(s), {best['configuration']}, "
@@ -220,6 +227,11 @@ def _recommend(args: argparse.Namespace, measured: Profile) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.async_batches == "split":
+        raise ConfigError(
+            "--validate runs and predicts Downpour's asynchronous updates (--async-batches share), the mode its "
+            "cases were measured in; split is predicted (without --validate) but not validated yet: drop it"
+        )
     if args.cases is not None or args.rescore is not None:
         return _validate_cases(args)
     if args.workload is None:

@@ -121,9 +121,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument(
         "--async-batches",
         choices=ASYNC_BATCHES,
-        help="async only. share (default, Downpour): each update a whole --batch-size at the full rate; split: each "
-        "update a batch of --batch-size / N at the rate times its share, so N workers' updates move the weights as "
-        "one step of --batch-size (keeps quality where stale full steps lose it: docs/distributed.md)",
+        help="async only. split (default): each update a batch of --batch-size / N at the rate times its share, so N "
+        "workers' updates move the weights as one step of --batch-size (it keeps quality where stale whole steps "
+        "lose it; N times the exchanges per sample); share: each update a whole --batch-size at the full rate "
+        "(Downpour)",
     )
     group.add_argument(
         "--max-staleness",

@@ -15,6 +15,7 @@ per batch; the advice says so.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from scaletrain.errors import ConfigError
@@ -34,10 +35,12 @@ def recommend(
     cores: int | None = None,
     case: str = "mean",
     models: tuple[str, ...] = MODELS,
+    async_batches: str = "split",
 ) -> dict[str, dict[str, Any]]:
     """Per model: the best ``workers``, ``configuration`` label and ``speedup``; ``by_workers``: the best per count.
 
-    One worker alone (speedup 1 by definition) is the fallback when no configuration beats it.
+    One worker alone (speedup 1 by definition) is the fallback when no configuration beats it. Asynchronous
+    configurations are predicted as ``async_batches`` divides the batch (training's default: split).
     """
     if max_workers < 1:
         raise ConfigError(f"--max-workers must be ≥ 1, got {max_workers}")
@@ -47,6 +50,7 @@ def recommend(
         if profile.framework != "scaletrain":  # an engine's profile: only the runs that engine has
             runs = {c.label for c in predicted_configurations(profile.framework)}
             candidates = [c for c in candidates if c.label in runs]
+        candidates = [replace(c, async_batches=async_batches) for c in candidates]
         best = {"workers": 1, "configuration": "local", "speedup": 1.0}
         per_workers = {}
         ranking = best_per_workers(model, profile, candidates, max_workers, batches=batches, cores=cores, case=case)

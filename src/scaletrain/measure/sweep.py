@@ -246,7 +246,10 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
         unread.add("sync_batchnorm")
     if run.strategy not in ("allreduce", "local"):  # buckets reduced during backward: all-reduce's alone
         unread |= {"overlap", "bucket_mb"}
+    # beside the engines' asynchronous runs (Downpour's: a whole batch per update), scaletrain's do the same work
+    alike = {"async_batches": "share"} if run.sync == "async" and len(config.frameworks) > 1 else {}
     return {
+        **alike,
         **{key: value for key, value in config.settings.items() if key not in unread},
         "workers": run.workers,
         "strategy": run.strategy,

@@ -47,7 +47,7 @@ def prepare(
     compute, when this process is a server that does not (its precision settings are theirs);
     ``label_of``: how the strategy names a run (for checkpoints); ``async_split``: asynchronous workers that
     divide ``--batch-size`` (:mod:`scaletrain.parallel.strategies.async_batches`): each update, and the
-    schedule, is a batch of ``batch_size // async_split``.
+    schedule's steps, a batch of ``batch_size // async_split``.
     """
     device = device or torch.device("cpu")
     workers_device = workers_device or device
@@ -63,10 +63,9 @@ def prepare(
     workload.set_loading(Loading(config.loader_workers, pin_memory=device.type == "cuda", timeout=config.timeout))
     data = workload.load_data(config.data_dir, download=config.download)
     check_async_split(config.batch_size, async_split)
-    update_batch = config.batch_size // async_split
-    steps_per_epoch = count_steps_per_epoch(workload, data, update_batch * global_batch_factor)
+    steps_per_epoch = count_steps_per_epoch(workload, data, config.batch_size // async_split * global_batch_factor)
     schedule = Schedule.starting(
-        steps_per_epoch=steps_per_epoch, batch_size=update_batch, epochs=config.epochs, step_limit=config.steps
+        steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
     )
 
     torch.manual_seed(config.seed)
@@ -121,4 +120,5 @@ def prepare(
         layout,
         label_of(config.strategy, config.server, config.sync, config.workers),
         first_losses,
+        async_split,
     )

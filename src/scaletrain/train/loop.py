@@ -105,7 +105,7 @@ class Trainer:
             mean=self.role.agreement.mean,
             epoch=lambda: self.position.epoch,
             step_peak=self._step_peak,
-            batch_share=plan.global_batch_factor / plan.part.count,
+            batch_share=plan.global_batch_factor / plan.part.count / self.prepared.async_split,
             batch_group=self.role.batch_group,
         )
         for stack in stacks:
@@ -136,13 +136,13 @@ class Trainer:
         batches = self.workload.train_batches(
             self.data,
             epoch=position.epoch,
-            batch_size=self.prepared.batch_size * plan.global_batch_factor,
+            batch_size=self.prepared.update_batch * plan.global_batch_factor,
             seed=config.seed,
             part=plan.part,
             numbers=numbers,
         )
         if self.state is None:
-            rows = self.prepared.batch_size * plan.global_batch_factor // plan.part.count
+            rows = self.prepared.update_batch * plan.global_batch_factor // plan.part.count
             self.state = self.workload.initial_state(self.model, rows)
         # closed however the epoch ends, so that a loader's worker processes stop with it
         with contextlib.closing(_timed(batches)) as timed:
@@ -239,7 +239,7 @@ class Trainer:
             self.last_loss = loss.item()
             rate = self.meter.take_window()
             plan = self.role.plan  # the rows one step of this worker computes
-            rows = self.prepared.batch_size * plan.global_batch_factor / plan.part.count
+            rows = self.prepared.update_batch * plan.global_batch_factor / plan.part.count
             samples = None if rate is None else rate * rows
             lr = self.optimizer.param_groups[0]["lr"]
             self.records.step(step, self.position.epoch, self.last_loss, lr, rate, samples)

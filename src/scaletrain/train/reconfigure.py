@@ -41,7 +41,8 @@ def change_batch(prepared: Prepared, decision: Reconfiguration, epoch: int) -> N
     if decision.batch_size is None and decision.lr_scale == 1.0:
         return
     batch = decision.batch_size or prepared.batch_size
-    steps = count_steps_per_epoch(prepared.workload, prepared.data, batch * prepared.global_batch_factor)
+    update = batch // prepared.async_split  # an asynchronous split update's part of it
+    steps = count_steps_per_epoch(prepared.workload, prepared.data, update * prepared.global_batch_factor)
     prepared.schedule.change(
         epoch=epoch + 1,
         steps_per_epoch=steps,

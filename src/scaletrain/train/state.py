@@ -168,6 +168,14 @@ class Prepared:
     #: The first training losses the divergence bound measures from (:mod:`scaletrain.train.divergence`),
     #: filled by the loop and kept in checkpoints.
     first_losses: list[float] = field(default_factory=list)
+    #: Asynchronous workers that divide each ``--batch-size`` (``--async-batches split``): an update is a batch of
+    #: ``batch_size // async_split`` (:mod:`scaletrain.parallel.strategies.async_batches`); 1 otherwise.
+    async_split: int = 1
+
+    @property
+    def update_batch(self) -> int:
+        """The samples of one update's batch, before a join's factor: ``--batch-size``, or its part under split."""
+        return self.batch_size // self.async_split
 
     @property
     def steps_per_epoch(self) -> int:

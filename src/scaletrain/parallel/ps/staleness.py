@@ -40,8 +40,10 @@ carries; it also matches the largest stable rate of a step delayed by ``τ`` on 
 lr 0.1, batch 512, 5 async workers, 4 epochs): one process 0.844, ``none`` 0.836 and 0.839, the first
 rule 0.752, the second 0.780 and 0.778. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
 ``none`` 639 / 671, the first rule 650 / 625, the second 603 / 568 (``lr``, the same updates for plain
-SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given; ``lr`` is the choice for a
-workload like the LSTM.
+SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given. What brought the LSTM to one
+process's perplexity was not a rate rule but smaller updates: ``--async-batches split`` (the default;
+:mod:`scaletrain.parallel.strategies.async_batches`) makes each update a batch of ``--batch-size // N`` at
+its share of the rate, so a gradient two updates old lags two thirds of a step.
 
 **The alternative (``lr``).** Zhang, Gupta, Lian and Liu (2016, "Staleness-aware async-SGD for
 distributed deep learning", IJCAI) divide the rate of each gradient by its staleness, ``η / τ``

@@ -1,14 +1,14 @@
 """``--async-batches``: how asynchronous workers divide ``--batch-size`` (issue 31).
 
-**What.** ``split``: with ``N`` asynchronous workers and ``--batch-size B`` every update is a
+**What.** ``split`` (the default): with ``N`` asynchronous workers and ``--batch-size B`` every update is a
 batch of ``p = B // N`` samples (each worker a contiguous share of the epoch's batches of ``p``), and the
 server applies it at the rate times ``p / B``. A round of ``N`` updates then moves the weights as one step of
 ``B`` at the full rate would: the per-sample rate is the one-process run's, and with no staleness the run is
 one process's at ``B`` (to the order of the updates). ``share`` is Downpour's (Dean et al. 2012; TensorFlow's
-``ParameterServerStrategy`` and MXNet's ``dist_async`` do the same; the default): every update a whole ``B`` at
-the full rate.
+``ParameterServerStrategy`` and MXNet's ``dist_async`` do the same): every update a whole ``B`` at the full
+rate.
 
-**Why ``split`` keeps quality.** A gradient ``τ`` updates old misses ``τ`` updates. Under ``share`` each of
+**Why ``split`` is the default.** A gradient ``τ`` updates old misses ``τ`` updates. Under ``share`` each of
 them is a whole step of ``B``, so with 3 workers (``τ`` ≈ 2) a gradient lags two full steps behind; under
 ``split`` each is a third of a step, and the lag is two thirds of one. No rate rule recovers that under
 ``share``: keeping the rate keeps the lag, and lowering it slows the run per sample (docs/distributed.md has
@@ -43,7 +43,7 @@ def update_batch(config: TrainConfig, layout: Layout, batch_size: int) -> int | 
     >>> split = TrainConfig("x", workers=3, strategy="ps", sync="async", async_batches="split")
     >>> update_batch(split, Layout("ps", 3, sync="async"), 20)
     6
-    >>> share = TrainConfig("x", workers=3, strategy="ps", sync="async")
+    >>> share = TrainConfig("x", workers=3, strategy="ps", sync="async", async_batches="share")
     >>> update_batch(share, Layout("ps", 3, sync="async"), 20) is None
     True
     """

@@ -37,7 +37,7 @@ def server_extra(
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
         extra["async_batches"] = prepared.config.async_batches
-        extra["update_batch_size"] = prepared.batch_size  # --batch-size // N under split
+        extra["update_batch_size"] = prepared.update_batch  # --batch-size // N under split
         extra["max_staleness"] = prepared.config.max_staleness
         extra["staleness_wait"] = bound.summary() if bound is not None else None
     if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
