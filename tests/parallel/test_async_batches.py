@@ -105,3 +105,5 @@ def test_beside_foreign_engines_a_sweep_runs_downpours_whole_batches() -> None:
     with pytest.raises(ConfigError, match="--async-batches: it sets how scaletrain trains"):
         SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), frameworks=("scaletrain", "tensorflow"),
                     settings={"async_batches": "split"})  # fmt: skip
+    SweepConfig("lenet", Path("out"), strategies=("ps-central-async",), frameworks=("scaletrain", "tensorflow"),
+                settings={"async_batches": "share"})  # what the engines do: taken  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.helpers import TrainedOnce
 
 import scaletrain
 
@@ -31,8 +32,10 @@ SHORT = dict(
 
 
 @pytest.mark.parametrize("server", ["central", "sharded"])
-def test_async_plain_sgd_with_the_defaults_stays_near_one_process(server: str, real_ptb: Path, tmp_path: Path) -> None:
-    one = scaletrain.train("ptb-lstm", data_dir=real_ptb, out=tmp_path / "one", **SHORT)
+def test_async_plain_sgd_with_the_defaults_stays_near_one_process(
+    server: str, real_ptb: Path, trained: TrainedOnce, tmp_path: Path
+) -> None:
+    one, _ = trained("ptb-lstm", data_dir=real_ptb, **SHORT)  # one process, trained once for both servers
     layout = dict(workers=3, strategy="ps", server=server, sync="async")  # the defaults: --async-batches split
     run = scaletrain.train("ptb-lstm", data_dir=real_ptb, out=tmp_path / "async", **layout, **SHORT)
     compensation = run["async_compensation"]

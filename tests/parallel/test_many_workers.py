@@ -122,7 +122,7 @@ def test_asynchronous_runs_account_for_every_batch(
     server: str, workers: int, batch: int, mode: str, tmp_path: Path
 ) -> None:
     """Every update is counted once; under --async-batches split each is a batch of batch // N (40 // 16 = 2)."""
-    epochs = 2
+    epochs = 2 if mode == "share" else 1  # split: 128 updates an epoch
     label = f"ps-{server}-async"
     summary = train(label, workers, tmp_path / "run", batch_size=batch, epochs=epochs, async_batches=mode)
     update = batch if mode == "share" else batch // workers

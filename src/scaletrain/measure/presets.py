@@ -2,7 +2,8 @@
 
 Jäger trained with asynchronous data parallelism: TensorFlow with one central parameter server,
 MXNet with its KVStore (``dist_async``), whose servers are spread over the machines — here
-``ps-central-async`` and ``ps-sharded-async``. Worker counts 1, 2, 5, 10, 25, 50 on one-vCPU nodes.
+``ps-central-async`` and ``ps-sharded-async``, with their whole batch per update (``--async-batches share``,
+Downpour's, as both frameworks do). Worker counts 1, 2, 5, 10, 25, 50 on one-vCPU nodes.
 """
 
 from __future__ import annotations
@@ -38,14 +39,14 @@ PRESETS = {
             description="LeNet on Fashion-MNIST, batch 512/256/128, lr 0.025, plain SGD, 8 epochs (Jäger §6.1)",
             workload="lenet",
             batch_sizes=(512, 256, 128),
-            settings={"lr": 0.025, "momentum": 0.0, "epochs": 8},
+            settings={"lr": 0.025, "momentum": 0.0, "epochs": 8, "async_batches": "share"},
         ),
         Preset(
             name="thesis-rnn",
             description="2×200 LSTM on Penn Treebank, batch 20 and 5, lr 0.05, 4 epochs, 30 steps (Jäger §6.2)",
             workload="ptb-lstm",
             batch_sizes=(20, 5),
-            settings={"lr": 0.05, "epochs": 4},
+            settings={"lr": 0.05, "epochs": 4, "async_batches": "share"},
             options={"num_steps": "30"},
         ),
     )

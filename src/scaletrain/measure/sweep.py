@@ -91,10 +91,10 @@ class SweepConfig:
         if unknown or not self.frameworks:
             raise ConfigError(f"--framework takes {', '.join(FRAMEWORKS)} (comma-separated), got {','.join(unknown)}")
         foreign = [name for name in self.frameworks if name != "scaletrain"]
-        # the engines train on the CPU (tensorflow-cpu, MXNet's CPU build): --device cpu is what they do too
-        followed = {
-            key for key, value in self.settings.items() if key in FOREIGN_SETTINGS or (key, value) == ("device", "cpu")
-        }
+        # the engines train on the CPU (tensorflow-cpu, MXNet's CPU build) with whole batches per asynchronous
+        # update: --device cpu and --async-batches share are what they do too
+        alike = (("device", "cpu"), ("async_batches", "share"))
+        followed = {key for key, value in self.settings.items() if key in FOREIGN_SETTINGS or (key, value) in alike}
         unread = [f"--{key.replace('_', '-')}" for key in sorted(self.settings) if key not in followed]
         given = {key.replace("-", "_") for key in self.options}
         unread += ["-o"] if given - set(FOLLOWED_OPTIONS.get(self.workload, ())) else []

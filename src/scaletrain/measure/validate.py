@@ -65,11 +65,6 @@ def validated(label: str) -> Configuration:
     return dataclasses.replace(Configuration.parse(label), async_batches=VALIDATED_ASYNC_BATCHES)
 
 
-def _async_setting(config: ValidationConfig) -> dict[str, str]:
-    """``async_batches`` for the validation's own runs, where no foreign engine is beside them."""
-    return {"async_batches": VALIDATED_ASYNC_BATCHES} if tuple(config.frameworks) == ("scaletrain",) else {}
-
-
 DEFAULT_STRATEGIES = (
     "allreduce-join",
     "ps-central-join",
@@ -216,8 +211,7 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             network=config.network,
             data_dir=config.data_dir,
             options=dict(config.options),
-            # beside foreign engines the sweep itself runs Downpour's shares (measure.sweep.run_settings)
-            settings={**config.settings, **config.run_settings(), **_async_setting(config)},
+            settings={**config.settings, **config.run_settings(), "async_batches": VALIDATED_ASYNC_BATCHES},
             frameworks=config.frameworks if "scaletrain" in config.frameworks else ("scaletrain", *config.frameworks),
         ),
         title=f"Validation runs of {config.workload}",
