@@ -57,7 +57,7 @@ class TrainConfig:
     ``async_batches`` (asynchronous, more than one worker: ``split``, the default, each update a batch of
     ``batch_size // workers`` at the rate times its share of ``batch_size``, so that the workers' N updates move
     the weights as one step of ``batch_size`` does; ``share``, Downpour's, each update a whole ``batch_size`` at
-    the full rate; see :mod:`scaletrain.parallel.ps.staleness`),
+    the full rate; see :mod:`scaletrain.parallel.strategies.async_batches`),
     ``max_staleness`` (asynchronous: a worker may be at most this many pushes ahead of the slowest, stale
     synchronous parallel, :mod:`scaletrain.parallel.ps.bound`; ``None``: unbounded),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),

@@ -287,7 +287,8 @@ def best_per_workers(
     """
     if model == "refined":
         check_inputs(profile, max_workers, batches=batches, cores=cores)
-        terms = refined.Terms(profile, cores)
+        split = _terms(profile, cores)
+        terms = split[False]  # a synchronous configuration's terms: no asynchronous update to divide
         workers = np.arange(1, max_workers + 1)
         curves = {
             c: refined.batches_per_second(terms, strategy=c.strategy, server=c.server, sync=c.sync, workers=workers)
@@ -295,7 +296,6 @@ def best_per_workers(
             for c in configurations
             if c.sync != "async"
         }
-        split = _terms(profile, cores)
         floor = np.max(list(curves.values()), axis=0) if curves else np.full(max_workers, -np.inf)
         asynchronous = {
             c: refined.asynchronous_networks(

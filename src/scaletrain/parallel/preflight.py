@@ -15,7 +15,7 @@ from scaletrain.data.loading import Loading
 from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
-from scaletrain.parallel.strategies.async_batches import splits
+from scaletrain.parallel.strategies.async_batches import split_over
 from scaletrain.parallel.strategies.elastic_rules import check_elastic_batch
 from scaletrain.tensors.codec import WireCodec, wire_codec
 from scaletrain.train.checkpoint import (
@@ -53,8 +53,7 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
             f"use --batch-size {layout.workers * max(1, batch // layout.workers)}{smaller} "
             f"(a multiple of {layout.workers}), fewer workers, or --sync join"
         )
-    if splits(config, layout):
-        check_async_split(batch, layout.workers)
+    check_async_split(batch, split_over(config, layout))
     check_elastic_batch(config, layout, batch)
     if config.sync_batchnorm:  # a network without batch norm is refused before any process starts
         sync_batch_norm(workload.build_model())

@@ -72,16 +72,17 @@ def refuse_unread(settings: dict[str, Any]) -> None:
             f"--max-staleness {settings['max_staleness']} bounds how far an asynchronous worker runs ahead of the "
             f"slowest, and this run's updates are synchronous ({where}); add --strategy ps --sync async, or drop it"
         )
-    if "async_batches" in asked and sync != "async":
-        raise ConfigError(
-            f"--async-batches {settings['async_batches']} says how asynchronous workers divide --batch-size, and "
-            f"this run's updates are synchronous (--sync {sync}); add --strategy ps --sync async, or drop it"
-        )
-    if "async_compensation" in asked and sync != "async":
-        raise ConfigError(
-            f"--async-compensation {settings['async_compensation']} compensates asynchronous updates' staleness, "
-            f"and this run's updates are synchronous (--sync {sync}); add --strategy ps --sync async, or drop it"
-        )
+    doing = {  # what each asynchronous setting does, for the line that refuses it on synchronous updates
+        "async_batches": "says how asynchronous workers divide --batch-size",
+        "async_compensation": "compensates asynchronous updates' staleness",
+    }
+    for key, what in doing.items():
+        if key in asked and sync != "async":
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {settings[key]} {what}, and this run's updates are synchronous (--sync {sync}); "
+                "add --strategy ps --sync async, or drop it"
+            )
 
 
 def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, Any]:

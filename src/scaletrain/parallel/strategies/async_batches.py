@@ -29,12 +29,18 @@ from __future__ import annotations
 from scaletrain.config import TrainConfig
 from scaletrain.parallel.strategies.base import Layout
 
-__all__ = ["batch_share", "splits", "update_batch"]
+__all__ = ["batch_share", "split_over", "splits", "update_batch"]
 
 
 def splits(config: TrainConfig, layout: Layout) -> bool:
     """Whether this run's asynchronous workers divide each batch (``--async-batches split``, more than one)."""
     return layout.sync == "async" and layout.workers > 1 and config.async_batches == "split"
+
+
+def split_over(config: TrainConfig, layout: Layout) -> int:
+    """Over how many workers each batch is divided into updates: N under split, else 1 (``prepare``'s
+    ``async_split``)."""
+    return layout.workers if splits(config, layout) else 1
 
 
 def update_batch(config: TrainConfig, layout: Layout, batch_size: int) -> int | None:
