@@ -15,6 +15,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend
+from scaletrain.estimate.queueing import demand_scale
 from scaletrain.estimate.refined import mean_value_throughput, predict, step_split
 
 PROFILE = Profile(
@@ -89,6 +90,36 @@ def test_a_measured_sharded_exchange_and_the_gradient_beside_it_replace_the_form
              for p in (measured, exchange_only)]  # fmt: skip
     assert three[0] == pytest.approx(three[1])
     assert predict(PROFILE, strategy="ps", server="sharded", sync="join", workers=2, cores=2).speedup > sharded
+
+
+def test_a_timed_asynchronous_exchange_scales_the_central_server_s_queues():
+    # Among 2 asynchronous workers the probe timed a worker's push and its wait for the reply at 0.5 s, and the
+    # gradient beside it at 0.12 s: each worker then cycles in 0.62 s (the exchange's two 1 ms latencies are in the
+    # network's think time and in what was timed), 2 updates every 0.62 s. Untimed, exponential queues of 0.1, 0.01
+    # and 0.1 s and the contention of 2 processes that only compute give 2 updates in 0.384 s (0.112 + 0.272).
+    timed = dataclasses.replace(PROFILE, central_async={2: 0.5}, exchange_compute={"central-async": {2: 0.12}})
+    two = predict(timed, strategy="ps", server="central", sync="async", workers=2, cores=2)
+    assert two.batches_per_second == pytest.approx(2 / 0.62)
+    parts = step_split(timed, strategy="ps", server="central", sync="async", workers=2, cores=2)
+    assert (parts["compute"], parts["wait"] + parts["exchange"], parts["step"]) == pytest.approx((0.12, 0.5, 0.62))
+    assert parts["exchange"] == pytest.approx(0.002 + factor_at_two(timed) * 0.21)  # push, update, reply, if alone
+    untimed = predict(PROFILE, strategy="ps", server="central", sync="async", workers=2, cores=2)
+    assert untimed.batches_per_second == pytest.approx(mean_value_throughput(2, 0.1 * 1.1 + 0.002, [0.1, 0.01, 0.1]))
+    # 3 workers, not timed: the queues keep the factor fitted at 2, the gradient the contention of 3 that only compute
+    factor = factor_at_two(timed)
+    assert factor > 1  # the measured exchange queues more than exponential service does
+    three = predict(timed, strategy="ps", server="central", sync="async", workers=3, cores=2).batches_per_second
+    think = 0.1 * PROFILE.contention_at(3, cores=2) + 0.002
+    assert three == pytest.approx(mean_value_throughput(3, think, [0.1 * factor, 0.01 * factor], [2, 1]))
+    # split updates (a gradient of batch // 2 = 0.06 s × 1.2 beside the exchange): the same factor, fitted on the
+    # probe's whole batches; each update is half a batch
+    split = predict(timed, strategy="ps", server="central", sync="async", workers=2, cores=2, async_split=True)
+    updates = mean_value_throughput(2, 0.06 * 1.2 + 0.002, [0.1 * factor, 0.01 * factor], [2, 1])
+    assert split.batches_per_second == pytest.approx(updates / 2)
+
+
+def factor_at_two(profile):
+    return demand_scale(2, 0.122, {0.1: 2, 0.01: 1}, profile.central_async[2] - 0.002)
 
 
 def test_split_uses_measured_half_batch_gradient_and_contention():

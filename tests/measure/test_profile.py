@@ -54,8 +54,10 @@ def test_the_exchanges_are_timed_among_the_workers_asked_for(tiny_fmnist, tmp_pa
     assert set(profile.allreduce) == {3} and profile.allreduce[3] > 0  # the all-reduce exchange among 3
     assert set(profile.central) == {3} and profile.central[3] > 0  # 3 workers and the central server
     assert set(profile.sharded) == {3} and profile.sharded[3] > 0  # 3 workers, each the owner of a shard
+    # 3 workers pushing to the asynchronous central server as they please: at least a push and its reply each
+    assert set(profile.central_async) == {3} and profile.central_async[3] > 2 * profile.latency
     # each exchange ran after a real gradient of the batch, timed too (LeNet has 8 tensors: every owner holds one)
-    assert set(profile.exchange_compute) == {"allreduce", "central", "sharded"}
+    assert set(profile.exchange_compute) == {"allreduce", "central", "sharded", "central-async"}
     assert all(set(timed) == {3} and timed[3] > 0 for timed in profile.exchange_compute.values())
     assert Profile.load(tmp_path / "profile.json") == profile
 

@@ -55,9 +55,12 @@ class Profile:
     #: N workers → seconds of one synchronous sharded exchange (every worker an owner: its pushes, the owners' wait
     #: and update, the replies), as a worker times it (communication + wait; ``--exchange-at``)
     sharded: dict[int, float] = field(default_factory=dict)
-    #: exchange (``allreduce``, ``central``, ``sharded``) → N → a worker's gradient seconds (its whole batch) in
-    #: the same probe, a gradient before each exchange as in training: the computation under that strategy's own
-    #: traffic and threads among N, where ``contention`` has the processes compute with nothing else going on
+    #: N workers → seconds of one exchange with the asynchronous central server (the push and the wait for the
+    #: reply, as they queue behind the other workers'), as a worker times it among N pushing as they please
+    central_async: dict[int, float] = field(default_factory=dict)
+    #: exchange (``allreduce``, ``central``, ``sharded``, ``central-async``) → N → a worker's gradient seconds (its
+    #: whole batch) in the same probe, a gradient before each exchange as in training: the computation under that
+    #: strategy's own traffic and threads among N (``contention``: the processes only compute)
     exchange_compute: dict[str, dict[int, float]] = field(default_factory=dict)
     cores: int | None = None
     threads: int = 1
@@ -155,6 +158,13 @@ class Profile:
             factor = factors[below] + share * (factors[above] - factors[below])
         return modelled(processes) * factor
 
+    def exchange_timed(self, kind: str) -> dict[int, float]:
+        """N workers → the seconds of exchange ``kind`` (``--exchanges``: allreduce, central, sharded, central-async)
+        the profile timed among N; empty where it timed none."""
+        timed = {"allreduce": self.allreduce, "central": self.central, "sharded": self.sharded}
+        timed["central-async"] = self.central_async
+        return timed.get(kind, {})
+
     @property
     def bytes_per_second(self) -> float:
         if self.bandwidth:
@@ -174,7 +184,7 @@ class Profile:
         if unknown:
             raise ConfigError(f"profile has unknown fields {sorted(unknown)}; was it written by scaletrain profile?")
         given = dict(data)
-        for key in ("t_grad_parts", "contention", "allreduce", "central", "sharded", "kvstore"):
+        for key in ("t_grad_parts", "contention", "allreduce", "central", "sharded", "central_async", "kvstore"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
         if "exchange_compute" in given:

@@ -5,7 +5,8 @@ single-server queues given by their service demands. Queues with equal demands h
 lengths at every population, so a group of identical queues is computed once and counted
 ``queues`` times: ``{demand: queues}``. The refined model (:mod:`scaletrain.estimate.refined`)
 asks for one network per worker count; :func:`mean_value_throughputs` solves all of them in one
-vectorised pass over the population instead of one interpreted recursion each.
+vectorised pass over the population instead of one interpreted recursion each; :func:`demand_scale` fits
+a network's demands to a response time measured among that many jobs.
 
 >>> mean_value_throughput(2, 1.0, [0.5, 0.5]) == mean_value_throughput(2, 1.0, [0.5], [2])
 True
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["mean_value_throughput", "mean_value_throughputs", "throughput_bound"]
+__all__ = ["demand_scale", "mean_value_throughput", "mean_value_throughputs", "throughput_bound"]
 
 
 def mean_value_throughput(
@@ -106,3 +107,35 @@ def throughput_bound(customers: int, think: float, demands: dict[float, int]) ->
     """
     unhindered = customers / (think + sum(demand * count for demand, count in demands.items()))
     return min(unhindered, 1 / max(demands)) if demands else unhindered
+
+
+def demand_scale(customers: int, think: float, demands: dict[float, int], response: float) -> float:
+    """The factor on every demand that makes the network's response time (the time a job spends in the
+    queues per cycle, customers / throughput − think) equal ``response`` at ``customers`` jobs.
+
+    The response time grows with the factor, so it is found by bisection (on its logarithm, between
+    1/1000 and 1000, the ends where the target lies beyond them). A measured response folds into the
+    demands what exponential service and the model's queues leave out: pipelined transfers that
+    queue less (a factor below 1), or a server that serialises what the model overlaps (above 1).
+
+    >>> round(demand_scale(1, 1.0, {0.5: 2}, 2.0), 6)  # one job does not queue: 2 / (0.5 + 0.5)
+    2.0
+    >>> network = (3, 0.2, {0.1: 2})
+    >>> response = 3 / mean_value_throughput(3, 0.2, [0.25], [2]) - 0.2
+    >>> round(demand_scale(*network, response), 6)
+    2.5
+    """
+    queues, counts = list(demands), list(demands.values())
+
+    def at(factor: float) -> float:
+        return customers / mean_value_throughput(customers, think, [d * factor for d in queues], counts) - think
+
+    low, high = -3.0, 3.0  # log10 of the factor
+    if not queues or response <= at(10**low):
+        return 10**low
+    if response >= at(10**high):
+        return 10**high
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if at(10**middle) < response else (low, middle)
+    return 10 ** ((low + high) / 2)

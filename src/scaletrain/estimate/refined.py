@@ -57,7 +57,7 @@ import numpy as np
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.foreign import engine_exchange, model_spec
 from scaletrain.estimate.profile import Profile
-from scaletrain.estimate.queueing import mean_value_throughput, mean_value_throughputs
+from scaletrain.estimate.queueing import demand_scale, mean_value_throughput, mean_value_throughputs
 from scaletrain.parallel.strategies import ALIASES, all_specs, get_strategy
 from scaletrain.parallel.strategies.overlap import bucket_indices
 from scaletrain.parallel.strategies.terms import Exchange, Network, Networks
@@ -132,8 +132,9 @@ def step_split(
 ) -> dict[str, float] | None:
     """A synchronous step's predicted seconds per part, as a run's workers report theirs: ``compute`` (the
     gradient, under contention), ``wait`` (for the slowest of N: the straggler term), ``exchange`` (the
-    strategy's exchange, its optimizer step included) and their sum ``step``. None for asynchronous
-    training, whose queueing network gives a rate, not a split.
+    strategy's exchange, its optimizer step included) and their sum ``step``. An asynchronous worker's cycle
+    from its closed network: ``compute``, ``exchange`` (its push, the update and the reply as if it were
+    alone, with the messages' latencies) and ``wait`` (its queueing behind the other workers' messages).
 
     >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.01, latency=0.0, weight_bytes=1000, bandwidth=1e5)
     >>> step_split(toy, strategy="allreduce", sync="join", workers=2)
@@ -141,10 +142,15 @@ def step_split(
     """
     strategy, server, sync = modelled(strategy, server, sync)
     model_spec(profile, get_strategy(strategy).label(server, sync))  # a run the profile's engine has
-    if sync == "async":
-        return None
     terms = Terms(profile, cores)
     n = np.asarray([workers])
+    if sync == "async":
+        customers, think, queues = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)[0]
+        compute = float(terms.gradient(sync, n, get_strategy(strategy).estimator_terms(server).network_probe)[0])
+        alone = sum(demand * count for demand, count in queues.items())
+        response = customers / mean_value_throughput(customers, think, list(queues), list(queues.values())) - think
+        split = {"compute": compute, "wait": max(response - alone, 0.0), "exchange": think - compute + alone}
+        return {key: round(value, 12) for key, value in {**split, "step": think + response}.items()}
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
     probe = _probe(strategy, server)
     compute = part * float(terms.contention(n, probe)[0])
@@ -163,6 +169,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks)) * terms.update_share(n)
+
     gradient = terms.gradient(sync, n, _probe(strategy, server))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
@@ -321,6 +328,26 @@ def asynchronous_networks(terms: Terms, *, server: str, workers: np.ndarray, str
 
     ``queues``: demand → how many queues have it (see :mod:`scaletrain.estimate.queueing`); the
     network is the strategy's own (its :class:`~scaletrain.parallel.strategies.terms.EstimatorTerms`).
+    Where the profile timed the strategy's asynchronous exchange among N workers (its ``network_probe``),
+    the queues are scaled so that the network's response time is the measured exchange
+    (:func:`~scaletrain.estimate.queueing.demand_scale`), on the line between the counts it timed and the
+    nearest one's beyond them: what exponential service leaves out (transfers that pipeline, a server that
+    serialises) is measured, not assumed. One worker alone keeps the profile's own transfer times.
     """
     strategy, server, sync = modelled(strategy, server, "async")
-    return _declared(strategy, server, sync)(terms, workers)
+    networks = _declared(strategy, server, sync)(terms, workers)
+    declared = get_strategy(strategy).estimator_terms(server)
+    timed = terms.profile.exchange_timed(declared.network_probe) if declared.network_probe else {}
+    counts = sorted(k for k in timed if k >= 2)
+    if not counts:
+        return networks
+    # the probe's workers push whole batches: fit the factor on those networks, apply it to the ones asked for
+    whole = terms if not terms.async_split else Terms(terms.profile, terms.cores)
+    beside = 2 * terms.profile.latency + terms.profile.codec("compress")  # in the think time and in what was timed
+    probed = _declared(strategy, server, sync)(whole, np.asarray(counts))
+    factors = {k: demand_scale(k, think, queues, timed[k] - beside) for k, think, queues in probed}
+    scaled = []
+    for customers, think, queues in networks:
+        factor = terms.profile.calibrated(factors, customers, lambda _: 1.0)
+        scaled.append((customers, think, {demand * factor: count for demand, count in queues.items()}))
+    return scaled

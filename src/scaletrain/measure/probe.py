@@ -15,9 +15,12 @@
 - ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
   it, its rate 0) and every other rank a worker running the parameter-server exchange's step
   (:class:`PSExchange`); each worker keeps its communication + wait per step.
+- ``central-async``: the same with an asynchronous server, as ``ps central async`` runs it: every worker
+  pushes whenever its gradient is ready, so each keeps its push and the wait for its reply as they
+  queue behind the others' at the server and on its links.
 - ``sharded``: every rank a worker and the synchronous owner of its shard, as ``ps sharded`` runs them.
 
-The three exchanges run a real gradient of the workload before each exchange, as a training step does, and
+The exchanges run a real gradient of the workload before each exchange, as a training step does, and
 keep its seconds too (``compute``): the computation under that strategy's own traffic and threads.
 - ``codec``: one process times the wire codec's own work on gradients of the network's shapes: its
   all-reduce and float32's, each at world size 1 (where the collective moves nothing, so what is
@@ -284,9 +287,9 @@ def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     return samples
 
 
-def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """Rank 0 serves ``world_size − 1`` workers synchronously; each worker's communication + wait seconds of
-    ``job['repeats']`` exchange steps after ``job['warmup']`` untimed ones (the server: an empty list)."""
+def time_central(job: dict[str, Any], world_size: int, synchronous: bool = True) -> dict[str, Any]:
+    """Rank 0 serves ``world_size − 1`` workers (``synchronous`` or not); each worker's communication + wait
+    seconds of ``job['repeats']`` exchange steps after ``job['warmup']`` untimed ones (the server: empty lists)."""
     model, optimizer = _exchange_model(job)
     rank, workers = dist.get_rank(), list(range(1, world_size))
     groups = pair_groups(world_size, [(0, worker) for worker in workers], timeout=job["timeout"])
@@ -295,7 +298,7 @@ def time_central(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     if rank == 0:
         server = ShardServer(
             master=list(model.parameters()), optimizer=optimizer, peers=peers, contributors=len(workers),
-            synchronous=True, timeout=job["timeout"], codec=codec,
+            synchronous=synchronous, timeout=job["timeout"], codec=codec,
         )  # fmt: skip
         server.start()
         server.join(deadline_seconds=job["timeout"])
@@ -318,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         result = time_gradient(job, barrier=dist.barrier if rendezvous.world_size > 1 else None)
     elif job["kind"] == "allreduce":
         result = time_allreduce(job, rendezvous.world_size)
-    elif job["kind"] == "central":
-        result = time_central(job, rendezvous.world_size)
+    elif job["kind"] in ("central", "central-async"):
+        result = time_central(job, rendezvous.world_size, synchronous=job["kind"] == "central")
     elif job["kind"] == "sharded":
         result = time_sharded(job, rendezvous.world_size)
     elif job["kind"] == "codec":

@@ -62,7 +62,8 @@ from scaletrain.workloads import Workload, create_workload
 __all__ = ["ProfileConfig", "ProfileError", "contention_counts", "measure_codec", "network", "run_profile"]
 
 POLL_SECONDS = 0.05
-EXCHANGES = ("allreduce", "central", "sharded")  # the synchronous exchanges a profile can time (probe kinds)
+#: the exchanges a profile can time (probe kinds): the synchronous three and the asynchronous central server's
+EXCHANGES = ("allreduce", "central", "sharded", "central-async")
 SMALL_BYTES = 4
 
 
@@ -224,7 +225,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     exchanges = [kind for kind in config.exchanges if kind == "allreduce" or not codec.all_reduce_only]
     for workers in sorted(set(config.exchange_counts)):
         for kind in exchanges:  # the central server is one more process, rank 0, which times nothing
-            server = 1 if kind == "central" else 0
+            server = 1 if kind.startswith("central") else 0
             ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
             beside = [x for rank in ranks[server:] for x in rank["compute"]]  # none for a profile of another device
@@ -248,6 +249,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         allreduce=timed["allreduce"],
         central=timed["central"],
         sharded=timed["sharded"],
+        central_async=timed["central-async"],
         exchange_compute=computed,
         cores=cores,
         threads=config.threads,

@@ -175,12 +175,13 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             exchange_counts=splits,
             exchanges=tuple(
                 kind
-                for kind, prefix in (
-                    ("allreduce", "allreduce-"),
-                    ("central", "ps-central-"),
-                    ("sharded", "ps-sharded-"),
-                )
-                if any(s.startswith(prefix) and not s.endswith("-async") for s in config.strategies)
+                for kind, (prefix, asynchronous) in {
+                    "allreduce": ("allreduce-", False),
+                    "central": ("ps-central-", False),
+                    "sharded": ("ps-sharded-", False),
+                    "central-async": ("ps-central-", True),
+                }.items()
+                if any(s.startswith(prefix) and s.endswith("-async") == asynchronous for s in config.strategies)
             ),
             concurrency=min(max(config.workers), cores),
             network=config.network,
@@ -320,9 +321,9 @@ def step_parts(
     profile: Profile, configuration: Configuration, workers: int, runs: list[dict[str, Any]], *, cores: int | None
 ) -> dict[str, float | None]:
     """``measured_X_seconds`` (median over the runs) and ``refined_X_seconds`` for X in compute, wait,
-    exchange: a synchronous step's parts, so a wrong term shows, not only a wrong total. The measured
-    exchange is the communication alone; the predicted one holds the optimizer step too (under 1 %
-    of a step in every profile here). Asynchronous rows get None for the predicted parts."""
+    exchange: a step's parts (:func:`~scaletrain.estimate.refined.step_split`), so a wrong term shows, not only
+    a wrong total. The measured exchange is the communication alone; the predicted one holds the optimizer
+    step too (under 1 % of a step in every profile here)."""
     split = step_split(profile, strategy=configuration.strategy, server=configuration.server,
                        sync=configuration.sync, workers=workers, cores=cores)  # fmt: skip
     result: dict[str, float | None] = {}

@@ -1,5 +1,5 @@
 """The validation's report (``validation.md``, :mod:`scaletrain.measure.validate`): the profile, predicted
-against measured speedup per configuration, the order of the strategies, and a synchronous step's parts."""
+against measured speedup per configuration, the order of the strategies, and a step's parts."""
 
 from __future__ import annotations
 
@@ -101,10 +101,10 @@ def wire_suffix(profile: Profile) -> str:
 
 
 def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The per-step parts of the synchronous rows (:func:`step_parts`), measured against the refined model,
-    as Markdown lines (milliseconds); none when no row is synchronous."""
-    synchronous = [row for row in rows if row.get("refined_compute_seconds") is not None]
-    if not synchronous:
+    """The per-step parts of the rows the refined model splits (:func:`step_parts`), measured against it, as
+    Markdown lines (milliseconds); none when it splits no row."""
+    split = [row for row in rows if row.get("refined_compute_seconds") is not None]
+    if not split:
         return []
 
     def ms(value: float | None) -> str:
@@ -113,12 +113,13 @@ def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
         "A step's parts, measured / refined model, ms per step (the measured exchange is the communication;",
         "the predicted one holds the optimizer step too; a parameter-server worker's wait for the server's reply",
-        "is in its measured wait):",
+        "is in its measured wait; an asynchronous worker's predicted wait is its queueing behind the other",
+        "workers' messages and its predicted exchange the push, update and reply as if alone: compare the sums):",
         "",
         "| strategy | workers | compute | wait | exchange |",
         "|---|---|---|---|---|",
     ]
-    for row in synchronous:
+    for row in split:
         cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
                  for part in ("compute", "wait", "exchange")]  # fmt: skip
         lines.append(f"| {shown_strategy(row)} | {row['workers']} | " + " | ".join(cells) + " |")

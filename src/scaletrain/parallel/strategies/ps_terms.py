@@ -74,9 +74,10 @@ def sharded_exchange(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
 
 
 def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
-    """Queues: the server's downlink (gradients), its update lock, its uplink (weights)."""
+    """Queues: the server's downlink (gradients), its update lock, its uplink (weights). The gradient as timed
+    beside the asynchronous exchange where the profile did (``central-async``)."""
     profile = inputs.profile
-    gradients = inputs.gradient("async", workers).tolist()
+    gradients = inputs.gradient("async", workers, "central-async").tolist()
     bandwidth = profile.bytes_per_second
     pushes, replies = gradient_bytes(profile) / bandwidth, weight_bytes(profile) / bandwidth
     queues = queue_demands([(pushes, 1), (profile.t_update + profile.codec("decompress"), 1), (replies, 1)])
@@ -104,7 +105,10 @@ def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     return networks
 
 
-CENTRAL = EstimatorTerms(exchange=central_exchange, networks=central_networks, thesis_server="central", probe="central")
+CENTRAL = EstimatorTerms(
+    exchange=central_exchange, networks=central_networks, thesis_server="central", probe="central",
+    network_probe="central-async",
+)  # fmt: skip
 # Owners update in parallel: their step is part of the exchange.
 SHARDED = EstimatorTerms(
     exchange=sharded_exchange, networks=sharded_networks, thesis_server="distributed", probe="sharded"

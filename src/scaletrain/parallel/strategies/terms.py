@@ -91,8 +91,9 @@ class StepInputs(Protocol):
     @property
     def profile(self) -> ProfileNumbers: ...
 
-    def gradient(self, sync: str, workers: np.ndarray) -> np.ndarray:
-        """t_grad of one worker's part of a step among N (batch share, CPU contention, stragglers)."""
+    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
+        """t_grad of one worker's part of a step among N (batch share, CPU contention, stragglers); ``probe``: an
+        exchange the profile may have timed it beside (``exchange_compute``)."""
         ...
 
     def per_count(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
@@ -127,6 +128,9 @@ class EstimatorTerms:
     #: where the profile timed it among N, the gradient's seconds measured beside it (``exchange_compute``) replace
     #: the contention of N processes that only compute
     probe: str | None = None
+    #: the asynchronous exchange the profile times for it (``central-async``): where the profile timed it among N,
+    #: the network's queues are scaled so that it gives the measured exchange (``scaletrain.estimate.refined``)
+    network_probe: str | None = None
 
 
 def calibrated_seconds(
