@@ -14,8 +14,8 @@ import pytest
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
-from scaletrain.estimate.recommend import recommend
 from scaletrain.estimate.queueing import demand_scale
+from scaletrain.estimate.recommend import recommend
 from scaletrain.estimate.refined import mean_value_throughput, predict, step_split
 
 PROFILE = Profile(

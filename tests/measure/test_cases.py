@@ -77,7 +77,7 @@ def test_the_summary_keeps_the_adjusted_on_and_the_held_out_errors_apart(tmp_pat
 
     results = {
         "lenet-loopback": [row("allreduce-join", 1, 1.0, 1.5), row("allreduce-join", 2, 2.0, 2.2)],
-        "ptb-lstm-500mbit": [row("allreduce-join", 2, 1.0, 1.3), row("ps-sharded-join", 2, 1.2, 1.2)],
+        "ptb-lstm-1gbit": [row("allreduce-join", 2, 1.0, 1.3), row("ps-sharded-join", 2, 1.2, 1.2)],
     }
     summary = summarize(results)
     # one worker is the reference's own setting: not judged
@@ -86,12 +86,12 @@ def test_the_summary_keeps_the_adjusted_on_and_the_held_out_errors_apart(tmp_pat
     assert summary["groups"]["holdout"]["configurations"] == 2
     assert summary["groups"]["holdout"]["errors"]["refined"] == pytest.approx(15.0)
     # measured: sharded first; the refined model puts all-reduce first: the one pair apart is reversed
-    ranking = summary["cases"]["ptb-lstm-500mbit"]["ranking"]["2"]
+    ranking = summary["cases"]["ptb-lstm-1gbit"]["ranking"]["2"]
     assert ranking["measured"] == ["ps-sharded-join", "allreduce-join"] and ranking["refined_kendall_tau"] == -1.0
     report = write_summary(summary, tmp_path).read_text()
     assert "| held out | 2 | 0.0 % | 15.0 % |" in report
-    assert "| ptb-lstm-500mbit | held out | 2 | 0.0 % | 15.0 % | 2: -1.00 (+1.00) |" in report
-    assert f"- ptb-lstm-500mbit (the LSTM on a fast link): `{CASES['ptb-lstm-500mbit'].command()}`" in report
+    assert "| ptb-lstm-1gbit | held out | 2 | 0.0 % | 15.0 % | 2: -1.00 (+1.00) |" in report
+    assert f"- ptb-lstm-1gbit (the LSTM on the fastest link): `{CASES['ptb-lstm-1gbit'].command()}`" in report
 
 
 def test_a_case_without_a_saved_validation_is_one_line_and_nothing_is_written(capsys, tmp_path):

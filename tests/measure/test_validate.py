@@ -39,7 +39,7 @@ def test_measured_speedup_is_against_the_median_local_run():
     assert mean_errors(table)["thesis"] == pytest.approx(table[0]["thesis_error_percent"])
 
 
-def test_a_synchronous_step_s_parts_are_set_beside_the_refined_model_s():
+def test_a_step_s_parts_are_set_beside_the_refined_model_s():
     split = {"compute_seconds_per_step": 0.12, "wait_seconds_per_step": 0.02, "communication_seconds_per_step": 0.05}
     results = [
         *rows("local", 1, [10.0]),
@@ -56,8 +56,13 @@ def test_a_synchronous_step_s_parts_are_set_beside_the_refined_model_s():
     assert synchronous["refined_compute_seconds"] == pytest.approx(0.1)
     assert synchronous["refined_wait_seconds"] == pytest.approx(0.0)
     assert synchronous["refined_exchange_seconds"] == pytest.approx(0.01)
+    # an asynchronous worker's cycle is split too (its run reported none here): the gradient, and the push, update
+    # and reply as if alone (1 MB each way at 100 MB/s, no latency or update measured), its queueing as the wait
     asynchronous = table["ps-central-async"]
-    assert asynchronous["refined_compute_seconds"] is None and asynchronous["measured_compute_seconds"] is None
+    assert asynchronous["measured_compute_seconds"] is None
+    assert asynchronous["refined_compute_seconds"] == pytest.approx(0.1)
+    assert asynchronous["refined_exchange_seconds"] == pytest.approx(2 * 0.01)
+    assert 0 < asynchronous["refined_wait_seconds"] < asynchronous["refined_exchange_seconds"]
 
 
 def test_no_local_run_means_no_reference():

@@ -226,7 +226,10 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     for workers in sorted(set(config.exchange_counts)):
         for kind in exchanges:  # the central server is one more process, rank 0, which times nothing
             server = 1 if kind.startswith("central") else 0
-            ranks = _run_probes({**transfer_job, "kind": kind}, workers + server, config.network, config.timeout)
+            probe = {**transfer_job, "kind": kind}
+            if kind == "central-async":  # workers that start together take a few cycles to fall into their own pace
+                probe |= {"warmup": probe["warmup"] + workers, "repeats": 2 * config.round_trips}
+            ranks = _run_probes(probe, workers + server, config.network, config.timeout)
             timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
             beside = [x for rank in ranks[server:] for x in rank["compute"]]  # none for a profile of another device
             if beside:
