@@ -30,11 +30,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnist(
     real_fmnist: Path, trained: TrainedOnce
 ) -> None:
-    fp32, _ = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
-    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **REAL_LENET)
+    # bf16 for the first of float32's two epochs (the rate schedule does not depend on the epochs to come, so
+    # float32's first epoch is the run of one epoch): one epoch of autocast on the CPU takes 30 s here
+    fp32, run = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
+    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **{**REAL_LENET, "epochs": 1})
     assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert fp32["test_accuracy"] > 0.8
-    assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    first = next(record for record in logged if record["kind"] == "epoch")
+    assert first["epoch"] == 0 and first["test_accuracy"] > 0.7  # 0-based
+    assert bf16["test_accuracy"] >= first["test_accuracy"] - 0.01
 
 
 @pytest.mark.alone
