@@ -147,5 +147,6 @@ def test_contention_counts_below_two_are_refused_in_one_line() -> None:
         ProfileConfig("lenet", contention_counts=(1, 4))
     with pytest.raises(ConfigError, match="--exchange-at counts must be ≥ 2"):
         ProfileConfig("lenet", exchange_counts=(1,))
-    with pytest.raises(ConfigError, match=r"--exchanges takes allreduce, central, sharded \(comma-separated\), not"):
+    named = r"--exchanges takes allreduce, central, sharded, central-async \(comma-separated\), not ring"
+    with pytest.raises(ConfigError, match=named):
         ProfileConfig("lenet", exchanges=("ring", "central"))

@@ -129,7 +129,7 @@ def predict_many(
 
 def step_split(
     profile: Profile, *, strategy: str, sync: str, workers: int, server: str = "central", cores: int | None = None
-) -> dict[str, float] | None:
+) -> dict[str, float]:
     """A synchronous step's predicted seconds per part, as a run's workers report theirs: ``compute`` (the
     gradient, under contention), ``wait`` (for the slowest of N: the straggler term), ``exchange`` (the
     strategy's exchange, its optimizer step included) and their sum ``step``. An asynchronous worker's cycle
@@ -169,7 +169,6 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks)) * terms.update_share(n)
-
     gradient = terms.gradient(sync, n, _probe(strategy, server))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.

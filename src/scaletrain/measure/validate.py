@@ -320,17 +320,17 @@ MEASURED_PARTS = {"compute": "compute_seconds_per_step", "wait": "wait_seconds_p
 def step_parts(
     profile: Profile, configuration: Configuration, workers: int, runs: list[dict[str, Any]], *, cores: int | None
 ) -> dict[str, float | None]:
-    """``measured_X_seconds`` (median over the runs) and ``refined_X_seconds`` for X in compute, wait,
-    exchange: a step's parts (:func:`~scaletrain.estimate.refined.step_split`), so a wrong term shows, not only
-    a wrong total. The measured exchange is the communication alone; the predicted one holds the optimizer
-    step too (under 1 % of a step in every profile here)."""
+    """``measured_X_seconds`` (median over the runs; None where none reported it) and ``refined_X_seconds`` for
+    X in compute, wait, exchange: a step's parts (:func:`~scaletrain.estimate.refined.step_split`), so a wrong
+    term shows, not only a wrong total. The measured exchange is the communication alone; the predicted one
+    holds the optimizer step too (under 1 % of a step in every profile here)."""
     split = step_split(profile, strategy=configuration.strategy, server=configuration.server,
                        sync=configuration.sync, workers=workers, cores=cores)  # fmt: skip
     result: dict[str, float | None] = {}
     for part, field_name in MEASURED_PARTS.items():
         values = [float(run[field_name]) for run in runs if run.get(field_name) is not None]
         result[f"measured_{part}_seconds"] = statistics.median(values) if values else None
-        result[f"refined_{part}_seconds"] = split[part] if split is not None else None
+        result[f"refined_{part}_seconds"] = split[part]
     return result
 
 
