@@ -232,3 +232,31 @@ def test_synchronous_steps_wait_for_the_slowest_worker():
     assert sync.speedup == pytest.approx(2 / slowest_of_two * mean)
     asynchronous = predict(noisy, strategy="ps", server="central", sync="async", workers=1)
     assert asynchronous.speedup == pytest.approx(1.0)
+
+
+def test_the_wait_timed_beside_a_strategy_s_exchange_replaces_the_straggler_term_where_it_was_timed():
+    """Gradient samples 0.1, 0.1, 0.2 s (the expected slowest of two 0.1556 s); the all-reduce probe among 2
+    timed the exchange at 0.05 s, the gradient beside it at 0.12 s and a mean wait for the slowest of 0.01 s."""
+    samples = {"t_grad": [0.1, 0.1, 0.2]}
+    noisy = Profile("noisy", 8, t_grad=0.1, t_comm=0.0, weight_bytes=1000, samples=samples, t_grad_parts={2: 0.06},
+                    allreduce={2: 0.05}, exchange_compute={"allreduce": {2: 0.12}},
+                    exchange_wait={"allreduce": {2: 0.01}})  # fmt: skip
+    join = step_split(noisy, strategy="allreduce", sync="join", workers=2, cores=2)
+    assert (join["compute"], join["wait"], join["exchange"]) == pytest.approx((0.12, 0.01, 0.05))
+    rate = predict(noisy, strategy="allreduce", sync="join", workers=2, cores=2).batches_per_second
+    assert rate == pytest.approx(2 / 0.18)
+    # a split step computes 0.06 of 0.1 s of the batch: that share of the gradient beside it and of the wait
+    split = step_split(noisy, strategy="allreduce", sync="split", workers=2, cores=2)
+    assert (split["compute"], split["wait"]) == pytest.approx((0.06 * 1.2, 0.01 * 0.6))
+    # a parameter server's worker waits inside its exchange: the probe's 0 leaves no straggler term beside it
+    sharded = dataclasses.replace(noisy, sharded={2: 0.07}, exchange_compute={"sharded": {2: 0.12}},
+                                  exchange_wait={"sharded": {2: 0.0}})  # fmt: skip
+    parts = step_split(sharded, strategy="ps", server="sharded", sync="join", workers=2, cores=2)
+    assert (parts["compute"], parts["wait"], parts["exchange"]) == pytest.approx((0.12, 0.0, 0.07))
+    # at a count the probe did not time, and in a profile that timed no wait, the straggler term is the samples'
+    three = step_split(noisy, strategy="allreduce", sync="join", workers=3)
+    assert three["wait"] == pytest.approx(0.1 * (noisy.slowest_of(3) - 1))
+    untimed = dataclasses.replace(noisy, exchange_wait={})
+    assert step_split(untimed, strategy="allreduce", sync="join", workers=2, cores=2)["wait"] == pytest.approx(
+        0.12 * (noisy.slowest_of(2) - 1)
+    )

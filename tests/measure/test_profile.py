@@ -24,7 +24,7 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     out = tmp_path / "profile.json"
     config = ProfileConfig(
         "lenet", batch_size=32, split_workers=(2,), concurrency=3, contention_counts=(3,), repeats=3, warmup=1,
-        round_trips=3, launches=2, data_dir=tiny_fmnist, download=False,
+        round_trips=3, launches=2, data_dir=tiny_fmnist, download=False, exchange_counts=(2,), exchanges=("allreduce",),
     )  # fmt: skip
     profile = run_profile(config, out=out)
     assert profile.weight_bytes == LENET_FLOATS * 4 == sum(profile.tensor_bytes)
@@ -32,7 +32,10 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert profile.t_grad > 0 and profile.t_grad_parts[2] > 0 and profile.t_update > 0
     assert profile.t_grad_parts[2] < profile.t_grad  # half the batch is less work
     assert set(profile.contention) == {1, 3} and profile.contention[3] > 0  # only the count asked for
-    assert profile.allreduce == {} and profile.central == {}  # not asked for
+    assert set(profile.allreduce) == {2} and profile.central == {} == profile.sharded  # only the exchange asked for
+    # its exchanges pooled over the 2 launches too (2 workers, 3 round trips each), the wait for the slowest beside
+    assert len(profile.samples["exchange"]["allreduce"]["2"]) == 12 and set(profile.exchange_wait) == {"allreduce"}
+    assert profile.exchange_wait["allreduce"][2] >= 0
     assert 0 < profile.latency < profile.t_comm
     transfer = profile.t_comm - profile.latency if profile.t_comm > 2 * profile.latency else profile.t_comm
     assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)
@@ -59,6 +62,10 @@ def test_the_exchanges_are_timed_among_the_workers_asked_for(tiny_fmnist, tmp_pa
     # each exchange ran after a real gradient of the batch, timed too (LeNet has 8 tensors: every owner holds one)
     assert set(profile.exchange_compute) == {"allreduce", "central", "sharded", "central-async"}
     assert all(set(timed) == {3} and timed[3] > 0 for timed in profile.exchange_compute.values())
+    # the parameter-server workers' waits are in their exchanges' seconds; the all-reduce's is timed apart
+    assert {kind: timed[3] for kind, timed in profile.exchange_wait.items() if kind != "allreduce"} == dict.fromkeys(
+        ("central", "sharded", "central-async"), 0.0
+    )
     assert Profile.load(tmp_path / "profile.json") == profile
 
 

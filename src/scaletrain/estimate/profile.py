@@ -62,6 +62,10 @@ class Profile:
     #: whole batch) in the same probe, a gradient before each exchange as in training: the computation under that
     #: strategy's own traffic and threads among N (``contention``: the processes only compute)
     exchange_compute: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: exchange → N → a worker's mean seconds a step waiting for the slowest of N, timed in the same probe where
+    #: the exchange's own seconds leave that wait out (the all-reduce's one-number all-reduce before it); 0 where
+    #: they hold it (a parameter-server worker's wait for its reply). Where timed, it stands for the straggler term
+    exchange_wait: dict[str, dict[int, float]] = field(default_factory=dict)
     cores: int | None = None
     threads: int = 1
     network: str | None = None
@@ -187,10 +191,9 @@ class Profile:
         for key in ("t_grad_parts", "contention", "allreduce", "central", "sharded", "central_async", "kvstore"):
             if key in given:
                 given[key] = {int(k): float(v) for k, v in given[key].items()}
-        if "exchange_compute" in given:
-            given["exchange_compute"] = {
-                kind: {int(k): float(v) for k, v in timed.items()} for kind, timed in given["exchange_compute"].items()
-            }
+        for key in ("exchange_compute", "exchange_wait"):
+            if key in given:
+                given[key] = {kind: {int(k): float(v) for k, v in timed.items()} for kind, timed in given[key].items()}
         if "tensor_bytes" in given:
             given["tensor_bytes"] = tuple(given["tensor_bytes"])
         try:

@@ -10,7 +10,8 @@ none is fitted to the runs it is judged on):
   is t_grad + t_update per batch, what a one-worker ``local`` run takes per step.
 - **Stragglers**: a synchronous step waits for the slowest of N workers, so t_grad × the expected
   maximum of N draws from the measured gradient times (their mean for one worker and for
-  asynchronous workers, and for the sequential reference).
+  asynchronous workers, and for the sequential reference); where the profile timed the strategy's
+  exchange among N, the mean wait for the slowest measured beside it instead (``exchange_wait``).
 - **CPU contention** when the workers share one machine's cores: t_grad × the slowdown measured
   with that many processes computing at once (``contention``).
 - **The shard sizes of the sharded server** (Algorithm 3.7's greedy assignment over the real
@@ -302,7 +303,9 @@ class Terms:
         return [column[n] for n in counts]
 
     def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
-        """t_grad of one worker's part of a step among N: its batch share, contention, stragglers."""
+        """t_grad of one worker's part of a step among N: its batch share, contention, stragglers (the expected
+        slowest of N draws of t_grad, or where the profile timed the strategy's exchange among N, the mean wait
+        for the slowest measured beside it: ``exchange_wait``)."""
         profile = self.profile
         if sync == "split" or (sync == "async" and self.async_split):
             part = np.array(self.per_count("split", workers, profile.t_grad_at))
@@ -310,7 +313,16 @@ class Terms:
             part = np.full(workers.shape, profile.t_grad_at(1))
         # Synchronous steps wait for the slowest of N workers; asynchronous workers each go at their mean pace.
         slowest = self.per_count("slowest", workers if sync != "async" else np.ones_like(workers), profile.slowest_of)
-        return part * self.contention(workers, probe) * np.array(slowest)
+        computed = part * self.contention(workers, probe)
+        if sync == "async":
+            return computed * np.array(slowest)
+        # where the strategy's exchange was timed among N, the wait beside it (for a smaller batch, its share)
+        timed = profile.exchange_wait.get(probe, {}) if probe is not None else {}
+        beside = profile.exchange_compute.get(probe, {}) if probe is not None else {}
+        waits = [timed[n] if n in timed and n in beside and n > 1 else None for n in workers.tolist()]
+        share = part / profile.t_grad_at(1)
+        return np.array([c * s if w is None else c + w * f
+                         for c, s, w, f in zip(computed, slowest, waits, share, strict=True)])  # fmt: skip
 
     def contention(self, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """The gradient's slowdown among N processes: as timed beside the strategy's own exchange among N where

@@ -11,7 +11,7 @@
   per size in bytes.
 - ``allreduce``: every rank runs the all-reduce exchange's step (:class:`AllReduceExchange`, the class
   training uses) on gradients of the network's shapes, and keeps the communication time it reports
-  (the wire codec's collective, after the one-number all-reduce that absorbs the waiting).
+  (the wire codec's collective), and apart the wait for the slowest rank (the one-number all-reduce before it).
 - ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
   it, its rate 0) and every other rank a worker running the parameter-server exchange's step
   (:class:`PSExchange`); each worker keeps its communication + wait per step.
@@ -234,20 +234,27 @@ def _gradient_step(job: dict[str, Any], model: torch.nn.Module) -> Any:
     return step
 
 
-def _time_steps(job: dict[str, Any], model: torch.nn.Module, step: Any, exchanged: Any) -> dict[str, Any]:
-    """``job['repeats']`` steps of gradient, then exchange (``step``; ``exchanged(times)``: the seconds it
-    counts), after ``job['warmup']`` untimed ones: both parts' seconds per step."""
+def _time_steps(job: dict[str, Any], model: torch.nn.Module, step: Any, exchanged: Any, waited: Any) -> dict[str, Any]:
+    """``job['repeats']`` steps of gradient, then exchange (``step``), after ``job['warmup']`` untimed ones: each
+    part's seconds per step. ``exchanged(times)``: the seconds the exchange counts; ``waited(times)``: the wait for
+    the slowest worker that it leaves out (0 where the exchange's own time holds it)."""
     # the exchanges' probes hold the model on the CPU: a profile for another device times no gradient beside them
     on_cpu = resolve_device(job.get("device", "cpu")).type == "cpu"
     compute = _gradient_step(job, model) if on_cpu else None
-    samples: dict[str, list[float]] = {"exchange": [], "compute": []}
+    samples: dict[str, list[float]] = {"exchange": [], "compute": [], "wait": []}
     for round_number in range(job["warmup"] + job["repeats"]):
         seconds = compute() if compute is not None else None
         times = step()
         if round_number >= job["warmup"]:
             samples["exchange"].append(exchanged(times))
+            samples["wait"].append(waited(times))
             samples["compute"] += [seconds] if seconds is not None else []
     return samples
+
+
+def _in_exchange(times: Any) -> float:
+    """A parameter-server worker's wait for its reply is in its exchange's seconds: nothing apart."""
+    return 0.0
 
 
 def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -256,7 +263,8 @@ def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     model, optimizer = _exchange_model(job)
     exchange = AllReduceExchange(world_size, _codec(job))
     exchange.start(model, optimizer)
-    return _time_steps(job, model, lambda: exchange.step(model, optimizer, None), lambda times: times.communication)
+    return _time_steps(job, model, lambda: exchange.step(model, optimizer, None), lambda times: times.communication,
+                       lambda times: times.wait)  # fmt: skip
 
 
 def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -280,7 +288,7 @@ def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
                           groups=peers, serve=serve, codec=codec)  # fmt: skip
     exchange.start(model, optimizer)
     samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
-                          lambda times: times.communication + times.wait)  # fmt: skip
+                          lambda times: times.communication + times.wait, _in_exchange)  # fmt: skip
     exchange.finish(model)
     if exchange.local_server is not None:
         exchange.local_server.join(deadline_seconds=job["timeout"])
@@ -302,11 +310,11 @@ def time_central(job: dict[str, Any], world_size: int, synchronous: bool = True)
         )  # fmt: skip
         server.start()
         server.join(deadline_seconds=job["timeout"])
-        return {"exchange": [], "compute": []}
+        return {"exchange": [], "compute": [], "wait": []}
     exchange = PSExchange(rank=rank, plan=lambda parameters: [0] * len(parameters), groups=peers, codec=codec)
     exchange.start(model, optimizer)
     samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
-                          lambda times: times.communication + times.wait)  # fmt: skip
+                          lambda times: times.communication + times.wait, _in_exchange)  # fmt: skip
     exchange.finish(model)
     return samples
 

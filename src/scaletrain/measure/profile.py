@@ -19,7 +19,9 @@
   all-reduce exchange's communication, and the central server's (N workers and the server process:
   push, the server's wait for all N and its update, the reply; communication + wait). The refined
   model corrects its formulas by them. With a codec that compresses, past its dense start (what a run
-  sends once it compresses); the central one not for a codec only all-reduce carries (PowerSGD).
+  sends once it compresses); the central one not for a codec only all-reduce carries (PowerSGD). Each is
+  pooled over ``launches`` launches, and keeps the gradient's seconds beside it (``exchange_compute``) and the
+  mean wait for the slowest worker that its own seconds leave out (``exchange_wait``: the all-reduce's).
 - **codec_seconds** (a ``wire`` other than fp32): the codec's own compute per step on one worker,
   alone: its all-reduce less float32's (each at world size 1, where the collective moves nothing), and
   where a parameter server carries it one gradient message's compress and decompress.
@@ -222,18 +224,18 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     t_comm = statistics.median(worker[str(weight_bytes)]["round_trip"]) / 2
     timed: dict[str, dict[int, float]] = {kind: {} for kind in EXCHANGES}
     computed: dict[str, dict[int, float]] = {}
+    waited: dict[str, dict[int, float]] = {}
+    spread: dict[str, dict[str, list[float]]] = {}  # every exchange timed, by kind and N
     exchanges = [kind for kind in config.exchanges if kind == "allreduce" or not codec.all_reduce_only]
     for workers in sorted(set(config.exchange_counts)):
-        for kind in exchanges:  # the central server is one more process, rank 0, which times nothing
-            server = 1 if kind.startswith("central") else 0
-            probe = {**transfer_job, "kind": kind}
-            if kind == "central-async":  # workers that start together take a few cycles to fall into their own pace
-                probe |= {"warmup": probe["warmup"] + workers, "repeats": 2 * config.round_trips}
-            ranks = _run_probes(probe, workers + server, config.network, config.timeout)
-            timed[kind][workers] = statistics.median(x for rank in ranks[server:] for x in rank["exchange"])
-            beside = [x for rank in ranks[server:] for x in rank["compute"]]  # none for a profile of another device
-            if beside:
-                computed.setdefault(kind, {})[workers] = statistics.median(beside)
+        for kind in exchanges:
+            pooled_parts = _time_exchange(config, transfer_job, kind, workers)
+            timed[kind][workers] = statistics.median(pooled_parts["exchange"])
+            spread.setdefault(kind, {})[str(workers)] = pooled_parts["exchange"]
+            if pooled_parts["compute"]:  # none for a profile of another device
+                computed.setdefault(kind, {})[workers] = statistics.median(pooled_parts["compute"])
+                # a wait is mostly nothing with a tail, and a step pays its mean
+                waited.setdefault(kind, {})[workers] = statistics.fmean(pooled_parts["wait"])
     profile = Profile(
         workload=config.workload,
         batch_size=batch_size,
@@ -254,6 +256,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         sharded=timed["sharded"],
         central_async=timed["central-async"],
         exchange_compute=computed,
+        exchange_wait=waited,
         cores=cores,
         threads=config.threads,
         network=config.network,
@@ -263,6 +266,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             "t_grad": pooled[1],
             "round_trip": worker[str(weight_bytes)]["round_trip"],
             "t_grad_contended": contended,
+            "exchange": spread,
         },
         machine=machine_info(config.network),
         architecture=dict(config.architecture),
@@ -277,6 +281,23 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     if out is not None:
         profile.save(out)
     return profile
+
+
+def _time_exchange(config: ProfileConfig, transfer_job: dict[str, Any], kind: str, workers: int) -> dict[str, list]:
+    """Exchange ``kind`` among ``workers`` real workers, pooled over ``config.launches`` fresh launches (one
+    process's pace varies from launch to launch, the computation beside the exchange with it): every worker's
+    seconds per step of ``exchange``, ``compute`` (beside it) and ``wait`` (for the slowest, where the exchange
+    leaves it out)."""
+    server = 1 if kind.startswith("central") else 0  # the central server: one more process, rank 0, timing nothing
+    probe = {**transfer_job, "kind": kind}
+    if kind == "central-async":  # workers that start together take a few cycles to fall into their own pace
+        probe |= {"warmup": probe["warmup"] + workers, "repeats": 2 * config.round_trips}
+    ranks = [
+        rank
+        for _ in range(config.launches)
+        for rank in _run_probes(probe, workers + server, config.network, config.timeout)[server:]
+    ]
+    return {part: [x for rank in ranks for x in rank.get(part, ())] for part in ("exchange", "compute", "wait")}
 
 
 def contention_counts(config: ProfileConfig) -> list[int]:
