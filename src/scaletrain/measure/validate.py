@@ -39,11 +39,12 @@ from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.refined import step_split
 from scaletrain.measure.bench import run_bench
-from scaletrain.measure.profile import ProfileConfig, run_profile
+from scaletrain.measure.profile import EXCHANGES, ProfileConfig, run_profile
 from scaletrain.measure.ranking import RANK_NOISE, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
+from scaletrain.parallel.strategies import get_strategy
 
 __all__ = [
     "DEFAULT_STRATEGIES",
@@ -51,6 +52,7 @@ __all__ = [
     "compare",
     "compare_measured",
     "mean_errors",
+    "probed_exchanges",
     "rank_agreement",
     "run_validation",
 ]
@@ -147,6 +149,22 @@ class ValidationConfig:
         return {"device": self.device, **{key: value for key, value in given.items() if value != defaults[key]}}
 
 
+def probed_exchanges(strategies: tuple[str, ...]) -> tuple[str, ...]:
+    """The exchanges a profile times for these strategies: those their estimator terms read (``probe`` for a
+    synchronous step, ``network_probe`` for asynchronous updates).
+
+    >>> probed_exchanges(("allreduce-join", "ps-central-async", "ps-sharded-async"))
+    ('allreduce', 'central-async')
+    """
+    kinds = set()
+    for spec in strategies:
+        configuration = Configuration.parse(spec)
+        terms = get_strategy(configuration.strategy).estimator_terms(configuration.server)
+        if terms is not None:
+            kinds.add(terms.network_probe if configuration.sync == "async" else terms.probe)
+    return tuple(kind for kind in EXCHANGES if kind in kinds)
+
+
 def run_validation(config: ValidationConfig) -> dict[str, Any]:
     """Profile, predict, run the sweep, compare; returns the table rows and both models' errors."""
     out = config.out
@@ -173,16 +191,7 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             split_workers=splits,
             # the exchanges of the strategies validated, among as many workers as the runs have
             exchange_counts=splits,
-            exchanges=tuple(
-                kind
-                for kind, (prefix, asynchronous) in {
-                    "allreduce": ("allreduce-", False),
-                    "central": ("ps-central-", False),
-                    "sharded": ("ps-sharded-", False),
-                    "central-async": ("ps-central-", True),
-                }.items()
-                if any(s.startswith(prefix) and s.endswith("-async") == asynchronous for s in config.strategies)
-            ),
+            exchanges=probed_exchanges(config.strategies),
             concurrency=min(max(config.workers), cores),
             network=config.network,
             threads=config.threads_per_worker,
