@@ -64,7 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(default: scaletrain)",
     )
     parser.add_argument("--batch-sizes", type=number_list, help="batch sizes (default: the workload's)")
-    parser.add_argument("--steps", type=int, help="optimizer steps per run (default: 100, or the preset's epochs)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="optimizer steps per run, per worker for an asynchronous one (default: 100, or the preset's epochs)",
+    )
     parser.add_argument("--epochs", type=int, help="epochs per run instead of --steps")
     parser.add_argument("--repeats", type=int, help="runs per configuration (default: 1)")
     parser.add_argument("--warmup-steps", type=int, help="first steps of each process not timed (default: 5)")

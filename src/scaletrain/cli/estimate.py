@@ -112,7 +112,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     advice.add_argument("--validate", action="store_true", help="run the real sweep and compare with both models")
     advice.add_argument("--strategies", type=name_list, metavar="LIST",
                         help=f"with --validate: strategy specs (default: {','.join(DEFAULT_STRATEGIES)})")  # fmt: skip
-    advice.add_argument("--steps", type=int, metavar="N", help="with --validate: optimizer steps per run (default: 40)")
+    advice.add_argument("--steps", type=int, metavar="N",
+                        help="with --validate: optimizer steps per run, per worker for an asynchronous one "
+                        "(default: 40)")  # fmt: skip
     advice.add_argument("--warmup-steps", type=int, metavar="N",
                         help="with --validate: first steps left out (default: 5)")  # fmt: skip
     advice.add_argument("--runs", type=int, dest="run_repeats", metavar="N",

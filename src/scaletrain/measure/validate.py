@@ -295,7 +295,7 @@ def predicted_row(
 ) -> dict[str, Any]:
     """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors."""
     configuration = validated(label)
-    batches = steps * (workers if configuration.sync == "join" else 1)
+    batches = steps * (workers if configuration.sync in ("join", "async") else 1)  # what the run trained (sweep)
     row: dict[str, Any] = {"workload": profile.workload, "network": network, "wire": wire, "strategy": label,
                            "workers": workers, "runs": runs, "measured_speedup": measured}  # fmt: skip
     for model in MODELS:
