@@ -13,6 +13,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.validate import ValidationConfig, compare, mean_errors, run_validation
+from scaletrain.measure.validation_report import markdown
 
 PROFILE = Profile("lenet", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,))
 
@@ -63,6 +64,26 @@ def test_a_step_s_parts_are_set_beside_the_refined_model_s():
     assert asynchronous["refined_compute_seconds"] == pytest.approx(0.1)
     assert asynchronous["refined_exchange_seconds"] == pytest.approx(2 * 0.01)
     assert 0 < asynchronous["refined_wait_seconds"] < asynchronous["refined_exchange_seconds"]
+
+
+def test_runs_the_bench_flagged_are_named_beside_the_speedups_that_rest_on_them():
+    far = "32 % above the other repeat"
+    results = [
+        *rows("local", 1, [22.0]), {**rows("local", 1, [29.0])[0], "repeat": 1, "flag": far},
+        *rows("allreduce-join", 2, [14.4, 15.1]), *rows("ps-central-async", 2, [8.2]),
+    ]  # fmt: skip
+    table = {row["strategy"]: row for row in compare(PROFILE, results, steps=20, cores=2, network="loopback")}
+    # the reference's flag stands beside every row measured against it
+    assert table["allreduce-join"]["flagged_runs"] == table["ps-central-async"]["flagged_runs"] == f"local r1: {far}"
+    # an asynchronous run trained N × the steps (bench: each worker the steps of a synchronous one)
+    thesis = predicted_speedup("thesis", PROFILE, Configuration.parse("ps-central-async"), 2, batches=40, cores=2)
+    assert table["ps-central-async"]["thesis_speedup"] == pytest.approx(thesis)
+    report = markdown(PROFILE, list(table.values()), mean_errors(list(table.values())), {}, 0.05)
+    assert f"Runs the bench flagged (the measured speedups rest on them): local r1: {far}." in report
+    unflagged = compare(PROFILE, [*rows("local", 1, [22.0]), *rows("allreduce-join", 2, [14.4])], steps=20, cores=2,
+                        network="loopback")  # fmt: skip
+    assert unflagged[0]["flagged_runs"] == ""
+    assert "flagged" not in markdown(PROFILE, unflagged, mean_errors(unflagged), {}, 0.05)
 
 
 def test_no_local_run_means_no_reference():

@@ -90,6 +90,7 @@ COLUMNS = (
     "thesis_error_percent",
     "refined_error_percent",
     *(f"{source}_{part}_seconds" for part in ("compute", "wait", "exchange") for source in ("measured", "refined")),
+    "flagged_runs",  # the bench's flags on the row's runs and on its reference's: "local r1: 32 % above …; …"
 )
 
 
@@ -249,11 +250,13 @@ def compare(
     profiles = {profiles.framework: profiles} if isinstance(profiles, Profile) else dict(profiles)
     rates: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     parts: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    flags: dict[tuple[str, str, int], list[str]] = defaultdict(list)  # the bench's: a run far from its repeats
     for row in results:
         if row.get("status") == "ok":
             key = (framework_of(row), row["strategy"], int(row["workers"]))
             rates[key].append(float(row["batches_per_second"]))
             parts[key].append(row)
+            flags[key] += [f"{row['strategy']} r{row['repeat']}: {row['flag']}"] if row.get("flag") else []
     unprofiled = sorted({framework for framework, _, _ in rates} - set(profiles))
     if unprofiled:
         raise ConfigError(
@@ -272,7 +275,9 @@ def compare(
             )
         profile = profiles[framework]
         measured = statistics.median(values) / statistics.median(reference)
-        row = {"framework": framework, "measured_batches_per_second": statistics.median(values)}
+        flagged = flags[(framework, label, workers)] + [flag for name in alone for flag in flags[(framework, name, 1)]]
+        row = {"framework": framework, "measured_batches_per_second": statistics.median(values),
+               "flagged_runs": "; ".join(flagged)}  # fmt: skip
         row.update(predicted_row(profile, label, workers, measured, len(values), steps=steps, cores=cores,
                                  network=network, wire=wire))  # fmt: skip
         row.update(step_parts(profile, validated(label), workers, parts[(framework, label, workers)],

@@ -59,6 +59,9 @@ def markdown(
         "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
         "",
     ]
+    flagged = sorted({flag for row in rows for flag in (row.get("flagged_runs") or "").split("; ") if flag})
+    if flagged:  # a measured speedup resting on them is as uncertain as they are apart
+        lines += [f"Runs the bench flagged (the measured speedups rest on them): {'; '.join(flagged)}.", ""]
     for workers, entry in ranking.items():
         taus = ", ".join(
             f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
