@@ -1,4 +1,4 @@
-"""How the test session shares this machine when pytest-xdist runs two tests at once (``-n``, pyproject.toml).
+"""How the test session shares this machine when pytest-xdist runs several tests at once (``-n``, pyproject.toml).
 
 * Each test file runs whole on one xdist worker (``--dist loadfile``), so a module's fixtures are made
   once, as without xdist. Tests that read one session-scoped run (the ``trained`` fixture) sit in one

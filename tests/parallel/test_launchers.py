@@ -234,3 +234,26 @@ def _write(text: str) -> Path:
     path = Path(tempfile.mkdtemp()) / "nodes"
     path.write_text(text)
     return path
+
+
+def test_a_background_thread_s_traceback_goes_to_the_log_not_the_terminal_under_our_launcher():
+    # as multiprocessing's file-descriptor thread fails when a Ctrl-C kills the loader workers mid-handshake
+    program = (
+        "import threading\n"
+        "from scaletrain.parallel.worker import thread_tracebacks_to_log\n"
+        "thread_tracebacks_to_log()\n"
+        "def serve():\n"
+        "    raise ConnectionResetError(104, 'Connection reset by peer')\n"
+        "thread = threading.Thread(target=serve, name='sharer')\n"
+        "thread.start(); thread.join()\n"
+    )
+    environment = {**os.environ, "SCALETRAIN_LAUNCHER": "1"}
+    launched = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
+                              timeout=120, check=True)  # fmt: skip
+    assert launched.stderr == ""  # what the launcher shows on the terminal
+    assert "exception in sharer:" in launched.stdout and "ConnectionResetError" in launched.stdout  # the log
+    # without our launcher (a worker started by torchrun or a pod), Python's own report on stderr stays
+    del environment["SCALETRAIN_LAUNCHER"]
+    alone = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
+                           timeout=120, check=True)  # fmt: skip
+    assert "ConnectionResetError" in alone.stderr and alone.stdout == ""

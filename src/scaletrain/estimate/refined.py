@@ -321,8 +321,9 @@ class Terms:
         beside = profile.exchange_compute.get(probe, {}) if probe is not None else {}
         waits = [timed[n] if n in timed and n in beside and n > 1 else None for n in workers.tolist()]
         share = part / profile.t_grad_at(1)
-        return np.array([c * s if w is None else c + w * f
-                         for c, s, w, f in zip(computed, slowest, waits, share, strict=True)])  # fmt: skip
+        steps = zip(computed, slowest, waits, share, strict=True)
+        return np.array([alone * factor if wait is None else alone + wait * fraction
+                         for alone, factor, wait, fraction in steps])  # fmt: skip
 
     def contention(self, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """The gradient's slowdown among N processes: as timed beside the strategy's own exchange among N where

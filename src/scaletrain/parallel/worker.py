@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+import traceback
 from pathlib import Path
 
 from scaletrain.config import from_json_dict
@@ -23,8 +25,27 @@ from scaletrain.parallel.teardown import exit_now
 from scaletrain.plugins import load_plugins
 
 
+def thread_tracebacks_to_log() -> None:
+    """Under the local launcher, a background thread's traceback goes to this process's log (its stdout), not
+    to the terminal the launcher shows its stderr on. One seen there: on Ctrl-C, multiprocessing's thread that
+    hands file descriptors to the data loader's workers lost a worker mid-handshake (ConnectionResetError)."""
+    if not os.environ.get(ENV_LAUNCHER):
+        return
+
+    def to_log(failed: threading.ExceptHookArgs) -> None:
+        if failed.exc_type is SystemExit:
+            return
+        name = failed.thread.name if failed.thread is not None else "a thread"
+        print(f"exception in {name}:", file=sys.stdout, flush=True)
+        traceback.print_exception(failed.exc_type, failed.exc_value, failed.exc_traceback, file=sys.stdout)
+        sys.stdout.flush()
+
+    threading.excepthook = to_log
+
+
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
+    thread_tracebacks_to_log()
     rendezvous = Rendezvous.from_env()
     try:
         # The launcher's environment names them: the same registries in every process, filled before the
