@@ -141,7 +141,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("ptb-lstm-1gbit", "ptb-lstm", True, "seen: held out for 69e533a", network="1gbit",
          **{**_LSTM, "steps": 40, "warmup_steps": 10}),
     # held out for the models of 13bd210 (every exchange probe pooled over launches, the all-reduce's wait timed), then
-    # looked at: their asynchronous runs shared the steps among the workers, 2–10 measured steps a worker, mostly the
+    # looked at: their asynchronous runs shared the steps among the workers, 2–15 measured steps a worker, mostly the
     # start where the workers push in phase (the asynchronous rows over-predicted in 4 of 5 cases)
     Case("lenet-b256-1gbit", "lenet", True, "seen: held out for 13bd210 (its order missed)", network="1gbit",
          batch_size=256, steps=30, warmup_steps=5),
