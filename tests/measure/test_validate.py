@@ -80,6 +80,13 @@ def test_runs_the_bench_flagged_are_named_beside_the_speedups_that_rest_on_them(
     assert table["ps-central-async"]["thesis_speedup"] == pytest.approx(thesis)
     report = markdown(PROFILE, list(table.values()), mean_errors(list(table.values())), {}, 0.05)
     assert f"Runs the bench flagged (the measured speedups rest on them): local r1: {far}." in report
+    # a bench flag with two reasons stays whole, and each run is named once in the table's order
+    both = f"{far}; 32 % above the other one-worker run at batch 16"
+    results[1] = {**results[1], "flag": both}
+    results[3] = {**results[3], "repeat": 0, "flag": "31 % below the other repeat"}
+    flagged = compare(PROFILE, results, steps=20, cores=2, network="loopback")
+    report = markdown(PROFILE, flagged, mean_errors(flagged), {}, 0.05)
+    assert f"rest on them): allreduce-join r0: 31 % below the other repeat · local r1: {both}." in report
     unflagged = compare(PROFILE, [*rows("local", 1, [22.0]), *rows("allreduce-join", 2, [14.4])], steps=20, cores=2,
                         network="loopback")  # fmt: skip
     assert unflagged[0]["flagged_runs"] == ""

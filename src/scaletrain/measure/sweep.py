@@ -33,7 +33,7 @@ from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec
 from scaletrain.plugins import load_plugins
 
-__all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_sweep"]
+__all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_steps", "run_sweep"]
 
 DEFAULT_STEPS = 100
 #: the run settings a foreign engine follows too (scaletrain.engines.prepare.EngineRun)
@@ -228,6 +228,19 @@ def run_sweep(
     return rows, notes
 
 
+def run_steps(steps: int, sync: str, workers: int) -> int:
+    """The optimizer steps a run of the sweep trains for ``--steps``: those, or for asynchronous updates N times as
+    many, so each worker trains and measures the steps a synchronous worker does past the same warm-up (an
+    asynchronous run's steps are its updates, shared among its workers). With them shared, a short run measured
+    mostly its start, where the workers push in phase and queue (LeNet b256, 2 workers, 1 Gbit/s: 1.249 measured
+    over 10 steps a worker, 1.307 over 20 after 20 warm-up).
+
+    >>> run_steps(30, "join", 2), run_steps(30, "async", 2)
+    (30, 60)
+    """
+    return steps * workers if sync == "async" else steps
+
+
 def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     """The training settings of one run wherever it runs: here (:func:`run_sweep`) or in a cluster's
     pods (:mod:`scaletrain.deploy.sweep`); without the run folder and the emulated network.
@@ -238,12 +251,7 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     ['ps', 'central', 'async', 2, 64, 200]
     """
     steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
-    if steps is not None and run.sync == "async":
-        # An asynchronous run's steps are its updates, shared among its workers: N times as many give each worker the
-        # steps a synchronous worker trains and measures past the same warm-up (and the run a join run's batches).
-        # With the steps shared, a short run measured mostly its start, where the workers push in phase and queue
-        # (LeNet b256, 2 workers, 1 Gbit/s: 1.249 measured over 10 steps a worker, 1.307 over 20 after 20 warm-up).
-        steps *= run.workers
+    steps = run_steps(steps, run.sync, run.workers) if steps is not None else None
     # what only some runs of the grid read goes to those (a run refuses a setting it would not read)
     unread = set() if run.server else {"server", "ps_admission"}
     if run.sync != "async":

@@ -42,8 +42,8 @@ from scaletrain.measure.bench import run_bench
 from scaletrain.measure.profile import EXCHANGES, ProfileConfig, run_profile
 from scaletrain.measure.ranking import RANK_NOISE, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
-from scaletrain.measure.sweep import SweepConfig
-from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
+from scaletrain.measure.sweep import SweepConfig, run_steps
+from scaletrain.measure.validation_report import FLAGS_APART, markdown, wire_label, wire_suffix
 from scaletrain.parallel.strategies import get_strategy
 
 __all__ = [
@@ -90,7 +90,7 @@ COLUMNS = (
     "thesis_error_percent",
     "refined_error_percent",
     *(f"{source}_{part}_seconds" for part in ("compute", "wait", "exchange") for source in ("measured", "refined")),
-    "flagged_runs",  # the bench's flags on the row's runs and on its reference's: "local r1: 32 % above …; …"
+    "flagged_runs",  # the bench's flags on the row's runs and on its reference's: "local r1: 32 % above … · …"
 )
 
 
@@ -277,7 +277,7 @@ def compare(
         measured = statistics.median(values) / statistics.median(reference)
         flagged = flags[(framework, label, workers)] + [flag for name in alone for flag in flags[(framework, name, 1)]]
         row = {"framework": framework, "measured_batches_per_second": statistics.median(values),
-               "flagged_runs": "; ".join(flagged)}  # fmt: skip
+               "flagged_runs": FLAGS_APART.join(flagged)}  # fmt: skip
         row.update(predicted_row(profile, label, workers, measured, len(values), steps=steps, cores=cores,
                                  network=network, wire=wire))  # fmt: skip
         row.update(step_parts(profile, validated(label), workers, parts[(framework, label, workers)],
@@ -300,7 +300,8 @@ def predicted_row(
 ) -> dict[str, Any]:
     """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors."""
     configuration = validated(label)
-    batches = steps * (workers if configuration.sync in ("join", "async") else 1)  # what the run trained (sweep)
+    # the batches the run trained: a join step is N batches, a split step and an asynchronous update one
+    batches = run_steps(steps, configuration.sync, workers) * (workers if configuration.sync == "join" else 1)
     row: dict[str, Any] = {"workload": profile.workload, "network": network, "wire": wire, "strategy": label,
                            "workers": workers, "runs": runs, "measured_speedup": measured}  # fmt: skip
     for model in MODELS:

@@ -9,7 +9,10 @@ from scaletrain.estimate.models import MODELS
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.results import shown_strategy
 
-__all__ = ["engine_line", "markdown", "step_parts_table", "wire_label", "wire_suffix"]
+#: between the flagged runs of a validation row: a bench flag itself may hold "; " between its reasons
+FLAGS_APART = " · "
+
+__all__ = ["FLAGS_APART", "engine_line", "markdown", "step_parts_table", "wire_label", "wire_suffix"]
 
 
 def markdown(
@@ -59,9 +62,10 @@ def markdown(
         "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
         "",
     ]
-    flagged = sorted({flag for row in rows for flag in (row.get("flagged_runs") or "").split("; ") if flag})
+    # each run once, in the table's order (a reference's flag stands in every row measured against it)
+    flagged = dict.fromkeys(flag for row in rows for flag in (row.get("flagged_runs") or "").split(FLAGS_APART) if flag)
     if flagged:  # a measured speedup resting on them is as uncertain as they are apart
-        lines += [f"Runs the bench flagged (the measured speedups rest on them): {'; '.join(flagged)}.", ""]
+        lines += [f"Runs the bench flagged (the measured speedups rest on them): {FLAGS_APART.join(flagged)}.", ""]
     for workers, entry in ranking.items():
         taus = ", ".join(
             f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
