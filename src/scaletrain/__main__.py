@@ -2,6 +2,6 @@
 
 import sys
 
-from scaletrain.cli import main
+from scaletrain.cli import console
 
-sys.exit(main())
+sys.exit(console())

@@ -20,6 +20,7 @@ Train your own model on your own tensors with the same loop, metrics and output 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -41,6 +42,8 @@ from scaletrain.measure.cases import run_cases as validate_cases
 from scaletrain.measure.profile import ProfileConfig, run_profile
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validate import ValidationConfig, run_validation
+from scaletrain.parallel.process import layout_of
+from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.teardown import exit_now as _exit_now
 from scaletrain.train.checkpoint import check_writable
@@ -61,6 +64,7 @@ __all__ = [
     "make_config",
     "profile",
     "recommend",
+    "runs_alone",
     "strategy_spec",
     "train",
     "validate",
@@ -104,6 +108,20 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
             )
         name, settings = own.origin.reference, {**settings, "options": own.origin.options}
     return run_training(make_config(name, config_file=config_file, **settings), own)
+
+
+def runs_alone(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> bool:
+    """Whether :func:`train` with these arguments is one process started here: no other worker or server,
+    no run to join, no other launcher's process group (whose launcher watches its processes).
+
+    >>> runs_alone("lenet"), runs_alone("lenet", workers=2)
+    (True, False)
+    """
+    if isinstance(workload, Workload):
+        workload = workload.origin.reference if workload.origin is not None else workload.name
+    config = make_config(workload, config_file=config_file, **settings)
+    alone = layout_of(config).world_size == 1 and not config.join and config.nodefile is None
+    return alone and ENV_RANK not in os.environ
 
 
 def load_model(out: Path | str, *, workload: str | Workload | None = None) -> nn.Module:

@@ -19,10 +19,11 @@ from typing import Any
 
 from scaletrain.cli import bench, compare, deploy, engines, estimate, profile, train, workloads
 from scaletrain.cli.formatter import DefaultsHelpFormatter
+from scaletrain.cli.supervise import log_faults, supervised
 from scaletrain.errors import Interrupted, ScaletrainError
 from scaletrain.plugins import load_plugins
 
-__all__ = ["main"]
+__all__ = ["console", "main"]
 
 SUBCOMMANDS = (train, workloads, bench, compare, profile, estimate, deploy, engines)
 
@@ -70,14 +71,25 @@ def package_version() -> str:
     return "unknown (not installed; pip install -e . sets it)"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
+def console() -> int:
+    """The ``scaletrain`` command: :func:`main`, with a one-process run watched by this process
+    (:mod:`scaletrain.cli.supervise`) unless this process is the watched one."""
+    if supervised():
+        log_faults()
+        return main()
+    return main(supervise=True)
+
+
+def main(argv: Sequence[str] | None = None, *, supervise: bool = False) -> int:
+    """Run the command line; returns the exit code. ``supervise``: run a one-process training as a child
+    process that this one watches (the ``scaletrain`` command does; a caller in Python gets the run in-process)."""
     try:
         load_plugins()  # before the parser: its choices come from the registries
     except ScaletrainError as exc:
         print(f"scaletrain: error: {exc}", file=sys.stderr)
         return exc.exit_code
     args = build_parser().parse_args(argv)
+    args.argv, args.supervise = list(sys.argv[1:] if argv is None else argv), supervise
     try:
         return args.handler(args)
     except Interrupted as exc:

@@ -9,9 +9,10 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from scaletrain.api import exit_now, train
+from scaletrain.api import exit_now, runs_alone, train
 from scaletrain.cli.arguments import workload_argument, workloads_offered
 from scaletrain.cli.formatter import shown_default
+from scaletrain.cli.supervise import run_supervised
 from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
 from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged_options
 from scaletrain.errors import ConfigError
@@ -341,9 +342,10 @@ def run(args: argparse.Namespace) -> int:
     wire_options = parse_options(getattr(args, "wire_option", []), what="wire option", example="-W rank=2")
     settings["wire_options"] = wire_options or None
     options = workload_options(args)
-    summary = train(
-        args.workload, config_file=args.config, options=options or None, **{**settings, **technique_settings(args)}
-    )
+    given = {"options": options or None, **settings, **technique_settings(args)}
+    if args.supervise and runs_alone(args.workload, config_file=args.config, **given):
+        return run_supervised(args.argv, "the training process")  # it runs this command again, as its child
+    summary = train(args.workload, config_file=args.config, **given)
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher, or a joining worker
         joined = summary.get("joined")
         if joined is not None:  # its --out may be another folder than the run's (MASTER_ADDR and MASTER_PORT)

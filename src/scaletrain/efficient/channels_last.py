@@ -22,6 +22,18 @@ network's structure run outside the training forward pass and see plain NCHW.
 ``--memory-format auto`` (the default) is channels-last on a CPU and channels-first on a GPU, where
 neither layout has been measured with scaletrain yet.
 
+**A library defect worked around.** On a CPU where oneDNN runs its AVX2 (or older) kernels, the
+``jit_1x1:avx2`` backward-weights kernel of a strided 1x1 convolution over a channels-last input with
+fewer input channels than its block of 8 writes past its stride-reducing workspace (oneDNN issue #6035,
+"1x1 convolution backward_weights writes past the rtus workspace (nhwc, IC < ic_block)"): the weight
+gradient comes out wrong (relative error 0.38–0.94, measured here with torch 2.13.0 / oneDNN 3.12.0) and
+the heap may be corrupted (aborts and segmentation faults later). ResNet shortcuts are such
+convolutions, and PruneTrain, MorphNet and narrowing make their input channels few. Those
+convolutions alone (:func:`hits_onednn_1x1_defect`) get their input channels-first, where oneDNN
+takes a blocked layout padded to whole blocks and computes them exactly; the output is handed on
+channels-last as usual. Measured with ``ONEDNN_MAX_CPU_ISA=AVX2``: backward-data, 3-D, grouped,
+unstrided and larger-kernel convolutions are exact, and so is every shape with AVX-512 kernels.
+
 Usable in any loop::
 
     >>> import torch
@@ -36,6 +48,8 @@ Usable in any loop::
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,11 +66,50 @@ __all__ = [
     "MEMORY_FORMATS",
     "ChannelsLast",
     "channels_last_activations",
+    "hits_onednn_1x1_defect",
     "memory_format_technique",
+    "onednn_below_avx512",
     "resolved_memory_format",
 ]
 
 MEMORY_FORMATS = ("auto", "contiguous", "channels_last")
+
+#: The environment variables that cap oneDNN's instruction set (its current name and its former one).
+ONEDNN_ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
+#: oneDNN's AVX2 kernels block input channels by 8: fewer than that is where the 1x1 defect lies.
+_AVX2_CHANNEL_BLOCK = 8
+
+
+@functools.cache
+def onednn_below_avx512() -> bool:
+    """Whether oneDNN runs its AVX2 (or older) kernels here: a CPU without AVX-512, or one whose oneDNN is
+    capped below it by ``ONEDNN_MAX_CPU_ISA`` (read once, as oneDNN reads it)."""
+    for name in ONEDNN_ISA_VARIABLES:
+        cap = os.environ.get(name, "").strip().upper()
+        if cap and not cap.startswith(("AVX512", "AVX10", "ALL", "DEFAULT")):
+            return True
+    return not torch.cpu._is_avx512_supported()
+
+
+def hits_onednn_1x1_defect(module: nn.Module, inputs: torch.Tensor, below_avx512: bool | None = None) -> bool:
+    """Whether ``module`` on ``inputs`` would run oneDNN's defective AVX2 1x1 backward-weights kernel in
+    channels-last (the module's card): a 2-D convolution with a 1x1 kernel, a stride above 1 and fewer than 8
+    input channels per group, on a CPU whose oneDNN runs below AVX-512.
+
+    >>> shortcut = nn.Conv2d(4, 16, 1, stride=2)
+    >>> x = torch.ones(2, 4, 8, 8)
+    >>> hits_onednn_1x1_defect(shortcut, x, True), hits_onednn_1x1_defect(shortcut, x, False)
+    (True, False)
+    >>> hits_onednn_1x1_defect(nn.Conv2d(4, 16, 1), x, True), hits_onednn_1x1_defect(nn.Conv2d(8, 16, 1, 2), x, True)
+    (False, False)
+    """
+    if not isinstance(module, nn.Conv2d) or inputs.device.type != "cpu":
+        return False
+    if tuple(module.kernel_size) != (1, 1) or max(module.stride) == 1:
+        return False
+    if module.in_channels // module.groups >= _AVX2_CHANNEL_BLOCK:
+        return False
+    return onednn_below_avx512() if below_avx512 is None else below_avx512
 
 
 def _as_channels_last(tensor: Any) -> Any:
@@ -66,9 +119,12 @@ def _as_channels_last(tensor: Any) -> Any:
 
 
 def _input_hook(module: nn.Module, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    if isinstance(module, nn.Conv2d) and inputs:
-        return (_as_channels_last(inputs[0]), *inputs[1:])
-    return None
+    if not isinstance(module, nn.Conv2d) or not inputs:
+        return None
+    first = inputs[0]
+    if isinstance(first, torch.Tensor) and hits_onednn_1x1_defect(module, first):
+        return (first.contiguous(), *inputs[1:])  # channels-first: see the module's card
+    return (_as_channels_last(first), *inputs[1:])
 
 
 def _output_hook(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> Any:
