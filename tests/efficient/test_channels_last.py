@@ -26,6 +26,8 @@ from scaletrain.efficient.channels_last import (
 from scaletrain.errors import ConfigError
 from scaletrain.workloads import create_workload
 
+pytestmark = pytest.mark.avx2  # CI runs this file on AVX2 kernels too (.ci/run)
+
 RESNET = {"dataset": "fashion-mnist", "stages": "3", "blocks": "1", "width": "4"}
 
 

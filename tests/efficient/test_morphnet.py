@@ -22,6 +22,8 @@ from scaletrain.efficient.surgery import reconfigure
 from scaletrain.errors import ConfigError
 from scaletrain.workloads import create_workload
 
+pytestmark = pytest.mark.avx2  # CI runs this file on AVX2 kernels too (.ci/run)
+
 RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "8"}
 
 

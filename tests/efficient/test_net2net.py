@@ -19,6 +19,8 @@ from scaletrain.efficient.surgery import apply_architecture, reconfigure, resize
 from scaletrain.errors import ConfigError
 from scaletrain.workloads import create_workload
 
+pytestmark = pytest.mark.avx2  # CI runs this file on AVX2 kernels too (.ci/run)
+
 RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "2", "width": "4"}
 #: (workload, options, input shape, changes: ("wider", layer, width) or ("deeper", after))
 NETWORKS = {

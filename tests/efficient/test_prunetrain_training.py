@@ -18,6 +18,8 @@ from tests.helpers import model_weights as weights
 
 import scaletrain
 
+pytestmark = pytest.mark.avx2  # CI runs this file on AVX2 kernels too (.ci/run)
+
 RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
 PRUNE = {"technique": "prunetrain", "lasso_ratio": 0.5, "prune_threshold": 0.05, "reconfigure_every": 1}
 COMMON = {"epochs": 3, "lr": 0.1, "momentum": 0.9, "progress": "off", "tensorboard": False, "threads": 1, "seed": 5}

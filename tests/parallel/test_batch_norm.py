@@ -22,7 +22,7 @@ from tests.parallel import batch_norm_job
 
 import scaletrain
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.avx2]  # CI runs it on AVX2 kernels too
 
 TWO_PROCESSES = [
     "allreduce-split",

@@ -19,7 +19,7 @@ removals, then sizes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -28,7 +28,15 @@ from scaletrain.efficient.base import Reconfiguration
 from scaletrain.efficient.channels import channel_count, is_residual_block
 from scaletrain.errors import ConfigError
 
-__all__ = ["Architecture", "Bypass", "apply_architecture", "identity_module", "reconfigure", "resized_architecture"]
+__all__ = [
+    "Architecture",
+    "Bypass",
+    "apply_architecture",
+    "check_well_formed",
+    "identity_module",
+    "reconfigure",
+    "resized_architecture",
+]
 
 #: ``{module path: {"out": size, "in": size}}`` (or ``{"removed": 1}`` for a block that went, or
 #: ``{"inserted": 1, "kind": ...}`` for a module Net2DeeperNet added) — how the network differs from
@@ -65,10 +73,11 @@ def reconfigure(
     if decision.insert and (decision.keep or decision.remove):
         raise ConfigError("a reconfiguration inserts modules or resizes and removes them, not both at once")
     carried: dict[nn.Parameter, tuple[nn.Parameter, Selection]] = {}
+    produced: list[nn.Module] = []
     for path, spec in sorted(decision.insert.items(), key=lambda item: _insertion_order(item[0])):
-        _insert(model, path, spec)
+        produced.append(_insert(model, path, spec))
     for path in decision.remove:
-        _remove_block(model, path)
+        produced.append(_remove_block(model, path).relu)
     generator = torch.Generator().manual_seed(decision.seed)
     for path, keep in decision.keep.items():
         old = _module(model, path)
@@ -76,6 +85,7 @@ def reconfigure(
         if decision.noise and "out" in keep and isinstance(new, (nn.Linear, *_CONVS)):
             _perturb_copies(new, keep["out"], decision.noise, generator)
         _replace(model, path, new)
+        produced.append(new)
         carried.update(mapping)
     renewed = make_optimizer(list(model.parameters()))
     for old_group, new_group in zip(optimizer.param_groups, renewed.param_groups, strict=True):
@@ -91,7 +101,44 @@ def reconfigure(
             for key, value in state.items()
         }
     _start_momentum(renewed)
+    states = {id(p): renewed.state.get(p, {}) for module in produced for p in module.parameters()}
+    check_well_formed(
+        [(f"{type(m).__name__}.{n}", t) for m in produced for n, t in (*m.named_parameters(), *m.named_buffers())]
+        + [(f"optimizer state {key}", v) for state in states.values() for key, v in state.items() if torch.is_tensor(v)]
+    )
     return renewed
+
+
+def check_well_formed(tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Raise ``RuntimeError`` naming each tensor that is not well formed: not contiguous (the layout every
+    parameter, buffer and optimizer state keeps; channels-last changes only the activations), a view into a
+    larger storage or at an offset (a copy of a flat buffer, a slice of a freed tensor), or sharing its storage
+    with another of them (a tensor named twice counts once). Called after every change of the network, on what
+    the change produced.
+
+    >>> check_well_formed([("weight", torch.zeros(4, 3))])
+    >>> check_well_formed([("weight", torch.zeros(4, 6)[:, :3])])
+    Traceback (most recent call last):
+    RuntimeError: surgery left malformed tensors: weight is not contiguous
+    """
+    problems, owners, seen = [], {}, set()
+    for name, tensor in tensors:
+        if id(tensor) in seen:  # the same tensor reached twice (a module inside another that was produced)
+            continue
+        seen.add(id(tensor))
+        storage = tensor.untyped_storage()
+        needed = tensor.numel() * tensor.element_size()
+        if not tensor.is_contiguous():
+            problems.append(f"{name} is not contiguous")
+        elif tensor.storage_offset() != 0 or storage.nbytes() != needed:
+            problems.append(
+                f"{name} is a view at offset {tensor.storage_offset()} into {storage.nbytes()} bytes (needs {needed})"
+            )
+        elif needed and storage.data_ptr() in owners:
+            problems.append(f"{name} shares its storage with {owners[storage.data_ptr()]}")
+        owners.setdefault(storage.data_ptr(), name)
+    if problems:
+        raise RuntimeError("surgery left malformed tensors: " + "; ".join(problems))
 
 
 def _start_momentum(optimizer: torch.optim.Optimizer) -> None:
@@ -110,8 +157,10 @@ def _start_momentum(optimizer: torch.optim.Optimizer) -> None:
 def apply_architecture(model: nn.Module, architecture: Architecture) -> None:
     """Resize a freshly built network to ``architecture`` (weights to be loaded afterwards)."""
     inserted = sorted((path for path, sizes in architecture.items() if INSERTED in sizes), key=_insertion_order)
+    produced = []
     for path in inserted:
-        _insert(model, path, {key: value for key, value in architecture[path].items() if key != INSERTED})
+        spec = {key: value for key, value in architecture[path].items() if key != INSERTED}
+        produced.append(_insert(model, path, spec))
     for path, sizes in architecture.items():
         if REMOVED in sizes:
             _remove_block(model, path)
@@ -123,6 +172,10 @@ def apply_architecture(model: nn.Module, architecture: Architecture) -> None:
         dims = {dim: [index % channel_count(module, dim) for index in range(size)] for dim, size in sizes.items()}
         new, _ = _resized(module, path, dims)
         _replace(model, path, new)
+        produced.append(new)
+    check_well_formed(
+        [(f"{type(m).__name__}.{n}", t) for m in produced for n, t in (*m.named_parameters(), *m.named_buffers())]
+    )
 
 
 def resized_architecture(architecture: Architecture, decision: Reconfiguration) -> Architecture:
@@ -189,7 +242,7 @@ def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Modul
     if kind == "block":
         if not is_residual_block(previous):
             raise ConfigError("net2net: a residual block is inserted only right after one")
-        block = copy.deepcopy(previous)
+        block = _own_copy(previous)
         last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
         with torch.no_grad():
             last_norm.weight.zero_()
@@ -214,7 +267,7 @@ def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Modul
     return nn.Sequential(layer, nn.ReLU()) if relu else nn.Sequential(layer)
 
 
-def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> None:
+def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> nn.Module:
     parent_path, _, index = path.rpartition(".")
     parent = _module(model, parent_path) if parent_path else model
     if not isinstance(parent, nn.Sequential) or not index.isdigit() or not 0 < int(index) <= len(parent):
@@ -222,11 +275,13 @@ def _insert(model: nn.Module, path: str, spec: dict[str, int | str]) -> None:
             f"cannot insert a module at {path}: it must be a position after the first inside an nn.Sequential"
         )
     layers = list(parent)
-    layers.insert(int(index), identity_module(spec, layers[int(index) - 1]))
+    inserted = identity_module(spec, layers[int(index) - 1])
+    layers.insert(int(index), inserted)
     for key in list(parent._modules):
         del parent._modules[key]
     for position, layer in enumerate(layers):
         parent.add_module(str(position), layer)
+    return inserted
 
 
 def _perturb_copies(module: nn.Module, kept: list[int], noise: float, generator: torch.Generator) -> None:
@@ -254,14 +309,16 @@ def _module(model: nn.Module, path: str) -> nn.Module:
         raise ConfigError(f"the network has no module {path!r}; its modules: {_names(model)}") from None
 
 
-def _remove_block(model: nn.Module, path: str) -> None:
+def _remove_block(model: nn.Module, path: str) -> Bypass:
     block = _module(model, path)
     if not is_residual_block(block):
         raise ConfigError(f"module {path} is no residual block (one with residual, shortcut and relu children)")
     activation = copy.deepcopy(block.relu)
     if hasattr(activation, "inplace"):  # an identity shortcut hands over its input, which backward needs
         activation.inplace = False
-    _replace(model, path, Bypass(block.shortcut, activation))
+    bypass = Bypass(block.shortcut, activation)
+    _replace(model, path, bypass)
+    return bypass
 
 
 def _names(model: nn.Module) -> str:
@@ -296,7 +353,7 @@ def _resized(
             f"module {path} is a {type(module).__name__}; only Linear, ungrouped Conv and BatchNorm layers "
             "can be resized"
         )
-    new = copy.deepcopy(module)
+    new = _own_copy(module)
     mapping = {}
     for name, old in module.named_parameters(recurse=False):
         axis = {d: sizes[d][1] if old.dim() > 1 else 0 for d in keep}
@@ -318,7 +375,29 @@ def _resized(
     return new, mapping
 
 
+def _own_copy(module: nn.Module) -> nn.Module:
+    """``copy.deepcopy(module)`` whose every tensor has a storage of its own: deepcopy copies a view's whole
+    storage (a parameter server's flat buffer, say) and keeps the view into it."""
+    new = copy.deepcopy(module)
+    for owner in new.modules():
+        for name, buffer in list(owner.named_buffers(recurse=False)):
+            if buffer is not None and (buffer.storage_offset() or not _owns_storage(buffer)):
+                owner.register_buffer(name, buffer.clone(), persistent=name not in owner._non_persistent_buffers_set)
+        for name, parameter in list(owner.named_parameters(recurse=False)):
+            if parameter.storage_offset() or not _owns_storage(parameter):
+                setattr(owner, name, nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad))
+    return new
+
+
+def _owns_storage(tensor: torch.Tensor) -> bool:
+    return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size() and tensor.is_contiguous()
+
+
 def _select(tensor: torch.Tensor, dims: dict[int, list[int]]) -> torch.Tensor:
+    """The kept indices of ``tensor``, always in a storage of its own: a tensor kept whole is copied too, since it
+    may be a view into a buffer its old owner frees (a parameter server's flat buffer of the old network)."""
+    if not dims:
+        return tensor.clone(memory_format=torch.contiguous_format)
     for dim, indices in dims.items():
         tensor = tensor.index_select(dim, torch.as_tensor(indices, dtype=torch.long, device=tensor.device))
     return tensor.contiguous()
