@@ -141,3 +141,16 @@ def test_a_sweep_gives_each_run_only_what_it_reads() -> None:
     join, asynchronous = runs["ps-central-join"], runs["ps-central-async"]
     assert "ps_admission" not in runs["allreduce-join"] and join["ps_admission"] == "exclusive"
     assert "async_compensation" not in join and asynchronous["async_compensation"] == "lr"
+
+
+def test_the_config_files_workload_is_taken_when_none_is_named_and_a_named_one_wins(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('workload = "lenet"\nbatch-size = 64\n')
+    assert make_config(None, config_file=config_file).workload == "lenet"
+    assert make_config("resnet", config_file=config_file).workload == "resnet", "the command line wins over the file"
+    empty = tmp_path / "empty.toml"
+    empty.write_text("epochs = 1\n")
+    with pytest.raises(ConfigError, match="no workload to train: name one .* or give a 'workload' key in"):
+        make_config(None, config_file=empty)
+    with pytest.raises(ConfigError, match="no workload to train"):
+        make_config(None)

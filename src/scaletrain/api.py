@@ -72,12 +72,13 @@ __all__ = [
 ]
 
 
-def train(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> dict[str, Any]:
+def train(workload: str | Workload | None, *, config_file: Path | None = None, **settings: Any) -> dict[str, Any]:
     """Train a workload; return ``summary.json``'s content.
 
     ``workload``: a registered name, the name of a workload an installed package declares, a
     ``module:attribute`` reference (``"my_pkg.tasks:make_workload"``: a Workload subclass, a function
-    returning a workload, or a workload object), or a :class:`Workload` object. ``settings`` are
+    returning a workload, or a workload object), a :class:`Workload` object, or None for ``config_file``'s
+    ``workload`` key (a workload named here wins over the file's). ``settings`` are
     :class:`TrainConfig` fields (``epochs``, ``steps``, ``batch_size``, ``lr``, ``out``, ``options``,
     ``workers``, ``strategy``, ``server``, ``sync`` ...). With more than one process the run is
     distributed: started here on 127.0.0.1 (``workers=N``), or joined as one process of a job started
@@ -110,7 +111,7 @@ def train(workload: str | Workload, *, config_file: Path | None = None, **settin
     return run_training(make_config(name, config_file=config_file, **settings), own)
 
 
-def runs_alone(workload: str | Workload, *, config_file: Path | None = None, **settings: Any) -> bool:
+def runs_alone(workload: str | Workload | None, *, config_file: Path | None = None, **settings: Any) -> bool:
     """Whether :func:`train` with these arguments is one process started here: no other worker or server,
     no run to join, no other launcher's process group (whose launcher watches its processes).
 

@@ -213,3 +213,28 @@ def test_flags_argparse_refuses_are_one_line(args: list[str], message: str) -> N
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert "usage:" not in result.stderr
+
+
+def test_train_takes_the_workload_from_the_config_file_and_refuses_none_in_one_line(tmp_path: Path) -> None:
+    config_file = tmp_path / "run.toml"
+    config_file.write_text('workload = "lenet"\nsteps = 2\nprogress = "off"\ntensorboard = false\n')
+    data = make_fashion_mnist(tmp_path / "fmnist", train=32, test=16)
+    done = run_cli("train", "--config", str(config_file), "--data-dir", str(data), "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["workload"] == "lenet"
+    refused = run_cli("train", "--steps", "1", "--out", str(tmp_path / "none"))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "no workload to train" in refused.stderr and not (tmp_path / "none").exists()
+
+
+def test_a_run_refused_before_training_leaves_its_out_folder_as_it_found_it(tmp_path: Path) -> None:
+    empty = tmp_path / "no-ptb"
+    empty.mkdir()
+    refused = run_cli("train", "ptb-lstm", "--data-dir", str(empty), "--steps", "1", "--out", str(tmp_path / "run"))
+    assert refused.returncode == 2 and "ptb.valid.txt" in refused.stderr
+    assert not (tmp_path / "run").exists(), "no processes/rank-0.json left behind"
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("the user's\n")
+    refused = run_cli("train", "ptb-lstm", "--data-dir", str(empty), "--steps", "1", "--out", str(tmp_path / "kept"))
+    assert refused.returncode == 2
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["mine.txt"], "a folder it did not make stays"

@@ -47,7 +47,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         argument_default=None,
     )
     parser.add_argument(
-        "workload", type=workload_argument, metavar="WORKLOAD", help=f"what to train: {workloads_offered()}"
+        "workload",
+        type=workload_argument,
+        metavar="WORKLOAD",
+        nargs="?",
+        help=f"what to train: {workloads_offered()} (default: the --config file's workload key)",
     )
     parser.add_argument("--config", type=Path, metavar="FILE", help="TOML file with any of the settings below")
     parser.add_argument("--epochs", type=int, help="epochs to train")

@@ -76,6 +76,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
     device = torch.device("cpu") if on_cpu else resolve_device(config.device, local_rank=rendezvous.local_rank)
     settings = configure_process(config.threads, processes_on_host=rendezvous.local_world_size)
     config = dataclasses.replace(config, threads=settings.threads)
+    made_out = config.out is not None and not Path(config.out).exists()
     if config.out is not None:  # a launcher gave the folder: record the process before anything can hang
         _record_process(config, rank, layout.role(rank))
     # NCCL for a GPU's tensors only where the strategy runs collectives over them (all-reduce)
@@ -111,6 +112,8 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             raise Interrupted(f"interrupted; {resume_advice(prepared.config.out if prepared else None)}") from None
         raise
     except ScaletrainError:
+        if prepared is None and config.out is not None:  # refused before training: leave no trace of it
+            _forget_process(Path(config.out), rank, remove_folder=made_out)
         raise
     except Exception as exc:  # c10d/gloo errors when a peer is lost, or a bug: one line, the traceback to a file
         if alone:
@@ -180,6 +183,8 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
         finished = True
         return summary
     except ScaletrainError:
+        if prepared is None and config.out is not None:  # refused before training: leave no trace of it
+            _forget_process(Path(config.out), rank, remove_folder=made_out)
         raise
     except Exception as exc:  # c10d/gloo errors once it trains with the others: one line, the traceback to a file
         path = write_traceback(config.out, rank)
@@ -234,6 +239,16 @@ def _run_address(config: TrainConfig) -> tuple[str, int]:
             "--min-workers that is still training (or MASTER_ADDR and MASTER_PORT of its store)"
         ) from None
     return address["master_addr"], int(address["master_port"])
+
+
+def _forget_process(out: Path, rank: int, *, remove_folder: bool) -> None:
+    """Remove this process's record, and the folders that only held records (``out`` itself when this run made it
+    and nothing else is in it): a run refused before it trained leaves ``--out`` as it found it."""
+    with contextlib.suppress(OSError):
+        (out / PROCESSES_DIR / f"rank-{rank}.json").unlink(missing_ok=True)
+        (out / PROCESSES_DIR).rmdir()  # only when empty: the other processes' records stay until they go
+        if remove_folder:
+            out.rmdir()
 
 
 def _record_process(config: TrainConfig, rank: int, role: str, *, finished: bool = False) -> None:

@@ -24,19 +24,26 @@ from scaletrain.workloads import Origin, Workload
 __all__ = ["make_config", "refuse_unread", "run_training"]
 
 
-def make_config(workload: str, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
+def make_config(workload: str | None, *, config_file: Path | None = None, **settings: Any) -> TrainConfig:
     """Build a :class:`TrainConfig`: workload defaults < ``config_file`` (TOML) < ``settings``.
 
     ``settings`` whose value is ``None`` count as not given. A technique's own settings
     (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``.
+    ``workload`` None takes the config file's ``workload`` key; a workload given wins over the file's.
 
     >>> make_config("lenet", batch_size=64).batch_size
     64
     """
     load_plugins()  # from Python as from the command line: the registries hold the plug-ins' names
     from_file = load_toml(config_file) if config_file is not None else {}
+    if workload is None and "workload" not in from_file:
+        where = (
+            f"a 'workload' key in {config_file}" if config_file is not None else "a --config file with a 'workload' key"
+        )
+        raise ConfigError(f"no workload to train: name one (scaletrain train lenet) or give {where}")
+    named = {} if workload is None else {"workload": workload}
     given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
-    merged = expand_spec(merge({"workload": workload}, from_file, given))
+    merged = expand_spec(merge(from_file, named, given))
     refuse_unread(merged)
     return TrainConfig(**merged)
 
