@@ -183,8 +183,6 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
         finished = True
         return summary
     except ScaletrainError:
-        if prepared is None and config.out is not None:  # refused before training: leave no trace of it
-            _forget_process(Path(config.out), rank, remove_folder=made_out)
         raise
     except Exception as exc:  # c10d/gloo errors once it trains with the others: one line, the traceback to a file
         path = write_traceback(config.out, rank)
