@@ -19,7 +19,6 @@ Train your own model on your own tensors with the same loop, metrics and output 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -27,10 +26,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
-from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.engines.install import engine_named, install
 from scaletrain.engines.install import status as list_engines
 from scaletrain.errors import ConfigError
@@ -47,7 +42,7 @@ from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.teardown import exit_now as _exit_now
 from scaletrain.train.checkpoint import check_writable
-from scaletrain.train.summary import MODEL_NAME, SUMMARY_NAME
+from scaletrain.train.saved import load_model, run_summary
 from scaletrain.workloads import Workload, create_workload, workload_label, workload_names
 
 __all__ = [
@@ -123,50 +118,6 @@ def runs_alone(workload: str | Workload | None, *, config_file: Path | None = No
     config = make_config(workload, config_file=config_file, **settings)
     alone = layout_of(config).world_size == 1 and not config.join and config.nodefile is None
     return alone and ENV_RANK not in os.environ
-
-
-def load_model(out: Path | str, *, workload: str | Workload | None = None) -> nn.Module:
-    """The trained network of run folder ``out``, in eval mode: the workload's network (with the
-    options of ``summary.json``), resized to the architecture a technique left (``summary.json``'s
-    ``architecture``: pruned channels, removed blocks), with the weights of ``model.pt``.
-
-    The run's workload is made again from what ``summary.json`` records (``reference``: a registered
-    name, an installed package's workload, or ``module:attribute``). A run of a workload object has no
-    reference: pass the object (or a name or reference that makes the same network) as ``workload``.
-
-    >>> model = scaletrain.load_model("runs/resnet20-prunetrain")  # doctest: +SKIP
-    >>> model = scaletrain.load_model("runs/mine", workload=mine)  # doctest: +SKIP
-    """
-    folder = Path(out)
-    summary = _run_summary(folder)
-    if workload is None:
-        # a summary written before references were recorded names a registered workload
-        workload = summary["reference"] if "reference" in summary else summary["workload"]
-        if workload is None:
-            raise ConfigError(
-                f"{folder} is a run of a workload object ({summary['workload']!r}), which scaletrain cannot make "
-                f"again by itself; pass it: scaletrain.load_model({str(out)!r}, workload=the_object)"
-            )
-    if not isinstance(workload, Workload):
-        workload = create_workload(workload, summary.get("options") or {})
-    if workload.name != summary["workload"]:
-        raise ConfigError(
-            f"{folder} is a run of workload {summary['workload']!r}, not {workload.name!r}; "
-            "pass the workload it trained"
-        )
-    model = workload.build_model()
-    apply_architecture(model, summary.get("architecture") or {})
-    model.load_state_dict(torch.load(folder / MODEL_NAME, map_location="cpu", weights_only=True))
-    return model.eval()
-
-
-def _run_summary(folder: Path) -> dict[str, Any]:
-    try:
-        return json.loads((folder / SUMMARY_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"{folder} holds no readable {SUMMARY_NAME} ({exc}); give the folder of a finished run"
-        ) from None
 
 
 def exit_now(code: int = 0) -> None:
@@ -254,7 +205,7 @@ def profile(
     """
     given = {key: value for key, value in settings.items() if value is not None}
     if architecture_of is not None:
-        summary = _run_summary(Path(architecture_of))
+        summary = run_summary(Path(architecture_of))
         if workload not in (summary.get("workload"), summary.get("reference")):
             trained = summary.get("reference") or summary.get("workload")
             raise ConfigError(

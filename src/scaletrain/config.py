@@ -70,7 +70,9 @@ class TrainConfig:
     local process in its own network namespace behind links of that rate (root only). ``strategy``
     is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
     ``strategy``, ``server`` and ``sync`` by :func:`scaletrain.make_config` (so by the command line and
-    TOML files too).
+    TOML files too). ``strategy_options``: the strategy's own options (``-S name=value``), which the strategy
+    declares and checks (:class:`scaletrain.parallel.strategies.StrategyOption`), as it checks the wire and
+    ``overlap`` it can carry: :func:`scaletrain.make_config` and every run do, this class cannot see strategies.
 
     ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
     its first steps' loss (:mod:`scaletrain.train.divergence` says exactly how that is taken); ``"off"``
@@ -145,6 +147,7 @@ class TrainConfig:
     nodefile: Path | None = None
     index: int | None = None
     network: str | None = None
+    strategy_options: dict[str, Any] = field(default_factory=dict)
     technique: str | None = None
     technique_options: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
@@ -275,11 +278,8 @@ class TrainConfig:
         CODECS[self.wire].parse_options(self.wire_options)
         if self.error_feedback and self.wire == "fp32":
             raise ConfigError("--error-feedback corrects a narrower wire's rounding; add --wire bf16 or --wire fp16")
-        if CODECS[self.wire].all_reduce_only and self.strategy not in ("allreduce", "local"):
-            raise ConfigError(
-                f"--wire {self.wire} needs all-reduce (its factors add up only there), not --strategy {self.strategy}; "
-                "use --strategy allreduce, or --wire topk with a parameter server"
-            )
+        if not isinstance(self.strategy_options, dict):
+            raise ConfigError("strategy_options must be a table of the strategy's options, e.g. [strategy_options]")
         self._check_overlap()
 
     def _check_overlap(self) -> None:
@@ -292,11 +292,6 @@ class TrainConfig:
             if size != TrainConfig.bucket_mb:
                 raise ConfigError(f"--bucket-mb {size:g} sizes the buckets of --overlap; add --overlap, or drop it")
             return
-        if self.strategy not in ("allreduce", "local"):
-            raise ConfigError(
-                f"--overlap reduces gradients during backward under all-reduce, not --strategy {self.strategy}; "
-                "use --strategy allreduce, or drop --overlap"
-            )
         if self.min_workers is not None:
             raise ConfigError("--overlap is not available to an elastic run (--min-workers): drop one of the two")
         if parse_loss_scale(self.loss_scale, self.precision) is not None:
@@ -363,7 +358,7 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            if key in ("options", "technique_options", "wire_options"):
+            if key in ("options", "strategy_options", "technique_options", "wire_options"):
                 merged[key] = {**merged.get(key, {}), **value}
             else:
                 merged[key] = value

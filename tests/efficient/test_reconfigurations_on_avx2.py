@@ -6,6 +6,7 @@ checks every tensor its reconfigurations produced (scaletrain.efficient.surgery.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -19,10 +20,10 @@ AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", **dict.fromkeys(ONEDNN_ISA_VARIABLES, "AV
 #: The issue's network: two stages of one block, 8 channels wide; the second stage's shortcut is a strided 1x1
 #: convolution over the first stage's channels, which the techniques make few.
 RESNET = ["resnet", "-o", "dataset=fashion-mnist", "-o", "stages=2", "-o", "blocks=1", "-o", "width=8"]
-COMMON = ["--batch-size", "16", "--lr", "0.05", "--seed", "2", "--threads", "1", "--epochs", "3", "--progress", "off"]
+COMMON = ["--batch-size", "16", "--lr", "0.05", "--seed", "2", "--threads", "1", "--epochs", "2", "--progress", "off"]
 
 TECHNIQUES = {
-    "morphnet": ["--technique", "morphnet", "-T", "strength=0.05", "-T", "every=2", "-T", "threshold=1e-3"],
+    "morphnet": ["--technique", "morphnet", "-T", "strength=0.1", "-T", "every=1", "-T", "threshold=1e-3"],
     "prunetrain": ["--technique", "prunetrain", "-T", "ratio=0.5", "-T", "threshold=0.2", "-T", "every=1"],
     "net2net-wider": ["--technique", "net2net", "-T", "plan=1:wider:features.0:12"],
     "net2net-deeper": ["--technique", "net2net", "-T", "plan=1:deeper:features.3"],
@@ -54,15 +55,15 @@ def train(data: Path, out: Path, technique: str, memory_format: str, workers: in
 def test_a_reshaped_resnet_trains_on_avx2_kernels_in_both_layouts_one_process_and_two(
     technique: str, data: Path, tmp_path: Path
 ) -> None:
-    """Each run ends (it crashed with signal 6, 7 or 11 before), its network changed, two workers' replicas
-    equal. Their weights are not compared: 36 steps of this small batch-normalised network carry a rounding
-    difference between two kernels' sums to 1e-2 (measured on AVX-512 too); the test below compares two steps."""
-    for memory_format in ("contiguous", "channels_last"):
-        for workers in (1, 2):
-            summary = train(data, tmp_path / f"{memory_format}-{workers}", technique, memory_format, workers)
-            assert summary["memory_format"] == memory_format
-            if workers == 2:
-                assert len({worker["weights_digest"] for worker in summary["per_worker"]}) == 1
+    """Each run ends (it crashed with signal 6, 7 or 11 before), its network changed after its first epoch, two
+    workers' replicas equal. Their
+    weights are not compared: 24 steps of this small batch-normalised network carry a rounding difference between
+    two kernels' sums to 1e-2 (measured on AVX-512 too); the test below compares two steps."""
+    for memory_format, workers in itertools.product(("contiguous", "channels_last"), (1, 2)):
+        summary = train(data, tmp_path / f"{memory_format}-{workers}", technique, memory_format, workers)
+        assert summary["memory_format"] == memory_format
+        if workers == 2:
+            assert len({worker["weights_digest"] for worker in summary["per_worker"]}) == 1
 
 
 @pytest.mark.multiprocess

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from scaletrain.efficient.base import Reconfiguration
-from scaletrain.efficient.surgery import check_well_formed, reconfigure
+from scaletrain.efficient.surgery import reconfigure
+from scaletrain.efficient.well_formed import check_well_formed
 
 pytestmark = pytest.mark.avx2  # CI runs this file on AVX2 kernels too (.ci/run)
 

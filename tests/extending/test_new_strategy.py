@@ -1,10 +1,14 @@
 """A strategy of one's own is one module and one registry line (``made_up_strategy.py``: ``allgather``):
 trained by real processes, predicted from the terms it declares, offered by the command line and the bench,
-labelled and summarised like the built-in ones, with nothing in scaletrain edited for it."""
+labelled and summarised like the built-in ones, its two options set from the command line, a config file and
+the API and judged by the strategy itself, its capability (float32 only) asked by scaletrain, with nothing in
+scaletrain edited for it and nothing imported but ``scaletrain.extend``."""
 
 from __future__ import annotations
 
+import ast
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -129,3 +133,70 @@ def test_the_bench_labels_and_the_launcher_take_it_from_the_registry(allgather) 
     assert (layout.world_size, layout.has_server_process, layout.outlives_lost_workers) == (3, False, False)
     with pytest.raises(ConfigError, match="allgather is synchronous"):
         Layout("allgather", 2, sync="async")
+
+
+@pytest.mark.multiprocess
+def test_its_options_come_from_the_api_the_command_line_and_a_config_file(
+    allgather, data: Path, tmp_path: Path
+) -> None:
+    """Each way of saying them trains two workers that end where one process ends (``chunks`` cuts the same sums
+    into more messages), and the summary says the values the strategy read."""
+    scaletrain.train("lenet", data_dir=data, out=tmp_path / "local", batch_size=12, **COMMON)
+    reference = model_weights(tmp_path / "local")
+    two = {"workers": 2, "strategy": "allgather", "sync": "split", "batch_size": 12, **COMMON}
+    summary = scaletrain.train("lenet", data_dir=data, out=tmp_path / "api", strategy_options={"chunks": 3}, **two)
+    assert summary["strategy_options"] == {"chunks": 3, "combine": "mean"}
+    assert_same_weights(model_weights(tmp_path / "api"), reference)
+    keyword = scaletrain.train("lenet", data_dir=data, out=tmp_path / "keyword", gather_chunks=2, **two)
+    assert keyword["strategy_options"] == {"chunks": 2, "combine": "mean"}
+
+    flags = f"--data-dir {data} --batch-size 12 --epochs 1 --momentum 0.9 --seed 5 --threads 1".split()
+    flags += ["--progress", "off", "--no-tensorboard"]
+    two_cli = ["lenet", "--workers", "2", "--strategy", "allgather-split", "--gather-chunks", "4", "-S", "combine=mean"]
+    cli = run_cli("train", *two_cli, *flags, "--out", str(tmp_path / "cli"), env=PLUGIN_ENV)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads((tmp_path / "cli" / "summary.json").read_text())["strategy_options"] == {
+        "chunks": 4,
+        "combine": "mean",
+    }
+    assert_same_weights(model_weights(tmp_path / "cli"), reference)
+
+    config_file = tmp_path / "run.toml"
+    config_file.write_text(
+        'workload = "lenet"\nworkers = 2\nstrategy = "allgather"\nsync = "split"\n'
+        '[strategy_options]\nchunks = 5\ncombine = "sum"\n'
+    )
+    toml = run_cli("train", "--config", str(config_file), *flags, "--out", str(tmp_path / "toml"), env=PLUGIN_ENV)
+    assert toml.returncode == 0, toml.stderr
+    assert json.loads((tmp_path / "toml" / "summary.json").read_text())["strategy_options"] == {
+        "chunks": 5,
+        "combine": "sum",
+    }
+
+
+def test_its_options_are_in_the_help_and_its_own_check_refuses_a_bad_one(allgather, tmp_path: Path) -> None:
+    shown = run_cli("train", "--help", env=PLUGIN_ENV)
+    assert shown.returncode == 0, shown.stderr
+    assert "--gather-chunks" in shown.stdout and "allgather: chunks, combine" in " ".join(shown.stdout.split())
+    bad = ["lenet", "--workers", "2", "--strategy", "allgather", "-S", "chunks=0", "--out", str(tmp_path / "run")]
+    refused = run_cli("train", *bad, env=PLUGIN_ENV)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "--strategy allgather: -S chunks must be 1 or more, got 0" in refused.stderr
+    assert not (tmp_path / "run").exists()
+    cases = [
+        ({"strategy_options": {"combine": "max"}}, "option combine must be one of mean, sum, got 'max'"),
+        ({"strategy_options": {"chunk": 2}}, "has no option chunk; its options: -S chunks=…, -S combine=…"),
+        ({"strategy_options": {"chunks": "two"}}, "option chunks must be a whole number, got 'two'"),
+        ({"wire": "bf16"}, "--strategy allgather sends its gradients as fp32 only, not --wire bf16; drop --wire"),
+    ]
+    for settings, message in cases:
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            scaletrain.make_config("lenet", workers=2, strategy="allgather", **settings)
+    with pytest.raises(ConfigError, match="--gather-chunks is an option of --strategy allgather; add --strategy"):
+        scaletrain.make_config("lenet", workers=2, strategy="allreduce", gather_chunks=2)
+
+
+def test_the_plugin_imports_nothing_of_scaletrain_but_its_plugin_surface() -> None:
+    tree = ast.parse((ROOT / "tests" / "extending" / "made_up_strategy.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {module for module in imported if module and module.startswith("scaletrain")} == {"scaletrain.extend"}

@@ -13,13 +13,8 @@ from typing import Any
 
 from scaletrain.api import bench
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
-from scaletrain.cli.train import (
-    add_device_flags,
-    add_model_flags,
-    add_technique_flags,
-    technique_settings,
-    workload_options,
-)
+from scaletrain.cli.registry_flags import add_technique_flags, technique_settings
+from scaletrain.cli.train import add_device_flags, add_model_flags, workload_options
 from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError

@@ -19,6 +19,7 @@ from typing import Any
 
 from scaletrain.api import deploy_kubernetes, deploy_kubernetes_bench
 from scaletrain.cli import bench, train
+from scaletrain.cli.registry_flags import technique_settings
 from scaletrain.config import TrainConfig
 from scaletrain.deploy.common import OPERATORS, PULL_POLICIES
 from scaletrain.deploy.output import to_yaml
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     unread = ("workload", "out", "min_workers", "max_workers", "join")
     training = {f.name: getattr(args, f.name, None) for f in fields(TrainConfig) if f.name not in unread}
     training["options"] = train.workload_options(args) or None
-    training.update(train.technique_settings(args))  # -T options and a technique's own flags, as train takes them
+    training.update(technique_settings(args))  # -T options and a technique's own flags, as train takes them
     objects = deploy_kubernetes(
         args.workload,
         image=args.image,

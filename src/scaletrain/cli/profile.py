@@ -7,7 +7,8 @@ from pathlib import Path
 
 from scaletrain.api import profile
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
-from scaletrain.cli.train import add_model_flags, parse_options, workload_options
+from scaletrain.cli.registry_flags import parse_options
+from scaletrain.cli.train import add_model_flags, workload_options
 from scaletrain.efficient.channels_last import MEMORY_FORMATS
 from scaletrain.efficient.precision import DTYPES
 from scaletrain.engines.registry import FRAMEWORKS

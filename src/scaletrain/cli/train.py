@@ -7,14 +7,19 @@ import os
 import sys
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any
 
 from scaletrain.api import exit_now, runs_alone, train
 from scaletrain.cli.arguments import workload_argument, workloads_offered
 from scaletrain.cli.formatter import shown_default
+from scaletrain.cli.registry_flags import (
+    add_strategy_flags,
+    add_technique_flags,
+    parse_options,
+    strategy_settings,
+    technique_settings,
+)
 from scaletrain.cli.supervise import run_supervised
 from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
-from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
@@ -27,10 +32,7 @@ __all__ = [
     "add_device_flags",
     "add_model_flags",
     "add_parser",
-    "add_technique_flags",
-    "parse_options",
     "run",
-    "technique_settings",
     "workload_options",
 ]
 
@@ -111,6 +113,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     syncs = sorted({sync for s in STRATEGIES.values() for sync in s.syncs} | {"none"})
     group.add_argument("--server", choices=servers, help="parameter server type")
     group.add_argument("--sync", choices=syncs, help="update mode")
+    add_strategy_flags(group)
     group.add_argument(
         "--ps-admission",
         choices=("none", "exclusive"),
@@ -223,50 +226,6 @@ def strategy_choices() -> list[str]:
     return list(dict.fromkeys([*STRATEGIES, *all_specs()]))
 
 
-def add_technique_flags(parser: argparse.ArgumentParser) -> None:
-    """``--technique NAME``, ``-T KEY=VALUE`` and every technique's own flags, as its class declares them
-    (:func:`scaletrain.efficient.all_settings`): the standing techniques' (``--precision``,
-    ``--memory-format``, ``--ghost-batch``, ``--batch-budget`` …), then each ``--technique`` choice's."""
-    group = parser.add_argument_group("techniques (scaletrain.efficient)")
-    group.add_argument("--technique", choices=sorted(TECHNIQUES), help="a technique to apply while training")
-    declared = [setting for _, setting in all_settings().values()]
-    for setting in declared:
-        if setting.option is None:
-            _add_flag(group, setting)
-    group.add_argument(
-        "-T",
-        "--technique-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="technique option, e.g. -T layer=classifier.1 -T fraction=0.5 for narrow",
-    )
-    for setting in declared:
-        if setting.option is not None:
-            _add_flag(group, setting)
-
-
-def _add_flag(group: argparse._ArgumentGroup, setting: Setting) -> None:
-    if setting.type is bool:  # a switch (None when absent: a config file may set it)
-        group.add_argument(setting.flag, dest=setting.name, help=setting.help, action="store_true", default=None)
-        return
-    described = {"type": setting.type, "choices": setting.choices, "metavar": setting.metavar}
-    group.add_argument(
-        setting.flag,
-        dest=setting.name,
-        help=setting.help,
-        **{key: value for key, value in described.items() if value is not None},
-    )
-
-
-def technique_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """``technique``, ``technique_options`` and every technique's own settings from the flags, a ``--technique``
-    choice's flags moved into its options."""
-    options = parse_options(args.technique_option, what="technique option", example="-T fraction=0.5")
-    given = {name: getattr(args, name) for name in all_settings()}
-    return with_flagged_options({"technique": args.technique, "technique_options": options or None, **given})
-
-
 def _name_config_defaults(parser: argparse.ArgumentParser) -> None:
     """Say each setting's default in its help: the workload's, or :class:`TrainConfig`'s.
 
@@ -298,19 +257,6 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="images are resized to this many pixels square, ≥ 32 (default: 224; 128 for vgg16e)",
     )
-
-
-def parse_options(
-    pairs: list[str], *, what: str = "workload option", example: str = "-o num_steps=35"
-) -> dict[str, str]:
-    """``["a=1", "b=x"]`` → ``{"a": "1", "b": "x"}``."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{what} {pair!r} must look like KEY=VALUE, e.g. {example}")
-        options[key.strip()] = value.strip()
-    return options
 
 
 def workload_options(args: argparse.Namespace) -> dict[str, str]:
@@ -346,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     wire_options = parse_options(getattr(args, "wire_option", []), what="wire option", example="-W rank=2")
     settings["wire_options"] = wire_options or None
     options = workload_options(args)
-    given = {"options": options or None, **settings, **technique_settings(args)}
+    given = {"options": options or None, **settings, **strategy_settings(args), **technique_settings(args)}
     if args.supervise and runs_alone(args.workload, config_file=args.config, **given):
         return run_supervised(args.argv, "the training process")  # it runs this command again, as its child
     summary = train(args.workload, config_file=args.config, **given)

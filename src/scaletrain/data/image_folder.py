@@ -1,32 +1,24 @@
 """An image-folder reader: one sub-folder per class, images decoded once and cached as uint8 tensors.
 
-The layout is Caltech256's (``256_ObjectCategories/001.ak47/001_0001.jpg``): the classes are the
-sorted sub-folder names, a sample's label is its folder's position among them. Every image is
-decoded with Pillow, converted to RGB (Caltech256 holds some greyscale images), resized to
-``image_size``×``image_size`` (bilinear, the aspect ratio is not kept) and stored as uint8.
+The layout is Caltech256's (``256_ObjectCategories/001.ak47/001_0001.jpg``): the classes are the sorted sub-folder
+names, a sample's label its folder's position among them. Every image is decoded with Pillow, converted to RGB
+(Caltech256 holds some greyscale images), resized to ``image_size``×``image_size`` (bilinear, the aspect ratio is
+not kept) and stored as uint8. Of each class's sorted files, file ``i`` is held out for testing when
+⌊(i+1)·f⌋ > ⌊i·f⌋ for ``test_fraction`` f (every 10th file for f = 0.1), so every worker, with any seed, agrees on
+the split. The decoded tensors are cached in ``cache``, one ``.pt`` file per folder, size, split and file list
+(names, sizes and modification times), written atomically, so only the first run decodes. Files without an image
+suffix and nested folders are ignored. :func:`find_image_folder` finds the folder to read (never downloaded).
 
-The test set is not drawn at random: of each class's sorted files, file ``i`` is held out when
-⌊(i+1)·f⌋ > ⌊i·f⌋ for ``test_fraction`` f (every 10th file for f = 0.1). So every worker of a
-distributed run, with any seed, agrees on the split.
-
-The decoded tensors are cached in ``cache`` (one ``.pt`` file per folder, size, split and file
-list — names, sizes and modification times), written atomically (a temporary file renamed into
-place), so a second run, and every worker after the first, skips the decoding. Files that are not
-images by their suffix (Caltech256 has a few) and nested folders are ignored.
-:func:`find_image_folder` finds the folder to read (Caltech256's or your own; never downloaded).
-
-Example::
-
-    >>> import tempfile
-    >>> from PIL import Image
-    >>> root = Path(tempfile.mkdtemp())
-    >>> for name in ("cat", "dog"):
-    ...     (root / name).mkdir()
-    ...     for index in range(4):
-    ...         Image.new("RGB", (40, 30), (index * 60, 0, 0)).save(root / name / f"{index}.png")
-    >>> data = load_image_folder(root, image_size=32, test_fraction=0.25)
-    >>> data.classes, len(data.train), len(data.test), tuple(data.train.images.shape[1:])
-    (('cat', 'dog'), 6, 2, (3, 32, 32))
+>>> import tempfile
+>>> from PIL import Image
+>>> root = Path(tempfile.mkdtemp())
+>>> for name in ("cat", "dog"):
+...     (root / name).mkdir()
+...     for index in range(4):
+...         Image.new("RGB", (40, 30), (index * 60, 0, 0)).save(root / name / f"{index}.png")
+>>> data = load_image_folder(root, image_size=32, test_fraction=0.25)
+>>> data.classes, len(data.train), len(data.test), tuple(data.train.images.shape[1:])
+(('cat', 'dog'), 6, 2, (3, 32, 32))
 """
 
 from __future__ import annotations

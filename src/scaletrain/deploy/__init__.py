@@ -29,7 +29,7 @@ from scaletrain.deploy.output import to_yaml, write_folder
 from scaletrain.deploy.tensorboard import tensorboard
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.run import refuse_unread
-from scaletrain.parallel.strategies import Layout, expand_spec
+from scaletrain.parallel.strategies import Layout, check_strategy_settings, expand_spec
 from scaletrain.workloads import create_workload, workload_label
 
 __all__ = ["OPERATORS", "DeployConfig", "Deployment", "kubernetes", "plan", "render", "to_yaml", "write_folder"]
@@ -88,6 +88,7 @@ def plan(
     given = {key: str(value) if isinstance(value, Path) else value for key, value in given.items()}
     refuse_unread(expand_spec(given))  # the pods' own check, before anything is written
     train = TrainConfig(workload=workload, **expand_spec(given))
+    check_strategy_settings(train)
     layout = Layout(train.strategy, train.workers, train.server, train.sync)
     _check_elastic(deploy, train.workers)
     return Deployment(deploy, train, given, layout, sweep=sweep, folder=folder)

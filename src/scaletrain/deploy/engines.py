@@ -2,32 +2,24 @@
 
 One pod per process of the engine's layout (:meth:`Engine.roles <scaletrain.engines.base.Engine.roles>`):
 TensorFlow's ``worker`` pods, and for an asynchronous strategy its ``ps`` pods and a ``chief``; MXNet's
-``scheduler``, ``server`` and ``worker`` pods. ``--operator jobset`` renders a JobSet with one replicated job
-per role (an Indexed Job each: the pod's index within its role is ``JOB_COMPLETION_INDEX``, its name
-``<name>-<role>-0-<index>.<name>``); ``--operator none`` one Indexed Job for every process and a headless
-Service (pod ``k``, ``<name>-k.<name>``, takes its role and index from ``k``: the roles in the layout's
-order). The peers' addresses are these stable DNS names, every process on ``--port``.
+``scheduler``, ``server`` and ``worker`` pods. ``--operator jobset`` renders a JobSet with one replicated job per role
+(an Indexed Job each: a pod's index within its role is ``JOB_COMPLETION_INDEX``, its name
+``<name>-<role>-0-<index>.<name>``); ``--operator none`` one Indexed Job for every process and a headless Service
+(pod ``k``, ``<name>-k.<name>``, takes its role and index from ``k`` in the layout's order). Peers reach each other
+by these DNS names, every process on ``--port``.
 
-Each pod's init container runs ``scaletrain engines prepare`` (:mod:`scaletrain.engines.cluster`) on the
-run's settings from the ConfigMap (``engine.json``): it checks the image holds the engine, and writes the
-program's inputs into an ``emptyDir`` (the same files on every pod: the preparation is seeded). The
-container then runs the engine's program with the engine's python (``$SCALETRAIN_ENGINES/<engine>``, see the
-Dockerfile's ``ENGINES``) as ``--role``/``--index``, after its start script exported what the engine's own
-launcher would set (:meth:`Engine.environment <scaletrain.engines.base.Engine.environment>`):
-``TF_CONFIG`` (the cluster, the same for all, lies in ``SCALETRAIN_TF_CLUSTER``; the task comes from the
-index), or ``DMLC_ROLE`` beside the common ``DMLC_*`` variables (``DMLC_NODE_HOST``: the pod's address;
-``DMLC_USE_KUBERNETES=1``: ps-lite's scheduler listens on every address). The programs write their figures,
-weights and quality into the run folder ``/runs/<name>`` on the volume claim; no ``summary.json`` is made
-of them there (``scaletrain bench`` makes one after a local run), and there is no TensorBoard: the programs
-write no events.
+Each pod's init container runs ``scaletrain engines prepare`` (:mod:`scaletrain.engines.cluster`) on the run's
+settings from the ConfigMap (``engine.json``): it checks that the image holds the engine and writes the program's
+inputs into an ``emptyDir``, the same on every pod since the preparation is seeded. The container then runs the
+program with the engine's python (``$SCALETRAIN_ENGINES/<engine>``) after exporting what the engine's own launcher
+would set (:meth:`Engine.environment <scaletrain.engines.base.Engine.environment>`): ``TF_CONFIG`` or the ``DMLC_*``
+variables. The programs write into the run folder ``/runs/<name>`` on the volume claim.
 
-Restarts: an engine's run has no checkpoint, so a lost process ends it. An Indexed Job fails at the first
-failed pod (``backoffLimit: 0``); a JobSet recreates every pod, which trains again from the start, up to
-``--max-restarts`` times. Processes that serve until they are stopped (TensorFlow's ``worker`` and ``ps``
-in asynchronous mode) do not decide the end: the run succeeds when the others have (an Indexed Job's
-``successPolicy`` on their indexes, which then removes the lingering pods; a JobSet's on their replicated
-jobs). TensorFlow's servers also end by themselves once the chief's mark appears in the run folder, which
-the shared volume shows every pod.
+An engine's run has no checkpoint, so a lost process ends it: an Indexed Job fails at the first failed pod
+(``backoffLimit: 0``), a JobSet starts every pod again, up to ``--max-restarts`` times. Processes that serve until
+stopped (TensorFlow's asynchronous ``worker`` and ``ps``) do not decide the end (``successPolicy`` on the others),
+and they end by themselves once the chief's mark appears in the shared run folder. docs/deployment.md lists what is
+rendered.
 """
 
 from __future__ import annotations
@@ -52,7 +44,7 @@ from scaletrain.engines.base import Engine, Host, Role
 from scaletrain.engines.cluster import PROGRAMS_FOLDER, RUN_FILE, run_json
 from scaletrain.engines.install import ENV_ENGINES
 from scaletrain.engines.launch import check_layout, known_engine
-from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
+from scaletrain.engines.layouts import FOREIGN_MODES, FOREIGN_STRATEGIES, engine_run, foreign_mode
 from scaletrain.engines.prepare import SPEC_NAME, EngineRun, check_settings
 from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError
@@ -174,8 +166,10 @@ def _servers(engine: Engine, run: EngineRun, strategy: str, servers: int) -> int
         raise ConfigError(f"--servers must be ≥ 1, got {servers}")
     if not any(role.name in ("ps", "server") for role in engine.roles(run.mode, run.workers, servers)):
         raise ConfigError(f"--servers: the {engine.name} engine runs {strategy} without servers; leave it out")
-    if strategy == "ps-central-async" and servers != 1:
-        raise ConfigError(f"--servers {servers}: ps-central-async has one server; ps-sharded-async has several")
+    fixed = FOREIGN_MODES[strategy][1]
+    if fixed and servers != fixed:  # a central server is one; 0 or None leave the engine's count to --servers
+        count = "one server" if fixed == 1 else f"{fixed} servers"
+        raise ConfigError(f"--servers {servers}: {strategy} has {count}; ps-sharded-async has several")
     return servers
 
 

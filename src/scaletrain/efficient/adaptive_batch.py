@@ -1,29 +1,23 @@
 """``--batch-budget``: the largest batch whose training step fits a memory budget, found again whenever
 the network changes.
 
-Method card. *What*: the Dortmund thesis's batch-size adaptation (seed 004 §3.2.2): find the largest
-batch that fits the memory by binary search on real training steps — not from free-memory readings,
-which fragmentation makes unreliable — and after each reconfiguration (a pruned network needs less
-memory per sample) raise the batch to what fits the new network, the learning rate scaled with it
-(linear, Goyal et al. 2017; ``sqrt``, Krizhevsky 2014; or ``none``), optionally reached over a
-gradual warm-up of ``--batch-warmup`` updates. Every search's (parameters, batch) point goes into a
-log-log fit of the batch against the parameter count, whose prediction is where the next search starts.
+The Dortmund thesis's batch-size adaptation (seed 004 §3.2.2): find the largest batch that fits the memory by binary
+search on real training steps (free-memory readings are unreliable under fragmentation), and after each
+reconfiguration that changes the network (a pruned network needs less memory per sample) raise the batch to what
+fits the new one, the learning rate scaled with it (linear, Goyal et al. 2017; ``sqrt``, Krizhevsky 2014; or
+``none``), optionally over a warm-up of ``--batch-warmup`` updates. A log-log fit of batch against parameter count
+over the searches so far says where the next search starts. The first search runs after the first epoch.
 
-*The budget.* On a CPU: the peak resident memory (RSS) of the process during one training step,
-measured in a forked copy of the process (see :func:`forked_peak_rss`), so the search never disturbs
-the training process and a step that does not fit fails in the copy only. On a GPU:
-``torch.cuda.max_memory_allocated`` during a step of a copy of the network, an out-of-memory error
-counting as "does not fit" (this path has not run on a GPU yet). The batch searched is each
-process's share: ``--batch-size`` itself for ``join`` and for one process, ``--batch-size / N`` for
-``split``; the new global ``--batch-size`` goes to every process at once through the agreed
-reconfiguration, under every strategy.
+The budget on a CPU is the peak resident memory (RSS) of a forked copy of the process during one step
+(:func:`forked_peak_rss`), so the search never disturbs training and a step that does not fit fails in the copy
+only; on a GPU ``torch.cuda.max_memory_allocated`` during a step of a copy of the network, an out-of-memory error
+meaning "does not fit". The batch searched is each process's share (``--batch-size`` for ``join`` and for one
+process, ``--batch-size / N`` for ``split``); the new global ``--batch-size`` reaches every process at once through
+the agreed reconfiguration, under every strategy.
 
-*When it helps*: the hardware stays full as the network shrinks (PruneTrain), and a run fits a
-container's memory limit without trial and error. *When it does not*: a larger batch changes the
-optimisation; the linear rule with warm-up keeps accuracy up to batches of about 8k on ImageNet
-(Goyal et al.), ghost batch norm (``--ghost-batch``) keeps the batch-norm statistics of the small batch.
-
-The first search runs after the first epoch, then after every reconfiguration that changes the network.
+It keeps the hardware full as PruneTrain shrinks the network, and fits a container's memory limit without trial and
+error. A larger batch changes the optimisation, though; ghost batch norm (``--ghost-batch``) keeps the small batch's
+batch-norm statistics. docs/techniques.md has the measurements, on a CPU and on a GPU.
 """
 
 from __future__ import annotations

@@ -3,34 +3,25 @@
 A technique only *decides*; the training loop applies (composer's ``core/event.py`` and
 ``algorithms/`` show the split). The hooks, in order:
 
-1. :meth:`Technique.start` — once, before the first step (and after a resume), with a
-   :class:`Context`: example inputs to trace the network, and a mean over the workers;
-2. :meth:`Technique.forward_context` — each step, around the forward pass (autocast);
-3. :meth:`Technique.objective` — each step: the loss to differentiate (add a regulariser here);
-4. :meth:`Technique.after_backward` — each step, gradients in place, before the exchange;
-5. :meth:`Technique.after_update` — each optimizer step, on the process that made it (the worker
-   in one-process and all-reduce runs, the parameter server otherwise), with the tensors it updated;
-   then :meth:`Technique.after_exchange` on every worker, told whether the step was skipped (an
-   overflowed gradient, when :attr:`Technique.skips_nonfinite`);
-6. :meth:`Technique.epoch_end` — after each epoch: ``None`` or a :class:`Reconfiguration`, which
-   :meth:`Technique.amend` may then change (every technique, in order), decided once (on the
-   coordinating worker), agreed by every process and applied at this step boundary by every
-   strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
-7. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints.
+1. :meth:`Technique.prepare_model` — once, on the network as built (surgery that keeps the parameters);
+2. :meth:`Technique.start` — once, before the first step (and after a resume), with a :class:`Context`;
+3. each step: :meth:`Technique.forward_context` around the forward pass (autocast),
+   :meth:`Technique.objective` for the loss to differentiate (add a regulariser here) and
+   :meth:`Technique.after_backward` with the gradients in place, before the exchange;
+4. :meth:`Technique.after_update` — each optimizer step, on the process that made it (the worker, or the
+   parameter server), with the tensors it updated; then :meth:`Technique.after_exchange` on every worker,
+   told whether the step was skipped (an overflowed gradient, when :attr:`Technique.skips_nonfinite`);
+5. :meth:`Technique.epoch_end` — ``None`` or a :class:`Reconfiguration`, which :meth:`Technique.amend` may
+   change (every technique, in order), decided once, agreed by every process and applied at this step
+   boundary by every strategy; then :meth:`Technique.reconfigured` with the rebuilt network;
+6. :meth:`Technique.state_dict` / :meth:`Technique.load_state_dict` — kept in checkpoints when
+   :attr:`Technique.checkpointed`.
 
-Before these, :meth:`Technique.prepare_model` once on the network as built (surgery that keeps the
-parameters: ghost batch norm).
-
-How a run asks for a technique is declared on its class too. One chosen by name (``--technique``,
-:data:`scaletrain.efficient.TECHNIQUES`) is a dataclass whose fields are its options (``-T name=value``;
-declared with :func:`~scaletrain.efficient.settings.option` and a ``flag``, also a flag and an API
-setting), checked by :meth:`Technique.check_options` and built by :meth:`Technique.from_options`. One the
-run's own settings turn on (:data:`scaletrain.efficient.STANDING`) declares :attr:`Technique.settings`
-(each a :class:`~scaletrain.efficient.settings.Setting`: a :class:`~scaletrain.config.TrainConfig` field
-and its flag), :meth:`Technique.check` (refuse bad settings without building anything),
-:meth:`Technique.from_settings` (itself as the settings ask, or ``None``) and
-:meth:`Technique.summary_fields` (what ``summary.json`` says about it). :attr:`Technique.checkpointed`
-says whether its state goes into checkpoints with the stack's.
+One chosen by name (``--technique``, :data:`scaletrain.efficient.TECHNIQUES`) is a dataclass whose fields are
+its options (``-T name=value``; :func:`~scaletrain.efficient.settings.option` with a ``flag`` makes one a flag
+and an API setting too), checked by :meth:`Technique.check_options`, built by :meth:`Technique.from_options`.
+One the run's own settings turn on (:data:`scaletrain.efficient.STANDING`) declares :attr:`Technique.settings`,
+:meth:`Technique.check`, :meth:`Technique.from_settings` and :meth:`Technique.summary_fields`.
 """
 
 from __future__ import annotations

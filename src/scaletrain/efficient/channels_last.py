@@ -1,40 +1,18 @@
 """Channels-last activations: every 2-D convolution reads and writes NHWC tensors during training.
 
-**Method card.** PyTorch stores image tensors as NCHW; oneDNN (CPUs) and cuDNN's tensor-core kernels
-(GPUs) work on NHWC, so an NCHW convolution pays a reorder of its input and output on every call, in
-the forward and in both backward passes. Keeping the activations channels-last removes those
-reorders (PyTorch's channels-last tutorial; NVIDIA's mixed-precision guide recommends NHWC with
-float16 on tensor cores). Measured on this project's CPU (AMD EPYC, AVX-512 BF16, 1 thread,
-``benchmarks/precision.py``): 7–36 % shorter steps for LeNet, ResNet-20 and SqueezeNet in float32 and
-bfloat16; docs/precision-and-devices.md has the table.
+**Method card.** oneDNN (CPUs) and cuDNN's tensor-core kernels work on NHWC, so an NCHW convolution pays
+a reorder of its input and output on every call; keeping the activations channels-last removes them
+(PyTorch's channels-last tutorial). Only the activations change layout, and only inside the training
+forward pass: global module hooks hand each ``nn.Conv2d`` its input channels-last and pass its output on
+channels-last. Parameters keep their layout (a parameter server's workers keep them as views of the
+received buffer), a network a technique rebuilds needs nothing redone, and evaluation sees NCHW.
+``--memory-format auto`` (the default) is channels-last on a CPU, channels-first on a GPU.
 
-**How.** Only the activations change layout: inside the training forward pass, every ``nn.Conv2d``
-gets its input as channels-last (a no-op when it already is) and hands its output on as
-channels-last (this matters for a first convolution over one input channel, whose layout is
-otherwise ambiguous and stays NCHW). Batch norm, ReLU, pooling and the residual sums keep the layout
-they are given. The parameters are left alone: their layout does not change the result, a
-parameter server's workers keep their weights as views of the received buffer, and a network that
-PruneTrain, Net2Net or MorphNet rebuilds needs nothing redone, because the hooks are installed for
-the duration of each forward pass (``torch.nn.modules.module.register_module_forward_*_hook``) and
-see whatever convolutions the network has at that moment. Evaluation and the tracers that read the
-network's structure run outside the training forward pass and see plain NCHW.
-
-``--memory-format auto`` (the default) is channels-last on a CPU and channels-first on a GPU, where
-neither layout has been measured with scaletrain yet.
-
-**A library defect worked around.** On a CPU where oneDNN runs its AVX2 (or older) kernels, the
-``jit_1x1:avx2`` backward-weights kernel of a strided 1x1 convolution over a channels-last input with
-fewer input channels than its block of 8 writes past its stride-reducing workspace (oneDNN issue #6035,
-"1x1 convolution backward_weights writes past the rtus workspace (nhwc, IC < ic_block)"): the weight
-gradient comes out wrong (relative error 0.38–0.94, measured here with torch 2.13.0 / oneDNN 3.12.0) and
-the heap may be corrupted (aborts and segmentation faults later). ResNet shortcuts are such
-convolutions, and PruneTrain, MorphNet and narrowing make their input channels few. Those
-convolutions alone (:func:`hits_onednn_1x1_defect`) get their input channels-first, where oneDNN
-takes a blocked layout padded to whole blocks and computes them exactly; the output is handed on
-channels-last as usual. Measured with ``ONEDNN_MAX_CPU_ISA=AVX2``: backward-data, 3-D, grouped,
-unstrided and larger-kernel convolutions are exact, and so is every shape with AVX-512 kernels.
-
-Usable in any loop::
+**A library defect worked around.** Where oneDNN runs below AVX-512, its 1x1 backward-weights kernel
+(``jit_1x1:avx2``) writes past its workspace for a strided NHWC input of fewer than 8 channels (oneDNN
+issue #6035): wrong weight gradients, then a corrupted heap. Those convolutions alone
+(:func:`hits_onednn_1x1_defect`) take their input channels-first. docs/precision-and-devices.md has the
+measurements of both.
 
     >>> import torch
     >>> from torch import nn

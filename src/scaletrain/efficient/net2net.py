@@ -1,30 +1,24 @@
-"""``net2net``: grow a network while it trains without changing what it computes (Net2Net).
+"""``net2net``: grow a network while it trains without changing what it computes (Chen, Goodfellow and Shlens,
+"Net2Net: accelerating learning via knowledge transfer", ICLR 2016, §2.2–2.3).
 
-Method card. *What*: Chen, Goodfellow and Shlens (ICLR 2016, "Net2Net: accelerating learning via
-knowledge transfer"). **Net2WiderNet** gives a layer ``q`` more output channels, each a copy of a
-randomly chosen existing one (the copies of its weights, bias and batch-norm parameters and
-statistics), and divides the inputs of every layer that reads those channels by how many times each
-was copied, so the network computes the same function; optional noise on the copies lets them drift
-apart. The channels that must change together (across batch norms, residual sums, concatenations and
-flattening) come from the dependency analysis PruneTrain uses (:func:`~scaletrain.efficient.channels.channel_groups`).
-**Net2DeeperNet** inserts an identity layer into an ``nn.Sequential``: after a residual block, a copy
-of that block whose last batch norm is zeroed (its branch adds nothing, and the block's closing ReLU
-leaves the previous block's non-negative output unchanged); elsewhere an identity convolution or
-linear layer, followed by a ReLU only when inserted right after one (``relu(relu(x)) = relu(x)``; the
-paper's condition on the activation — after a tanh the new layer stays linear). *When it helps*:
-start narrow or shallow (cheap epochs), grow once the small network has learned what it can, and
-reach the large network's accuracy in fewer total seconds than training it from scratch (the paper:
-Inception-BN widened and deepened reached the from-scratch accuracy faster). The momentum of copied
-channels is carried and divided like the weights; inserted layers start without momentum.
-*Source*: the paper's §2.2–2.3; residual-block insertion with a zeroed last batch norm follows
-Goyal et al. (2017) on zero-initialised residual branches.
+**Net2WiderNet** gives a layer more output channels, each a copy of a randomly chosen existing one (its weights,
+bias and batch-norm parameters and statistics), and divides the inputs of every layer that reads those channels by
+how many times each was copied, so the network computes the same function; optional noise on the copies lets them
+drift apart. The channels that must change together (across batch norms, residual sums, concatenations and
+flattening) come from PruneTrain's dependency analysis (:func:`~scaletrain.efficient.channels.channel_groups`).
+**Net2DeeperNet** inserts an identity layer into an ``nn.Sequential``: after a residual block, a copy of that block
+whose last batch norm is zeroed, as Goyal et al. (2017) start residual branches (the branch adds nothing, and the
+closing ReLU leaves the previous block's non-negative output as it is); elsewhere an identity convolution or linear
+layer, followed by a ReLU only right after one (relu(relu(x)) = relu(x); after another activation the new layer
+stays linear). Copied channels' momentum is carried and divided
+like their weights; inserted layers start without momentum. It is meant for starting narrow or shallow (cheap
+epochs) and growing once the small network has learned what it can; docs/techniques.md has what that bought here.
 
-Options (``--technique net2net -T plan="2:wider:features.0:40;3:deeper:features.1" -T noise=0.01``):
-``plan`` — ``EPOCH:wider:LAYER:WIDTH`` (the layer's new number of output channels),
-``EPOCH:wider-all:FACTOR`` (every group of channels times FACTOR: a uniform width multiplier) or
-``EPOCH:deeper:MODULE`` (insert after that module), ``;``-separated, one per epoch, epochs counted
-from 1; ``noise`` (relative to each layer's weights' standard deviation, default 0); ``seed``.
-Python: :func:`wider_decision` and :func:`deeper_decision` return the
+Options (``--technique net2net -T plan="2:wider:features.0:40;3:deeper:features.1" -T noise=0.01``): ``plan``,
+``;``-separated, one step per epoch, epochs counted from 1: ``EPOCH:wider:LAYER:WIDTH`` (the layer's new number of
+output channels), ``EPOCH:wider-all:FACTOR`` (every group of channels times FACTOR) or ``EPOCH:deeper:MODULE``
+(insert after that module); ``noise`` (relative to each layer's weights' standard deviation, default 0); ``seed``.
+From Python, :func:`wider_decision` and :func:`deeper_decision` return the
 :class:`~scaletrain.efficient.base.Reconfiguration`; :func:`widen` and :func:`deepen` apply it.
 """
 

@@ -1,41 +1,27 @@
 """``prunetrain``: structured pruning while training (Lym et al., "PruneTrain", SC'19; SPEC §5).
 
-Method card. *What*: a group-lasso regulariser pushes whole channels of every convolution and linear
-layer to zero, GL = Σ_layers (Σ_c ‖W[c]‖₂ + Σ_k ‖W[:, k]‖₂) over output channels c and input channels
-k, leaving out the inputs of the first layer (the image) and the outputs of the last (the classes).
-Its weight λ is set once, at the first step, so that the penalty is the fraction r (the *lasso
-penalty ratio*, default 0.2) of the objective: λ = r·L / (R·(1 − r)), L the loss and R the group
-lasso then. *How the penalty is minimised* (``step``): ``proximal`` (the default) takes, after every
-optimizer step, the proximal step of the penalty where the optimizer steps (the worker, or the
-parameter server): each group shrinks towards zero by η·λ/(1 − μ) in norm — η the rate, μ the
-momentum, so that the penalty weighs against the loss as in the objective — and becomes exactly zero
-when its norm is smaller (group soft-thresholding; output groups, then input groups);
-``subgradient`` adds λ·GL to the loss, as the paper describes. ``batchnorm`` (``on``, the default):
-the scale and shift of the batch norm after each regularised layer are penalised too (|γ| + |β| per
-channel, Liu et al.'s network slimming), and a channel whose every writer is followed by a batch norm
-with both below the threshold is dead — it outputs zero whatever the layer computes. Without it, a
-batch norm after each convolution makes the loss blind to a channel's scale, and its gradient grows
-as the channel shrinks. Measured on ResNet-20 and Fashion-MNIST (docs/techniques.md): the subgradient leaves
-channels oscillating around zero (no channel below 1e-3 after 900 steps at r ≤ 0.5).
-Every ``every`` epochs (the *reconfiguration interval*, default 10) the channels whose weights are
-all below ``threshold`` (default 1e-4) go, with the channel union of
-:mod:`scaletrain.efficient.channels` (a residual sum keeps a channel while any member needs it), and a
-block whose residual branch is gone is removed; the network is rebuilt densely, momentum carried over.
-*When it helps*: the network, its FLOPs and — under data parallelism — the bytes every step sends
-shrink while it trains; the paper reports −53 % training FLOPs for ResNet-32 on CIFAR-10 at 91.8 %
-accuracy, and −55 % communication for ResNet-50 on ImageNet. The Dortmund thesis (004) found no time
-saved on one GPU: the gain is in the communication. *In a distributed run*: L is the mean over the
-workers of their first losses, so λ is the one process's λ (equal parts of a batch); the
-decision is made once and applied by every process.
+A group-lasso penalty pushes whole channels of every convolution and linear layer to zero, GL = Σ_layers
+(Σ_c ‖W[c]‖₂ + Σ_k ‖W[:, k]‖₂) over output channels c and input channels k, leaving out the image inputs of the first
+layer and the class outputs of the last. Its weight λ is set once, at the first step, so that the penalty is the
+fraction r (the *lasso penalty ratio*, default 0.2) of the objective: λ = r·L / (R·(1 − r)), L the loss and R the
+group lasso then; in a distributed run L is the mean of the workers' first losses, so λ is one process's.
+``step=proximal`` (the default) takes the penalty's proximal step after every optimizer step, where that step is
+taken (the worker or the parameter server): each group shrinks by η·λ/(1 − μ) in norm (η the rate, μ the momentum)
+and becomes exactly zero when smaller. ``step=subgradient`` adds λ·GL to the loss, as the paper does; it leaves
+channels oscillating around zero (docs/techniques.md). With ``batchnorm=on`` (the default) the scale and shift of the
+batch norm after each regularised layer are penalised too (|γ| + |β| per channel, as network slimming does), and a
+channel whose every writer is followed by a batch norm with both below the threshold is dead (it outputs zero);
+without that penalty batch norm makes the loss blind to a channel's scale.
 
-*PruneTrain + Net2Net* (004 §3.5): with ``-T rewiden=E``, the reconfiguration after epoch E prunes
-and then widens every group of channels by one uniform multiplier (Net2WiderNet copies: the function
-is kept) until the network has ``rewiden_to`` times its starting parameters again (default 1): the
-pruned shape, at the original size. From then on the penalty is off and nothing is pruned.
+Every ``every`` epochs (default 10) the channels whose weights are all below ``threshold`` (default 1e-4) go, with
+the channel union of :mod:`scaletrain.efficient.channels` (a residual sum keeps a channel any member needs); a block
+whose residual branch is gone is removed; the network is rebuilt densely, momentum carried over, decided once and
+applied by every process. With ``rewiden=E`` (004 §3.5) the reconfiguration after epoch E also widens every group of
+channels by one multiplier (Net2WiderNet copies) back to ``rewiden_to`` times the starting parameters (default 1);
+then the penalty is off. It pays where the network's FLOPs and, under data parallelism, its bytes a step matter.
 
-Options: ``--technique prunetrain --lasso-ratio 0.2 --prune-threshold 1e-4 --reconfigure-every 10``
-(or ``-T ratio=0.2 -T threshold=1e-4 -T every=10``), ``-T step=proximal|subgradient``,
-``-T batchnorm=on|off``, ``-T rewiden=E -T rewiden_to=1.0``.
+Options: ``--lasso-ratio 0.2 --prune-threshold 1e-4 --reconfigure-every 10`` (or ``-T ratio=0.2 -T threshold=1e-4
+-T every=10``), ``-T step=proximal|subgradient``, ``-T batchnorm=on|off``, ``-T rewiden=E -T rewiden_to=1.0``.
 """
 
 from __future__ import annotations

@@ -19,20 +19,20 @@ removals, then sizes.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from scaletrain.efficient.base import Reconfiguration
 from scaletrain.efficient.channels import channel_count, is_residual_block
+from scaletrain.efficient.well_formed import check_well_formed, own_copy
 from scaletrain.errors import ConfigError
 
 __all__ = [
     "Architecture",
     "Bypass",
     "apply_architecture",
-    "check_well_formed",
     "identity_module",
     "reconfigure",
     "resized_architecture",
@@ -107,38 +107,6 @@ def reconfigure(
         + [(f"optimizer state {key}", v) for state in states.values() for key, v in state.items() if torch.is_tensor(v)]
     )
     return renewed
-
-
-def check_well_formed(tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Raise ``RuntimeError`` naming each tensor that is not well formed: not contiguous (the layout every
-    parameter, buffer and optimizer state keeps; channels-last changes only the activations), a view into a
-    larger storage or at an offset (a copy of a flat buffer, a slice of a freed tensor), or sharing its storage
-    with another of them (a tensor named twice counts once). Called after every change of the network, on what
-    the change produced.
-
-    >>> check_well_formed([("weight", torch.zeros(4, 3))])
-    >>> check_well_formed([("weight", torch.zeros(4, 6)[:, :3])])
-    Traceback (most recent call last):
-    RuntimeError: surgery left malformed tensors: weight is not contiguous
-    """
-    problems, owners, seen = [], {}, set()
-    for name, tensor in tensors:
-        if id(tensor) in seen:  # the same tensor reached twice (a module inside another that was produced)
-            continue
-        seen.add(id(tensor))
-        storage = tensor.untyped_storage()
-        needed = tensor.numel() * tensor.element_size()
-        if not tensor.is_contiguous():
-            problems.append(f"{name} is not contiguous")
-        elif tensor.storage_offset() != 0 or storage.nbytes() != needed:
-            problems.append(
-                f"{name} is a view at offset {tensor.storage_offset()} into {storage.nbytes()} bytes (needs {needed})"
-            )
-        elif needed and storage.data_ptr() in owners:
-            problems.append(f"{name} shares its storage with {owners[storage.data_ptr()]}")
-        owners.setdefault(storage.data_ptr(), name)
-    if problems:
-        raise RuntimeError("surgery left malformed tensors: " + "; ".join(problems))
 
 
 def _start_momentum(optimizer: torch.optim.Optimizer) -> None:
@@ -242,7 +210,7 @@ def identity_module(spec: dict[str, int | str], previous: nn.Module) -> nn.Modul
     if kind == "block":
         if not is_residual_block(previous):
             raise ConfigError("net2net: a residual block is inserted only right after one")
-        block = _own_copy(previous)
+        block = own_copy(previous)
         last_norm = [m for m in block.residual.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)][-1]
         with torch.no_grad():
             last_norm.weight.zero_()
@@ -353,7 +321,7 @@ def _resized(
             f"module {path} is a {type(module).__name__}; only Linear, ungrouped Conv and BatchNorm layers "
             "can be resized"
         )
-    new = _own_copy(module)
+    new = own_copy(module)
     mapping = {}
     for name, old in module.named_parameters(recurse=False):
         axis = {d: sizes[d][1] if old.dim() > 1 else 0 for d in keep}
@@ -373,24 +341,6 @@ def _resized(
         if dim in keep:
             setattr(new, attribute, len(keep[dim]))
     return new, mapping
-
-
-def _own_copy(module: nn.Module) -> nn.Module:
-    """``copy.deepcopy(module)`` whose every tensor has a storage of its own: deepcopy copies a view's whole
-    storage (a parameter server's flat buffer, say) and keeps the view into it."""
-    new = copy.deepcopy(module)
-    for owner in new.modules():
-        for name, buffer in list(owner.named_buffers(recurse=False)):
-            if buffer is not None and (buffer.storage_offset() or not _owns_storage(buffer)):
-                owner.register_buffer(name, buffer.clone(), persistent=name not in owner._non_persistent_buffers_set)
-        for name, parameter in list(owner.named_parameters(recurse=False)):
-            if parameter.storage_offset() or not _owns_storage(parameter):
-                setattr(owner, name, nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad))
-    return new
-
-
-def _owns_storage(tensor: torch.Tensor) -> bool:
-    return tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size() and tensor.is_contiguous()
 
 
 def _select(tensor: torch.Tensor, dims: dict[int, list[int]]) -> torch.Tensor:

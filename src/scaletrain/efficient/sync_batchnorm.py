@@ -1,34 +1,26 @@
-"""Synchronised batch norm: every batch norm normalises over the whole global batch, across the workers
-that share it.
+"""Synchronised batch norm: every batch norm normalises over the whole global batch, across the workers sharing it.
 
-Method card. *What*: in a run whose workers each compute a part of one batch (``--sync split``, and
-the joined batch of ``--sync join``), each batch norm in training normalises with the mean and variance
-of the whole batch instead of its own part, and its running statistics move towards that batch's mean
-and unbiased variance: what one process computes over the whole batch. *When it helps*: a split run of
-a network with batch norm is then sequential training again, weight for weight (without it each of N
-workers normalises over 1/N of the batch: issue 25 measured max |Δw| = 0.095 after 40 steps of a
-residual network on 2 workers); and where the per-worker share is small, whose statistics are noisy.
-*Cost*: per batch norm and step, one all-reduce of 2C+1 numbers in the forward pass and one of 2C in
-the backward pass (C channels), each a synchronisation point of the workers (docs/distributed.md has
-the measured step time). *Source*: Ioffe and Szegedy (2015) for batch norm and its gradient; the
-statistics of the global batch from the workers' sums, as ``torch.nn.SyncBatchNorm`` (Peng et al.,
-"MegDet", CVPR 2018) computes them.
+In a run whose workers each compute a part of one batch (``--sync split``, and the joined batch of ``--sync join``),
+each batch norm in training normalises with the mean and variance of the whole batch, and its running statistics move
+towards that batch's mean and unbiased variance, as one process computes them. A split run of a network with batch
+norm is then sequential training again, weight for weight; without it each of N workers normalises over 1/N of the
+batch, which also gives noisy statistics where the share is small. The price, per batch norm and step: an all-reduce
+of 2C+1 numbers in the forward pass and one of 2C in the backward pass (C channels), each a point where the workers
+meet (docs/distributed.md has the measured cost). After Ioffe and Szegedy (2015), with the global statistics
+summed from the workers' as ``torch.nn.SyncBatchNorm`` does (Peng et al., "MegDet", CVPR 2018).
 
-How: :func:`sync_batch_norm` gives a network's ``BatchNorm1d/2d/3d`` the subclasses here. They keep
-their parameters, buffers and state-dict keys, and stay instances of the torch classes, so checkpoints,
-``load_model`` and the surgery of PruneTrain, Net2Net or MorphNet see plain batch norm. They synchronise
-only in training mode inside :func:`synchronised` (the block names the process group); everywhere else,
-evaluation included, they are plain batch norm with no communication. On a GPU whose group is NCCL the
-statistics go through torch's own ``SyncBatchNorm`` function; elsewhere (the CPU and gloo) through
-:class:`SyncBatchNormFunction`, this module's.
+:func:`sync_batch_norm` gives a network's ``BatchNorm1d/2d/3d`` the subclasses here, which keep their parameters,
+buffers and state-dict keys and stay instances of the torch classes: checkpoints, ``load_model`` and the surgery of
+PruneTrain, Net2Net or MorphNet see plain batch norm. They synchronise only in training mode inside
+:func:`synchronised` (the block names the process group) and are plain batch norm everywhere else, evaluation
+included; on a GPU with an NCCL group through torch's ``SyncBatchNorm`` function, elsewhere through
+:class:`SyncBatchNormFunction`.
 
-Usable in any loop::
-
-    >>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
-    >>> sync_batch_norm(net), isinstance(net[1], nn.BatchNorm1d), type(net[1]).__name__
-    (1, True, 'SyncedBatchNorm1d')
-    >>> with synchronised(None):  # a process group of the workers here; None: this process alone
-    ...     out = net(torch.randn(8, 3))
+>>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+>>> sync_batch_norm(net), isinstance(net[1], nn.BatchNorm1d), type(net[1]).__name__
+(1, True, 'SyncedBatchNorm1d')
+>>> with synchronised(None):  # a process group of the workers here; None: this process alone
+...     out = net(torch.randn(8, 3))
 """
 
 from __future__ import annotations

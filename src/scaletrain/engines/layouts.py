@@ -16,10 +16,18 @@ from typing import Any
 from scaletrain.engines.prepare import EngineRun
 from scaletrain.workloads import create_workload
 
-__all__ = ["FOREIGN_STRATEGIES", "engine_run", "foreign_mode"]
+__all__ = ["FOREIGN_MODES", "FOREIGN_STRATEGIES", "engine_run", "foreign_mode"]
 
+#: The scaletrain strategy specs a foreign engine runs: the engine's mode and the servers the strategy has (1: one
+#: central server; None: one per worker, sharded; 0: none of its own, where an engine's mode may still add some).
+FOREIGN_MODES: dict[str, tuple[str, int | None]] = {
+    "local": ("local", 0),
+    "allreduce-join": ("sync", 0),
+    "ps-central-async": ("async", 1),
+    "ps-sharded-async": ("async", None),
+}
 #: the scaletrain strategies a foreign engine runs
-FOREIGN_STRATEGIES = ("local", "allreduce-join", "ps-central-async", "ps-sharded-async")
+FOREIGN_STRATEGIES = tuple(FOREIGN_MODES)
 
 
 def foreign_mode(strategy: str, workers: int) -> tuple[str, int] | None:
@@ -30,15 +38,12 @@ def foreign_mode(strategy: str, workers: int) -> tuple[str, int] | None:
     >>> foreign_mode("allreduce-split", 2) is None
     True
     """
-    if strategy == "local" or (strategy == "allreduce-join" and workers == 1):
+    if strategy not in FOREIGN_MODES:
+        return None
+    mode, servers = FOREIGN_MODES[strategy]
+    if workers == 1 and servers == 0:  # one worker exchanges nothing: the engine's local mode
         return "local", 0
-    if strategy == "allreduce-join":
-        return "sync", 0
-    if strategy == "ps-central-async":
-        return "async", 1
-    if strategy == "ps-sharded-async":
-        return "async", workers
-    return None
+    return mode, workers if servers is None else servers
 
 
 def engine_run(framework: str, workload: str, strategy: str, workers: int, settings: dict[str, Any]) -> EngineRun:

@@ -1,33 +1,16 @@
 """The foreign engines' runs predicted from their own profiles (``scaletrain profile --framework``).
 
-A profile of a foreign engine (``Profile.framework`` ``tensorflow`` or ``mxnet``) holds that engine's own
-t_grad, t_update, contention and exchange times; the refined and the thesis model then predict its runs with
-the same formulas as scaletrain's, through the terms of the strategy that does what the engine's mode does:
-
-====================  =============================================  ==========================================
-bench spec            TensorFlow                                     MXNet
-====================  =============================================  ==========================================
-``allreduce-join``    ``MultiWorkerMirroredStrategy`` (ring           ``dist_sync``: every worker pushes its
-                      all-reduce over gRPC): the all-reduce's terms   gradient to N server processes and pulls
-                      (ring, 2(N−1) latencies, 2(N−1)/N of the        the sum back, then updates itself: the
-                      gradient per worker), calibrated by the         *kvstore* term below (engine-specific),
-                      engine's own all-reduce timed at N workers      calibrated by the push + pull timed at N
-``ps-central-async``  ``ParameterServerStrategy``, one ps: the        ``dist_async``, one server: the central
-                      central server's closed network                 server's closed network
-``ps-sharded-async``  ``ParameterServerStrategy``, N ps (a variable   ``dist_async``, N servers: the sharded
-                      on one ps each): the sharded server's network   server's network
-====================  =============================================  ==========================================
-
-Both thesis formulas stand for them as they do for scaletrain's strategy of the same spec (sync-join:
-the distributed server's 2·t_comm·(N−1)/N). Any other spec is refused for a foreign profile: the engine
-does not run it (:data:`ENGINE_SPECS`; the same as :data:`scaletrain.engines.layouts.FOREIGN_STRATEGIES`).
-
-The kvstore term (MXNet ``dist_sync``): the servers are processes of their own and hold whole keys, key
-``k`` on server ``(k · 9973) mod S`` unless it has 10⁶ values or more, which is split evenly over all S
-servers (MXNet 1.9's ``kvstore_dist.h``; S = N, its launcher's default, as scaletrain starts it). A worker's
-link carries the whole gradient out and the sum back; the fullest server's link carries N × its share each
-way. So a step's exchange is 2 latencies + (gradient + weight bytes) × max(1, N · largest share) / bandwidth,
-then every worker's optimizer step (t_update), corrected by ``Profile.kvstore`` where the profile timed it.
+A profile whose ``Profile.framework`` is ``tensorflow`` or ``mxnet`` holds that engine's own t_grad, t_update,
+contention and exchange times. The refined and the thesis model predict its runs with scaletrain's formulas, through
+the terms of the strategy whose spec does what the engine's mode does: ``allreduce-join`` for TensorFlow's
+``MultiWorkerMirroredStrategy`` (calibrated by the engine's all-reduce timed at N workers), ``ps-central-async`` and
+``ps-sharded-async`` for ``ParameterServerStrategy`` and ``dist_async`` with one server or N. MXNet's ``dist_sync``
+(``allreduce-join``) has the *kvstore* term instead: every worker pushes its gradient to S = N server processes and
+pulls the sum back, a key lying whole on server ``(k · 9973) mod S`` unless it has 10⁶ values or more (then split
+over all), as MXNet 1.9 places them; a step's exchange is 2 latencies + (gradient + weight bytes) ×
+max(1, N · largest share) / bandwidth, then every worker's t_update, corrected by ``Profile.kvstore`` where timed.
+Any other spec is refused (:data:`ENGINE_SPECS`, the same as :data:`scaletrain.engines.layouts.FOREIGN_STRATEGIES`):
+the engine does not run it. docs/frameworks.md has the table and how well it predicts.
 
 >>> from scaletrain.estimate.profile import Profile
 >>> profile = Profile("lenet", 64, t_grad=0.02, t_comm=0.001, framework="mxnet")

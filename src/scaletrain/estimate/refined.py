@@ -1,45 +1,21 @@
-"""A refined speedup model: the thesis's reasoning plus what it leaves out, all from one profile.
+"""The refined speedup model: the thesis's reasoning plus what it leaves out, every constant from one profile.
 
-What it adds to :mod:`scaletrain.estimate.thesis` (every constant comes from ``scaletrain profile``,
-none is fitted to the runs it is judged on):
+Beside :mod:`scaletrain.estimate.thesis` it counts latency per message as well as bandwidth, the measured t_grad at
+the split batch, the optimizer step (``t_update``), stragglers (the slowest of N gradient times, or the wait the
+profile timed beside the strategy's exchange), CPU contention among workers sharing a machine's cores, the sharded
+server's real shard sizes, synchronised workers sharing the central server's link, asynchronous training as a
+closed queueing network solved exactly by mean value analysis, and ring all-reduce. No constant is fitted to the
+runs the model is judged on; docs/prediction.md describes each term and how well the model predicts.
 
-- **Latency per message** (``latency``, a 4-byte round trip / 2) besides **bandwidth** (weight
-  bytes / (t_comm − latency)); a transfer of ``b`` bytes takes latency + b / bandwidth.
-- **The measured t_grad at the split batch** (t_grad of batch/N, which is rarely t_grad/N).
-- **The optimizer step** (``t_update``) on the server or on every worker; the sequential reference
-  is t_grad + t_update per batch, what a one-worker ``local`` run takes per step.
-- **Stragglers**: a synchronous step waits for the slowest of N workers, so t_grad × the expected
-  maximum of N draws from the measured gradient times (their mean for one worker and for
-  asynchronous workers, and for the sequential reference); where the profile timed the strategy's
-  exchange among N, the mean wait for the slowest measured beside it instead (``exchange_wait``).
-- **CPU contention** when the workers share one machine's cores: t_grad × the slowdown measured
-  with that many processes computing at once (``contention``).
-- **The shard sizes of the sharded server** (Algorithm 3.7's greedy assignment over the real
-  tensors; one large tensor makes one owner's link the bottleneck, not (N−1)/N of the weights).
-- **The central server's link shared by synchronised workers**: they finish their gradients
-  together, so N pushes share the server's downlink and N replies its uplink (the thesis's worst
-  case is the usual one).
-- **Asynchronous training as a closed queueing network** solved exactly by mean value analysis
-  (Reiser & Lavenberg 1980): every worker cycles through compute (a delay) and the server's
-  downlink, update and uplink (queues); this gives the waiting near saturation that the best/worst
-  bounds bracket.
-- **Ring all-reduce**: 2(N−1)/N · bytes / bandwidth + 2(N−1) latencies (Patarasuk & Yuan 2009).
+Throughput is in batches per second as SPEC §3 counts them (a join step is N batches, a split step one);
+speedup = throughput × (t_grad + t_update), i.e. against one worker training alone.
 
-The last four are the strategies' own terms: :mod:`scaletrain.parallel.strategies.ps_terms` (central
-and sharded server, synchronous and asynchronous) and
-:func:`scaletrain.parallel.strategies.allreduce.ring_allreduce_seconds`.
-
-Throughput is in batches per second as SPEC §3 counts them (a join step is N batches, a split step
-one); speedup = throughput × (t_grad + t_update), i.e. against one worker training alone.
-
-Which configurations: every spec the strategy registry (:mod:`scaletrain.parallel.strategies`) marks
-``predicted`` (:func:`scaletrain.estimate.models.predicted_configurations`). The formulas of each
-strategy are its own, declared beside it (:meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`,
-:mod:`~scaletrain.parallel.strategies.terms`): what its synchronous step takes besides the gradient, its
-asynchronous closed network, the thesis formula that stands for it. This module supplies what
-they share (the gradient time per worker count, :class:`Terms`) and turns them into throughput;
-it names no strategy. A predicted strategy that declares no terms for a mode is a
-:class:`~scaletrain.errors.ConfigError` saying it is not modelled by the estimator.
+Each predicted strategy (:func:`scaletrain.estimate.models.predicted_configurations`) declares its own formulas
+(:meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`, :mod:`~scaletrain.parallel.strategies.terms`;
+the servers' in :mod:`scaletrain.parallel.strategies.ps_terms`): its synchronous step besides the gradient, its
+asynchronous network, the thesis formula that stands for it. This module supplies what they share (the gradient
+time per worker count, :class:`Terms`) and turns them into throughput; it names no strategy. A predicted strategy
+without terms for a mode is a :class:`~scaletrain.errors.ConfigError`: the estimator does not model it.
 
 >>> from scaletrain.estimate.profile import Profile
 >>> p = Profile("toy", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(5 * 10**5, 5 * 10**5))

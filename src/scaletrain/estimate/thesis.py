@@ -1,11 +1,9 @@
 """The Brno thesis's speedup estimator (Šlampa 2017, ch. 4; SPEC §2), formula for formula.
 
-Inputs are two measured times: ``t_grad``, the gradient of one batch on one worker, and ``t_comm``,
-the transfer of all weights once between a worker and the server. Weight updates, set-up and
-finish are neglected. Speedup S = D·t_grad / t_train (eq. 4.23).
-
-Synchronous training runs in iterations, t_train = I·t_iter (4.2), with I = D/N for ``sync-join``
-and I = D for ``sync-split``:
+Inputs are two measured times: ``t_grad``, the gradient of one batch on one worker, and ``t_comm``, the transfer
+of all weights once between a worker and the server. Weight updates, set-up and finish are neglected. Speedup
+S = D·t_grad / t_train (eq. 4.23). Synchronous training runs in iterations, t_train = I·t_iter (4.2), with
+I = D/N for ``sync-join`` and I = D for ``sync-split``:
 
 - central server, best case (4.4–4.6): t_iter = (N+1)·t_comm + t_grad
 - central server, worst case (4.7–4.9): t_iter = 2N·t_comm + t_grad
@@ -19,8 +17,8 @@ Asynchronous training (each worker trains D/N batches):
 - central estimate (4.20): the mean of the two
 - distributed server (4.21): t_train = (D/N)(2·t_comm·(N−1)/N + t_grad)
 
-``sync-split`` feeds the same iteration formulas with the gradient time of 1/N of a batch; given
-one ``t_grad`` (the interface of the thesis's ``estimate.py``), that is t_grad/N.
+``sync-split`` feeds the same iteration formulas with the gradient time of 1/N of a batch; given one ``t_grad``
+(the interface of the thesis's ``estimate.py``), that is t_grad/N.
 
 >>> round(speedup(t_grad=0.758, t_comm=0.033, kind="sync-join", server="distributed", workers=8, batches=128), 2)
 7.43

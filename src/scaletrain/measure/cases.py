@@ -95,16 +95,18 @@ CASES: dict[str, Case] = {case.name: case for case in (
          **_LENET),
     Case("lenet-100mbit", "lenet", True, "the thesis's LeNet on a slow link; the refined model was built on it",
          network="100mbit", steps=12, warmup_steps=3, **_LENET),
-    Case("lenet-100mbit-topk", "lenet", True, "top-k's codec terms were mended on it (issue 27)",
+    Case("lenet-100mbit-topk", "lenet", True, "top-k's codec terms were mended on it in the gradient-compression work",
          network="100mbit", steps=30, workers=(1, 2), wire="topk", wire_options={"ratio": "0.01"}),
     Case("squeezenet-loopback", "squeezenet", True, "the thesis's second network; the refined model was built on it",
          steps=14, warmup_steps=3, strategies=FOUR[:3], **_SQUEEZE),
     Case("squeezenet-100mbit", "squeezenet", True, "the thesis's second network on a slow link",
          network="100mbit", steps=10, warmup_steps=3, strategies=FOUR[:3], **_SQUEEZE),
     # held out on 2026-11-27 with the models of 5c9fa93, then looked at while the sharded exchange was measured
-    Case("resnet20-100mbit", "resnet20", True, "issue 30's table; the sharded probe came after it", network="100mbit",
+    Case("resnet20-100mbit", "resnet20", True,
+         "the first ResNet-20 table of the prediction work; the sharded probe came after it", network="100mbit",
          **_RESNET),
-    Case("resnet20-50mbit", "resnet20", True, "seen with issue 30's table", network="50mbit", **_RESNET),
+    Case("resnet20-50mbit", "resnet20", True, "seen with the first ResNet-20 table of the prediction work",
+         network="50mbit", **_RESNET),
     # held out for the models of b8ed4aa, then looked at: the probes' gradient ran without the training's memory
     # format (channels-last on a CPU), 20–40 % slower than the runs' computation
     Case("lenet-b128-50mbit", "lenet", True, "seen: held out for b8ed4aa", network="50mbit", batch_size=128,
@@ -116,10 +118,10 @@ CASES: dict[str, Case] = {case.name: case for case in (
     Case("ptb-lstm-200mbit", "ptb-lstm", True, "seen: held out for b8ed4aa", network="200mbit", **_LSTM),
     # held out for the models of 19ce2dd, then looked at: the asynchronous central server's rows were 18–39 % off on
     # fast links (exponential queues where LeNet's transfers pipelined and the LSTM's were served one at a time)
-    Case("ptb-lstm-100mbit", "ptb-lstm", True, "seen: held out for 19ce2dd (issue 30's LSTM case)", network="100mbit",
-         **_LSTM),
-    Case("ptb-lstm-50mbit", "ptb-lstm", True, "seen: held out for 19ce2dd (issue 30's LSTM case)", network="50mbit",
-         **_LSTM),
+    Case("ptb-lstm-100mbit", "ptb-lstm", True, "seen: held out for 19ce2dd (the prediction work's LSTM case)",
+         network="100mbit", **_LSTM),
+    Case("ptb-lstm-50mbit", "ptb-lstm", True, "seen: held out for 19ce2dd (the prediction work's LSTM case)",
+         network="50mbit", **_LSTM),
     Case("lenet-b64-200mbit", "lenet", True, "seen: held out for 19ce2dd", network="200mbit", batch_size=64,
          steps=30, warmup_steps=5),
     Case("resnet20-b256-50mbit", "resnet20", True, "seen: held out for 19ce2dd", network="50mbit",

@@ -1,33 +1,25 @@
 """One process of a profile measurement, started by :mod:`scaletrain.measure.profile`.
 
-``python -m scaletrain.measure.probe JOB.json RESULT.json`` with the torchrun variables set. Two jobs:
+``python -m scaletrain.measure.probe JOB.json RESULT.json`` with the torchrun variables set. The jobs:
 
-- ``grad``: every rank times forward+backward (t_grad) and the optimizer step (t_update) of its
-  own copy of the model on a real batch of the workload, all ranks at the same time after a
-  barrier, so ``world_size`` ranks measure t_grad while that many processes compete for the cores.
-- ``transfer``: rank 0 plays the parameter server and rank 1 a worker, over a two-process gloo group
-  with the same calls and message shapes the parameter server uses (``[header]`` then one flat
-  buffer of the wire codec's type, tags per direction): round trips of push(gradient) + pull(weights)
-  per size in bytes.
-- ``allreduce``: every rank runs the all-reduce exchange's step (:class:`AllReduceExchange`, the class
-  training uses) on gradients of the network's shapes, and keeps the communication time it reports
-  (the wire codec's collective), and apart the wait for the slowest rank (the one-number all-reduce before it).
-- ``central``: rank 0 is a synchronous central server (:class:`ShardServer`, as ``ps central`` runs
-  it, its rate 0) and every other rank a worker running the parameter-server exchange's step
-  (:class:`PSExchange`); each worker keeps its communication + wait per step.
-- ``central-async``: the same with an asynchronous server, as ``ps central async`` runs it: every worker
-  pushes whenever its gradient is ready, so each keeps its push and the wait for its reply as they
-  queue behind the others' at the server and on its links.
-- ``sharded``: every rank a worker and the synchronous owner of its shard, as ``ps sharded`` runs them.
+- ``grad``: after a barrier every rank times forward+backward (t_grad) and the optimizer step (t_update) of its
+  own copy of the model on a real batch, so ``world_size`` ranks measure t_grad while as many processes compete
+  for the cores;
+- ``transfer``: rank 0 plays the parameter server and rank 1 a worker over a two-process gloo group, with the
+  server's calls and message shapes (a header, then one flat buffer of the wire codec's type, tags per
+  direction): round trips of push(gradient) + pull(weights) per size in bytes;
+- ``allreduce``: every rank runs the training's :class:`AllReduceExchange` step on gradients of the network's
+  shapes and keeps the communication it reports and, apart, the wait for the slowest rank;
+- ``central`` and ``central-async``: rank 0 a synchronous or asynchronous central :class:`ShardServer` (rate 0),
+  every other rank a worker running :class:`PSExchange` steps and keeping communication + wait per step (an
+  asynchronous worker pushes whenever ready and queues behind the others);
+- ``sharded``: every rank a worker and the synchronous owner of its shard, as ``ps sharded`` runs them;
+- ``codec``: one process times the wire codec's own work on gradients of the network's shapes: its all-reduce and
+  float32's, each at world size 1, and a parameter server's compress and decompress.
 
-The exchanges run a real gradient of the workload before each exchange, as a training step does, and
-keep its seconds too (``compute``): the computation under that strategy's own traffic and threads.
-- ``codec``: one process times the wire codec's own work on gradients of the network's shapes: its
-  all-reduce and float32's, each at world size 1 (where the collective moves nothing, so what is
-  left of the difference is the codec's compute), and a parameter server's compress and decompress.
-
-The exchanges and the codec are timed past any dense start of the codec (:meth:`WireCodec.steady`),
-with the run's ``-W`` options: what a run sends once it compresses.
+Each exchange follows a real gradient of the workload, as in a training step, whose seconds are kept too
+(``compute``). Exchanges and codec are timed past any dense start of the codec (:meth:`WireCodec.steady`), with
+the run's ``-W`` options: what a run sends once it compresses.
 """
 
 from __future__ import annotations

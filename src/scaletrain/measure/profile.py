@@ -1,36 +1,26 @@
 """``scaletrain profile``: the measured inputs of the speedup estimators (Šlampa 2017, §6.2).
 
-- **t_grad**: forward + backward of one batch on one worker, median after warm-up (clocks read
-  after a GPU synchronisation when the model is on a GPU); also at 1/n of the batch for the
-  workers of a ``split`` run (``split_workers``), and the optimizer step (**t_update**).
-- **contention**: t_grad while k processes compute at once on this machine, divided by t_grad
-  alone, for k = 2..``concurrency`` (what workers sharing cores cost each other), or only at the
-  ``contention_counts`` asked for (``--contention-at``), with the counts between them interpolated;
-  every time taken is kept (``samples["t_grad_contended"]``: the spread of t_grad under contention).
-- **t_comm**: one transfer of all weights between two real processes over the transport the
-  parameter server uses (gloo point-to-point, header + flat buffer, both directions): half the
-  median push + pull round trip. With ``wire`` the buffer is of the codec's type (``bf16``: half the
-  bytes), so ``weight_bytes`` and every estimate built on them are the encoded bytes; with
-  ``precision`` t_grad is timed under that autocast. **latency**: the same for a 4-byte buffer; **bandwidth**: the
-  weight bytes over (t_comm − latency). With ``network`` the two processes talk across an emulated
-  link of that rate.
-- **allreduce** and **central** (``exchange_counts``, ``--exchange-at``): a synchronous step's exchange
-  among N real worker processes (on the emulated link too), as a run's workers report it: the
-  all-reduce exchange's communication, and the central server's (N workers and the server process:
-  push, the server's wait for all N and its update, the reply; communication + wait). The refined
-  model corrects its formulas by them. With a codec that compresses, past its dense start (what a run
-  sends once it compresses); the central one not for a codec only all-reduce carries (PowerSGD). Each is
-  pooled over ``launches`` launches, and keeps the gradient's seconds beside it (``exchange_compute``) and the
-  mean wait for the slowest worker that its own seconds leave out (``exchange_wait``: the all-reduce's).
-- **codec_seconds** (a ``wire`` other than fp32): the codec's own compute per step on one worker,
-  alone: its all-reduce less float32's (each at world size 1, where the collective moves nothing), and
-  where a parameter server carries it one gradient message's compress and decompress.
+- **t_grad**: forward + backward of one batch on one worker, median after warm-up (clocks read after a GPU
+  synchronisation), under ``precision``'s autocast if given; also at 1/n of the batch for a ``split`` run's workers
+  (``split_workers``); and the optimizer step, **t_update**.
+- **contention**: t_grad while k processes compute at once on this machine over t_grad alone, for
+  k = 2..``concurrency`` or only at ``contention_counts`` (interpolated between); every time taken is kept
+  (``samples["t_grad_contended"]``).
+- **t_comm**: half the median push + pull round trip of all weights between two real processes over the parameter
+  server's transport, the buffer of the ``wire`` codec's type (so ``weight_bytes`` and every estimate built on them
+  are the encoded bytes); **latency**: the same for 4 bytes; **bandwidth**: weight bytes / (t_comm − latency). With
+  ``network`` the two processes talk across an emulated link of that rate.
+- **allreduce** and **central** (``exchange_counts``): a synchronous step's exchange among N real worker processes,
+  as a run's workers report it, by which the refined model corrects its formulas; with a compressing codec past its
+  dense start, the central one not for a codec only all-reduce carries (PowerSGD). Each is pooled over ``launches``
+  and keeps the gradient's seconds beside it (``exchange_compute``) and the all-reduce's wait for the slowest worker
+  (``exchange_wait``).
+- **codec_seconds** (a ``wire`` other than fp32): the codec's own compute per step on one worker.
 
-Every measurement runs in fresh processes started like training processes (torchrun variables,
-1 torch thread by default as ``scaletrain bench`` runs workers), and every wait has a timeout.
-
-The measurements are kept as a :class:`scaletrain.estimate.profile.Profile`. With ``framework`` ``tensorflow``
-or ``mxnet`` a foreign engine's own program times them instead (:mod:`scaletrain.measure.engine_profile`).
+Every measurement runs in fresh processes started like training processes (torchrun variables, 1 torch thread by
+default, as ``scaletrain bench`` runs workers), and every wait has a timeout. The result is a
+:class:`scaletrain.estimate.profile.Profile`; with ``framework`` ``tensorflow`` or ``mxnet`` the engine's own program
+times it (:mod:`scaletrain.measure.engine_profile`). docs/prediction.md explains each measurement.
 """
 
 from __future__ import annotations

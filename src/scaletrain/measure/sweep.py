@@ -5,7 +5,7 @@ in its own folder under ``OUT/runs/``. Rows are appended to ``results.jsonl`` as
 interrupted sweep keeps what it measured; a run that fails is recorded with its error and the sweep
 goes on. Before the first measured run, a short unmeasured warm-up run of the same configuration
 brings the machine to the state the later runs find it in: without it the first run of a sweep was
-measured up to 1.9× slower than the same training later in the sweep (issue 9).
+measured up to 1.9× slower than the same training later in the sweep.
 
 >>> parse_strategy("ps-distributed-none")
 ('ps', 'sharded', 'async')
@@ -76,7 +76,7 @@ class SweepConfig:
     max_workers: int | None = None
     warmup_run: bool = True  # a short unmeasured run before the first measured one (of each framework)
     frameworks: tuple[str, ...] = ("scaletrain",)  # and foreign engines: tensorflow, mxnet (scaletrain.engines)
-    local_only_at: tuple[int, ...] = ()  # counts at which only ``local`` runs (a validation's reference)
+    local_only_at: tuple[int, ...] = ()  # counts at which only a one-process strategy runs (a validation's reference)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -156,9 +156,9 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     for repeat in range(config.repeats):
         for framework, spec, batch, count in itertools.product(config.frameworks, config.strategies, batches, workers):
             strategy, server, sync = parse_strategy(spec)
-            if count in config.local_only_at and strategy != "local":
-                continue
             most = get_strategy(strategy).max_workers
+            if count in config.local_only_at and most != 1:  # only the one-process reference there
+                continue
             if most is not None and count > most:
                 continue
             run = Run(strategy, server, sync, count, batch, repeat, framework)
@@ -258,7 +258,7 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
         unread |= {"async_compensation", "async_batches"}
     if run.sync == "async" or run.workers == 1:  # no global batch shared by several workers
         unread.add("sync_batchnorm")
-    if run.strategy not in ("allreduce", "local"):  # buckets reduced during backward: all-reduce's alone
+    if not get_strategy(run.strategy).overlaps:  # buckets reduced during backward
         unread |= {"overlap", "bucket_mb"}
     # beside the engines' asynchronous runs (Downpour's: a whole batch per update), scaletrain's do the same work
     alike = {"async_batches": "share"} if run.sync == "async" and len(config.frameworks) > 1 else {}

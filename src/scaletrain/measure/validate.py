@@ -44,7 +44,7 @@ from scaletrain.measure.ranking import RANK_NOISE, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig, run_steps
 from scaletrain.measure.validation_report import FLAGS_APART, markdown, wire_label, wire_suffix
-from scaletrain.parallel.strategies import get_strategy
+from scaletrain.parallel.strategies import check_strategy_settings, get_strategy, parse_spec
 
 __all__ = [
     "DEFAULT_STRATEGIES",
@@ -130,15 +130,17 @@ class ValidationConfig:
             raise ConfigError(f"--runs and --launches must be ≥ 1, got {self.repeats} and {self.launches}")
         # The runs' own settings are checked as every training run's are, now rather than after profiling.
         for spec in self.strategies:  # a codec one of the strategies cannot carry: one line before profiling
-            TrainConfig(
-                self.workload,
-                strategy=Configuration.parse(spec).strategy,
-                steps=self.steps,
-                warmup_steps=self.warmup_steps,
-                batch_size=self.batch_size,
-                threads=self.threads_per_worker,
-                **self.run_settings(),
-                **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
+            check_strategy_settings(
+                TrainConfig(
+                    self.workload,
+                    strategy=Configuration.parse(spec).strategy,
+                    steps=self.steps,
+                    warmup_steps=self.warmup_steps,
+                    batch_size=self.batch_size,
+                    threads=self.threads_per_worker,
+                    **self.run_settings(),
+                    **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
+                )
             )
         if self.steps <= self.warmup_steps:
             raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
@@ -266,7 +268,7 @@ def compare(
     for (framework, label, workers), values in sorted(rates.items()):
         alone = ("local", "allreduce-join") if framework != "scaletrain" else ("local",)
         reference = [rate for name in alone for rate in rates.get((framework, name, 1), [])]
-        if label == "local":
+        if get_strategy(parse_spec(label)[0]).max_workers == 1:  # the one-process reference itself
             continue
         if not reference:
             raise ConfigError(

@@ -16,7 +16,13 @@ from scaletrain.parallel.launch import launch_local
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import join_process, layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
-from scaletrain.parallel.strategies import ALIASES, STRATEGIES, expand_spec
+from scaletrain.parallel.strategies import (
+    ALIASES,
+    STRATEGIES,
+    check_strategy_settings,
+    expand_spec,
+    with_strategy_flags,
+)
 from scaletrain.parallel.strategies.elastic_rules import check_elastic
 from scaletrain.plugins import load_plugins
 from scaletrain.workloads import Origin, Workload
@@ -28,8 +34,10 @@ def make_config(workload: str | None, *, config_file: Path | None = None, **sett
     """Build a :class:`TrainConfig`: workload defaults < ``config_file`` (TOML) < ``settings``.
 
     ``settings`` whose value is ``None`` count as not given. A technique's own settings
-    (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``.
-    ``workload`` None takes the config file's ``workload`` key; a workload given wins over the file's.
+    (``lasso_ratio=0.3`` with ``technique="prunetrain"``) become its ``technique_options``, and a strategy's
+    option given by its keyword its ``strategy_options``; the strategy then judges them (and the wire and
+    ``overlap``: :func:`~scaletrain.parallel.strategies.check_strategy_settings`). ``workload`` None takes the
+    config file's ``workload`` key; a workload given wins over the file's.
 
     >>> make_config("lenet", batch_size=64).batch_size
     64
@@ -43,9 +51,11 @@ def make_config(workload: str | None, *, config_file: Path | None = None, **sett
         raise ConfigError(f"no workload to train: name one (scaletrain train lenet) or give {where}")
     named = {} if workload is None else {"workload": workload}
     given = {key: value for key, value in with_flagged_options(settings).items() if value is not None}
-    merged = expand_spec(merge(from_file, named, given))
+    merged = with_strategy_flags(expand_spec(merge(from_file, named, given)))
     refuse_unread(merged)
-    return TrainConfig(**merged)
+    config = TrainConfig(**merged)
+    check_strategy_settings(config)
+    return config
 
 
 def refuse_unread(settings: dict[str, Any]) -> None:
@@ -101,6 +111,7 @@ def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, 
     started elsewhere (torchrun, a node file) each bring their own.
     """
     layout = layout_of(config)  # checks the strategy flags before anything starts
+    check_strategy_settings(config)  # a config built directly, not by make_config, is judged too
     check_elastic(config, layout)
     if config.join:  # a worker started mid-run: the run it joins is already going
         if config.out is None:

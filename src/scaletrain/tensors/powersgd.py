@@ -1,23 +1,19 @@
 """``--wire powersgd``: every gradient matrix as rank-R factors, one power iteration a step.
 
-PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019; PyTorch ships it as ``powerSGD_hook``). Each
-gradient of two or more dimensions is read as a matrix M of ``out × (in·k·k)``; with the Q (``m × R``)
-of the last step, every worker computes P = M Q, the workers all-reduce P (together with the tensors
-that go dense, in the same call), orthonormalise it, compute Q = Mᵀ P and all-reduce Q; the sum of
-the workers' gradients is then approximately P Qᵀ. Since Q is the same on every worker, the sum of the
-workers' P is the P of the summed M: the reduction is linear, which only all-reduce gives (a parameter
-server adds payloads one worker at a time), so this codec is refused with the servers (``topk`` goes
+PowerSGD (Vogels, Karimireddy & Jaggi, NeurIPS 2019; PyTorch ships it as ``powerSGD_hook``). Each gradient of two
+or more dimensions is read as a matrix M of ``out × (in·k·k)``; with the last step's Q (``m × R``) every worker
+computes P = M Q, the workers all-reduce P (with the tensors that go dense, in the same call), orthonormalise it,
+compute Q = Mᵀ P and all-reduce Q; the sum of the workers' gradients is then about P Qᵀ. Q being the same on every
+worker, the sum of the P is the P of the summed M: the reduction is linear only when all-reduce adds every P at
+once (a parameter server adds payloads one worker at a time), so the servers refuse this codec (``topk`` goes
 there). Sent: (n + m)·R values per matrix instead of n·m.
 
-Vectors (biases, batch norm) and matrices whose factors would not be ``min_gain`` times smaller than
-the matrix travel dense; the first ``start`` steps go dense entirely (the early gradients change
-fastest). With ``error_feedback`` each worker adds what its last message lost (its own gradient less
-the mean it received) to the next one, so what the low rank leaves out arrives later. With
-``warm_start`` the Q of one step starts the next (one iteration a step then converges over steps);
-without, each step starts from a fresh random Q, the same on every worker.
-
-Options (``-W key=value``): ``rank`` (R ≥ 1; a matrix narrower than R is factored at its own width),
-``start`` (≥ 0), ``warm_start`` (on/off), ``min_gain`` (≥ 0; 0 factors every matrix).
+Vectors and matrices whose factors would not be ``min_gain`` times smaller travel dense, and so does everything for
+the first ``start`` steps (the early gradients change fastest). With ``error_feedback`` each worker adds what its
+last message lost to the next one; with ``warm_start`` one step's Q starts the next (one iteration a step then
+converges over steps), without it each step starts from a fresh random Q, the same on every worker. Options
+(``-W key=value``): ``rank`` (R ≥ 1; a narrower matrix is factored at its own width), ``start`` (≥ 0),
+``warm_start`` (on/off), ``min_gain`` (≥ 0; 0 factors every matrix).
 
 >>> codec = PowerSGD(rank=1, min_gain=0)
 >>> layout = TensorLayout.of([torch.zeros(4, 3), torch.zeros(4)])

@@ -1,25 +1,15 @@
 """The divergence bound: a training loss that stays finite but grows far past its first values stops the run.
 
-A nan or infinite loss is caught by the loop on its own. This catches the run that explodes without
-overflowing (``--lr 1e30`` reached a loss of 10³² and "succeeded"). The rule, per process
-(``--divergence FACTOR``, default :data:`~scaletrain.config.DIVERGENCE_FACTOR` = 10⁴; ``--divergence off``
-turns it off):
-
-* **Reference**: the median of the process's first :data:`REFERENCE_STEPS` training losses — only
-  those within the bound of the ones before them, so a loss that explodes from the second step on
-  never becomes its own reference; while fewer are known, the lower median of those so far (the first
-  step's loss, taken before any update, starts it). One noisy step among them moves a median little.
-* **Bound**: ``factor × max(reference, FLOOR)``. :data:`FLOOR` (1.0) keeps a loss that starts tiny
-  (a regression at 10⁻⁶) from tripping on ordinary noise. A classifier's cross-entropy starts near
-  ln(classes) — 2.3 for ten — so for most the bound is ``factor ×`` their first loss.
-* **Stop**: when :data:`PATIENCE` (2) steps in a row are over the bound, so one wild batch cannot stop a
-  run. A loss that explodes stays over it (or overflows, which stops the run at once).
-
-Each process applies the rule to its own losses, which it reads every step anyway (a comparison more);
-the first to stop ends the run (the launcher stops the others). The reference is kept in checkpoints
-(:attr:`LossBound.first_losses` is the run's ``Prepared.first_losses``; a distributed run keeps the
-first worker's, which every worker takes on resume), so a resumed run is held to the bound it started
-with; a checkpoint without one leaves the resumed run to take it from its own first steps.
+The loop catches a nan or infinite loss by itself; this catches the run that explodes without overflowing
+(``--lr 1e30`` reached a loss of 10³² and "succeeded"). Per process, with ``--divergence FACTOR`` (default
+:data:`~scaletrain.config.DIVERGENCE_FACTOR`; ``--divergence off`` turns it off): the *reference* is the median of
+the first :data:`REFERENCE_STEPS` training losses, each counted only if within the bound of those before it (the
+lower median while fewer are known, the first step's loss before any update starting it); the *bound* is
+``factor × max(reference, FLOOR)``, :data:`FLOOR` keeping a loss that starts tiny from tripping on noise; the run
+*stops* when :data:`PATIENCE` steps in a row are over the bound, so one wild batch cannot stop it. The first
+process to stop ends the run. The reference is kept in checkpoints (:attr:`LossBound.first_losses` is the run's
+``Prepared.first_losses``), so a resumed run is held to the bound it started with. docs/training.md states the rule
+for users.
 
 >>> bound = LossBound(1e4)
 >>> [bound.exceeded(loss) for loss in (2.3, 2.2, 2.4, 2.1, 2.2, 2.0)]

@@ -2,29 +2,22 @@
 
 ``vgg16e``, ``googlenet``, ``squeezenet`` and ``resnet34`` differ only in their model; each is an
 :class:`ImageClassificationWorkload` with one ``build_model``. Their data is either an image folder
-(Caltech256's ``256_ObjectCategories``: one sub-folder per class, see
-:mod:`scaletrain.data.image_folder`) or, with ``-o data=synthetic``, random images made on demand,
-which time a network without any data — their accuracy means nothing, and the workload's
-``dataset`` text (written to ``summary.json``) says so.
+(Caltech256's ``256_ObjectCategories``: one sub-folder per class, see :mod:`scaletrain.data.image_folder`) or, with
+``-o data=synthetic``, random images made on demand, which time a network without any data: their accuracy means
+nothing, and the workload's ``dataset`` text (written to ``summary.json``) says so. Images are kept as uint8 and
+normalised per batch with the ImageNet channel means and deviations, a quarter of float32's memory
+(docs/workloads.md gives Caltech256's).
 
-Images are kept as uint8 and normalised with the ImageNet channel means and deviations per batch, so
-Caltech256 at 224×224 (30,607 images with the clutter class; 29,780 without) takes 4.6 GB of memory
-rather than 18 GB.
+Workload options (``-o KEY=VALUE``, or ``--num-classes`` / ``--image-size``): ``num_classes`` (257: Caltech256 as
+its archive ships, 256 object classes and clutter), ``image_size`` (224; 128 for ``vgg16e`` as in the thesis table;
+at least 32), ``data`` (``folder`` or ``synthetic``), ``synthetic_train`` / ``synthetic_test`` (sample counts),
+``test_fraction`` (the share of each class's images held out for testing, spread evenly).
 
-Workload options (``-o KEY=VALUE``, or ``--num-classes`` / ``--image-size``):
-
-- ``num_classes`` (257: Caltech256 as its archive ships, 256 object classes and clutter),
-- ``image_size`` (224; 128 for ``vgg16e`` as in the thesis table; at least 32),
-- ``data`` (``folder`` or ``synthetic``), ``synthetic_train`` / ``synthetic_test`` (sample counts),
-- ``test_fraction`` (share of each class's images held out for testing, spread evenly).
-
-Example::
-
-    >>> from scaletrain.workloads import create_workload
-    >>> workload = create_workload("squeezenet", {"data": "synthetic", "image_size": "32", "synthetic_train": "8"})
-    >>> inputs, labels = next(workload.train_batches(workload.load_data(None), epoch=0, batch_size=4, seed=0))
-    >>> tuple(inputs.shape), inputs.dtype, labels.shape
-    ((4, 3, 32, 32), torch.float32, torch.Size([4]))
+>>> from scaletrain.workloads import create_workload
+>>> workload = create_workload("squeezenet", {"data": "synthetic", "image_size": "32", "synthetic_train": "8"})
+>>> inputs, labels = next(workload.train_batches(workload.load_data(None), epoch=0, batch_size=4, seed=0))
+>>> tuple(inputs.shape), inputs.dtype, labels.shape
+((4, 3, 32, 32), torch.float32, torch.Size([4]))
 """
 
 from __future__ import annotations

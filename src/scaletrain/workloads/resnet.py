@@ -1,36 +1,27 @@
 """``resnet`` (and the presets ``resnet20``, ``resnet32``, ``resnet56``): the parametric ResNet of the
 Dortmund thesis (004 §3.1.3; SPEC §4) for 32×32 CIFAR-10 or 28×28 Fashion-MNIST.
 
-Shape: conv 3×3 ``width`` + BN + ReLU → ``stages`` stages of ``blocks`` residual blocks each (widths
-``width``·2^s; the first block of every later stage halves the feature map with stride 2) → global
-average pool → FC 10. A block is ``layers`` conv + BN layers with ReLU between them: basic blocks are
-all 3×3; bottleneck blocks are 1×1 (reduce), 3×3 (``layers`` − 2 of them), 1×1 (expand ×4). The sum
-with the shortcut is followed by ReLU; a shortcut that changes shape is a 1×1 conv + BN (He et al.'s
-option B), otherwise the identity. Convolutions have no bias.
+Shape: conv 3×3 ``width`` + BN + ReLU → ``stages`` stages of ``blocks`` residual blocks (widths ``width``·2^s; the
+first block of every later stage halves the feature map with stride 2) → global average pool → FC 10. A block is
+``layers`` conv + BN layers with ReLU between them: all 3×3 (basic), or 1×1 to reduce, ``layers`` − 2 of 3×3 and
+1×1 to expand ×4 (bottleneck); ReLU follows the sum with the shortcut, which is a 1×1 conv + BN where the shape
+changes (He et al.'s option B) and the identity elsewhere. Convolutions have no bias. The presets are He et al.'s
+(2016, §4.2: 6n+2 layers, widths 16/32/64) with n = 3, 5 and 9 blocks per stage; docs/workloads.md compares their
+parameter counts with the published ones.
 
-Presets (He et al. 2016, §4.2: 6n+2 layers, n blocks per stage, widths 16/32/64): ``resnet20`` n = 3,
-``resnet32`` n = 5, ``resnet56`` n = 9. Parameter counts at 3 input channels, counted by
-:func:`~scaletrain.workloads.base.count_parameters`: ResNet-20 272,474, ResNet-32 466,906, ResNet-56
-855,770. He et al. (2016, Table 6) give 0.27 M, 0.46 M and 0.85 M with option A (zero-padding
-shortcuts, no parameters); ours carry two 1×1 projection convolutions with their BN more (+2,752).
+Blocks are modules with ``residual``, ``shortcut`` and ``relu`` children, so PruneTrain can replace a block whose
+residual branch lost all its channels by its shortcut (:mod:`scaletrain.efficient.surgery`).
 
-Blocks are modules with ``residual``, ``shortcut`` and ``relu`` children: PruneTrain removes a block
-whose residual branch lost all its channels by replacing it with its shortcut (see
-:mod:`scaletrain.efficient.surgery`).
+Options (``-o KEY=VALUE``): ``dataset`` (``cifar10`` or ``fashion-mnist``), ``stages`` (3), ``blocks`` (per stage:
+one number for all, or ``3,4,6``), ``layers`` (2 for basic, 3 for bottleneck by default), ``bottleneck`` (false),
+``width`` (16), ``augment`` (``auto``: random crop with padding 4 and horizontal flip on CIFAR-10 only; ``on``;
+``off``), ``train_samples`` (0: the whole training set; N: its first N images, for short experiments; the test set
+stays whole).
 
-Workload options (``-o KEY=VALUE``): ``dataset`` (``cifar10`` or ``fashion-mnist``), ``stages`` (3),
-``blocks`` (per stage: one number for all, or ``3,4,6``), ``layers`` (conv + BN layers per block: 2
-for basic, 3 for bottleneck by default), ``bottleneck`` (false), ``width`` (16), ``augment``
-(``auto``: random crop with padding 4 and horizontal flip on CIFAR-10 only; ``on``; ``off``),
-``train_samples`` (0: the whole training set; N: only its first N images, for short experiments; the
-test set stays whole).
-
-Example::
-
-    >>> from scaletrain.workloads import create_workload
-    >>> from scaletrain.workloads.base import count_parameters
-    >>> count_parameters(create_workload("resnet32").build_model())
-    466906
+>>> from scaletrain.workloads import create_workload
+>>> from scaletrain.workloads.base import count_parameters
+>>> count_parameters(create_workload("resnet32").build_model())
+466906
 """
 
 from __future__ import annotations

@@ -1,41 +1,27 @@
-"""MXNet 1.9 (Gluon) worker program: trains scaletrain's ``lenet`` run (``ptb-lstm``: ``mxnet_lstm.py``) in MXNet.
+"""MXNet 1.9 (Gluon) worker program: trains scaletrain's ``lenet`` run in MXNet (``ptb-lstm``: ``mxnet_lstm.py``).
 
-Started by scaletrain's launcher as ``python mxnet_worker.py --spec SPEC.json --role ROLE --index I`` in
-MXNet's own environment; it reads the files :mod:`scaletrain.engines.prepare` writes and writes what the
-contract in :mod:`scaletrain.engines` asks for. The module imports only the standard library and NumPy at
-the top; MXNet is imported inside functions, after the thread settings are put in the environment.
+scaletrain's launcher starts it as ``python mxnet_worker.py --spec SPEC.json --role ROLE --index I`` in MXNet's own
+environment; it reads the files :mod:`scaletrain.engines.prepare` writes and writes what the contract in
+:mod:`scaletrain.engines` asks for. Only the standard library and NumPy are imported at the top; MXNet is imported
+inside functions, once the thread settings are in the environment.
 
-Roles and modes
-    ``worker`` trains. ``local``: one process, no kvstore, SGD applied in the process. ``sync``:
-    kvstore ``dist_sync``; every step each worker pushes the gradients of its batch (summed over its
-    samples), pulls their sum over all workers from the servers and applies SGD itself with the gradient
-    divided by the global batch ``workers × batch_size`` (so two workers at batch b follow a local run at
-    batch 2b). ``async``: kvstore ``dist_async``; the optimizer runs on the servers, every worker pushes the
-    gradients of its own batch (divided by ``batch_size``) and pulls the weights back; at the end all
-    workers meet at a barrier and rank 0 pulls the final weights. ``server`` and ``scheduler`` (modes
-    ``sync`` and ``async``) are ps-lite processes: with ``DMLC_ROLE`` set, ``import mxnet`` runs the
-    server or scheduler until the workers end the job, then exits the process with status 0.
-Ranks
-    A distributed worker's rank is the kvstore's (``kv.rank``), which ps-lite assigns by the order in
-    which the workers registered, not by ``--index``: the worker trains ``order.npz['w<rank>']`` and writes
-    ``stats-worker-<rank>.json``; when the two differ it says so in one line on stderr.
-The meter (``stats-worker-<rank>.json``)
-    A step runs from asking for the batch to the updated weights being ready (``mx.nd.waitall()``); the
-    first ``warmup_steps`` steps are left out, and so are the parts below. ``data_seconds``: indexing,
-    normalising and copying the batch into NDArrays. ``communication_seconds``: after a ``waitall`` that
-    ends the backward pass, the kvstore push of the gradients and pull of the summed gradients (sync) or
-    of the weights, including the servers' SGD update (async), until ``waitall`` returns; 0 for ``local``.
-    In ``sync`` it includes waiting for the slowest worker (the servers answer a pull only once every
-    worker pushed), which MXNet does not let us tell apart, so ``wait_seconds`` is 0.
-Outputs of rank 0
-    ``final.npz`` (weights under torch's names and layouts) and ``quality.json`` (accuracy and mean
-    cross-entropy over the whole test set).
-Progress
-    A worker's heartbeat, ``progress-worker-<index>`` (``progress.py`` beside this file): each step, the
-    waits for the others inside it and the test batches scored, as the contract states.
-Failures
-    One line on stderr (``mxnet worker 1: ...``), the traceback in ``out/error-<role>-<index>.log`` and
-    exit status 1, without waiting for the other processes.
+- ``worker`` trains. ``local``: one process, no kvstore, SGD in the process. ``sync`` (kvstore ``dist_sync``): each
+  step a worker pushes its batch's gradients (summed over its samples), pulls their sum over all workers and applies
+  SGD itself with it divided by the global batch ``workers × batch_size`` (two workers at batch b follow a local run
+  at 2b). ``async`` (``dist_async``): the servers run the optimizer; a worker pushes its batch's gradients divided by
+  ``batch_size`` and pulls the weights back; at the end the workers meet at a barrier and rank 0 pulls the weights.
+- ``server`` and ``scheduler`` are ps-lite processes: with ``DMLC_ROLE`` set, ``import mxnet`` serves until the
+  workers end the job, then exits the process with status 0.
+- A distributed worker's rank is ``kv.rank``, which ps-lite gives in the order the workers registered, not
+  ``--index``: it trains ``order.npz['w<rank>']`` and writes ``stats-worker-<rank>.json``, with one line on stderr
+  when the two differ.
+- The meter: a step runs from asking for the batch to ``mx.nd.waitall()`` after the update; the first
+  ``warmup_steps`` are left out. ``data_seconds``: indexing, normalising and copying the batch into NDArrays.
+  ``communication_seconds``: from the ``waitall`` that ends the backward pass, the push and the pull (in ``async``
+  with the servers' update), 0 for ``local``; in ``sync`` it includes waiting for the slowest worker, which MXNet
+  does not let us tell apart, so ``wait_seconds`` is 0.
+- Rank 0 writes ``final.npz`` and ``quality.json``. A failure is one line on stderr (``mxnet worker 1: ...``), the
+  traceback in ``out/error-<role>-<index>.log`` and exit status 1, without waiting for the other processes.
 """
 
 from __future__ import annotations

@@ -1,35 +1,27 @@
 """TensorFlow 2 worker program: LeNet-5 on Fashion-MNIST as scaletrain prepared it (``ptb-lstm``: tensorflow_lstm.py).
 
-``python tensorflow_worker.py --spec SPEC --role ROLE --index I`` (the contract is in
-:mod:`scaletrain.engines`). It imports only the standard library and NumPy at module level; TensorFlow is
-imported inside the functions. The model is written with ``tf.nn`` ops on plain variables (no Keras), NHWC
-inside; ``init.npz`` and ``final.npz`` hold torch's names and layouts. Training is SGD as torch defines it
-(``v = μv + g + λw; w -= lr·v``) on the mean softmax cross-entropy of a batch, in a custom loop of
-``tf.function`` calls.
+``python tensorflow_worker.py --spec SPEC --role ROLE --index I`` (the contract is in :mod:`scaletrain.engines`).
+Only the standard library and NumPy are imported at module level, TensorFlow inside the functions. The model is
+``tf.nn`` ops on plain variables (no Keras), NHWC inside, with torch's names and layouts in ``init.npz`` and
+``final.npz``; training is SGD as torch defines it (``v = μv + g + λw; w -= lr·v``) on a batch's mean softmax
+cross-entropy, in a loop of ``tf.function`` calls.
 
-Modes and roles:
+* ``local`` (role ``worker`` 0, no ``TF_CONFIG``) and ``sync``: step ``s`` of worker ``i`` trains on the samples
+  ``order.npz["w<i>"][s]``.
+* ``sync``: workers 0..N-1 under ``MultiWorkerMirroredStrategy`` (ring all-reduce over gRPC). A step is three
+  calls: the gradients of the worker's batch (loss summed, divided by the global batch ``N × batch_size``), their
+  all-reduce (timed as ``communication_seconds``, the wait for the slower worker included) and the update, so the
+  weights equal a ``local`` run's with the global batch. Worker 0 writes ``final.npz`` and ``quality.json``.
+* ``async``: ``ParameterServerStrategy``. ``ps`` and ``worker`` only run a ``tf.distribute.Server``; the ``chief``'s
+  ``ClusterCoordinator`` hands every batch, as a closure that reads the weights from the parameter servers and
+  updates them and the one shared momentum buffer there without locks, to whichever worker is free, so each batch
+  of ``order.npz`` runs once, interleaved ``w0[0], w1[0], …, w0[1], …``. The chief writes ``stats-chief-0.json``
+  for the whole cluster (the closures after the first ``warmup_steps × workers``; ``communication_seconds`` 0: the
+  traffic is inside the closures), ``final.npz``, ``quality.json`` and, however it ends, ``chief-done``, on which
+  ``ps`` and ``worker`` processes that share the folder exit with status 0.
 
-* ``local``: role ``worker`` 0, no ``TF_CONFIG``. In ``local`` and ``sync``, step ``s`` of worker ``i`` trains on
-  the samples ``order.npz["w<i>"][s]``.
-* ``sync``: roles ``worker`` 0..N-1 under ``MultiWorkerMirroredStrategy`` (ring all-reduce over gRPC), from
-  ``TF_CONFIG``. A step is three calls: the gradients of the worker's own batch (loss summed and divided by the global
-  batch ``N × batch_size``), their all-reduce (a sum: the mean gradient of the global batch, timed apart as
-  ``communication_seconds``, which includes waiting for the slower worker), and the update. The weights equal a
-  ``local`` run with the global batch. Worker 0 writes ``final.npz`` and ``quality.json``.
-* ``async``: ``ParameterServerStrategy``; roles ``ps`` and ``worker`` only run a ``tf.distribute.Server``, the
-  ``chief`` holds the ``ClusterCoordinator`` and schedules every batch of every worker, each a closure that trains on
-  one batch (read the weights from the parameter servers, update them and the one shared momentum buffer there,
-  without locks). The coordinator hands a closure to whichever worker is free, so a worker's own order cannot be kept:
-  every batch of ``order.npz`` is trained exactly once, interleaved ``w0[0], w1[0], …, w0[1], …``. The chief sends
-  each batch with its closure and writes ``stats-chief-0.json`` for the whole cluster (closures finished after the
-  first ``warmup_steps × workers``, and the wall time they took; ``communication_seconds`` 0: the parameter traffic
-  happens inside the closures and cannot be timed apart), ``final.npz`` and ``quality.json``. When it ends,
-  successfully or not, it writes ``chief-done`` into the output folder; ``ps`` and ``worker`` processes that see that
-  file (a folder they share with the chief) exit with status 0, otherwise they serve until the launcher stops them.
-
-Each measured step lasts from asking for the batch to the updated weights being ready; the first
-``warmup_steps`` of each process are not counted. Any failure: one line on stderr, the traceback in
-``error-<role>-<index>.log`` in the output folder, exit status 1.
+A measured step runs from asking for the batch to the updated weights being ready, past each process's
+``warmup_steps``. A failure: one line on stderr, the traceback in ``out/error-<role>-<index>.log``, exit status 1.
 """
 
 from __future__ import annotations

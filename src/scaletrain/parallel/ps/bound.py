@@ -2,31 +2,17 @@
 parallel, Ho, Cipar, Cui, Kim, Lee, Gibbons, Gibson, Ganger and Xing (2013, "More effective distributed ML
 via a stale synchronous parallel parameter server", NIPS).
 
-**What.** A worker's *clock* is the number of gradients it has pushed. A worker may start its next step
-only while it is at most ``S`` pushes ahead of the slowest worker that still counts (not finished, not
-lost): after its push ``c`` the owner applies the gradient at once, as every asynchronous update, and
-holds its reply (the weights of the next step) until every counted worker's clock is at least ``c − S``.
-The reply then carries the weights as they are when it is released, the slow workers' updates included.
-``S = 0`` is a barrier per step whose updates are still applied one gradient at a time.
+A worker's *clock* is the number of gradients it has pushed. After its push ``c`` the owner applies the gradient at
+once, as every asynchronous update, and holds its reply (the weights of the next step) until every worker that still
+counts (not finished, not lost) has a clock of at least ``c − S``; the reply then carries the weights as they are
+when it is released, the slow workers' updates included. ``S = 0`` is a barrier per step whose updates are still
+applied one gradient at a time.
 
-The clock travels in the request's header (``batches done``) over the existing pair links, and every
-owner holds its own replies: every worker pushes to every owner each step, so every owner sees the same
-clocks, and a sharded server's owners agree without talking to one another. A worker that sends ``done``
-stops counting (epochs end at different times: uneven shares); so does one the server lost (an
-asynchronous central server goes on without it), so neither holds the others.
-
-**What it guarantees, in server versions.** With ``N`` counted workers, a gradient applied by an owner is
-at most ``(N − 1)(2S + 1)`` of that owner's updates stale: when the sender's reply for push ``c`` is
-released every other worker has pushed at least ``c − S`` times; until its push ``c + 1`` arrives the
-sender's clock stays ``c``, so another worker's reply is released for its pushes up to ``c + S`` only and
-it can push at most up to ``c + S + 1``: at most ``2S + 1`` updates from each of the ``N − 1`` others
-(``N − 1`` for ``S = 0``: each of the others pushes once per round).
-
-**When it helps.** When one worker is much slower than the others (another job on its machine, a
-slower link): without a bound its gradients arrive tens of updates stale and the fast workers' weights
-run away from it. With workers of equal speed the round robin's staleness is already about ``N − 1`` and
-a bound changes little. **Cost.** The fast workers wait; the server measures each held reply (summary
-``staleness_wait``: seconds in all, per step, per worker).
+The clock travels in the request's header (``batches done``), and every worker pushes to every owner each step, so
+every owner sees the same clocks: a sharded server's owners agree without talking to one another. A worker that
+sends ``done`` or that the server lost stops counting, so it holds nobody back. With ``N`` counted workers a gradient
+is at most ``(N − 1)(2S + 1)`` of its owner's updates stale (docs/distributed.md says why). The bound pays when one
+worker is much slower than the others; the fast workers then wait, which the server measures (``staleness_wait``).
 
 >>> clocks = {1: 5, 2: 3, 3: 4}
 >>> allowed(clocks, 6, limit=2), allowed(clocks, 6, limit=3), slowest(clocks)

@@ -1,63 +1,23 @@
 """Compensating asynchronous SGD for stale gradients: lower the explicit momentum, or the rate.
 
-**What.** An asynchronous parameter server applies gradients computed on weights that are ``τ``
-updates old (the staleness: the server's version when the gradient arrives minus the version the
-worker pulled). Mitliagkas, Zhang, Hadjis and Ré (2016, "Asynchrony begets momentum, with an
-application to deep learning", arXiv:1605.09774, Thm. 3) show that, in expectation, asynchrony adds
-a momentum term of its own: with ``M`` workers in a queueing model the implicit momentum is
-``1 − 1/M``; with the mean staleness ``τ̄ = M − 1`` that is ``μ_a = τ̄ / (τ̄ + 1)``. On top of the
-user's explicit momentum ``μ`` the run then carries more momentum than asked for, and a rate that is
-stable locally diverges or trains poorly (LeNet on Fashion-MNIST, batch 64, lr 0.05, momentum 0.9,
-2 epochs: 0.874 locally, 0.736 with 2 asynchronous workers and the central server).
+An asynchronous parameter server applies gradients computed on weights ``τ`` updates old (the staleness: the
+server's version when the gradient arrives less the version the worker pulled). In expectation asynchrony adds a
+momentum of its own, ``μ_a = τ̄ / (τ̄ + 1)`` at the mean staleness ``τ̄`` (Mitliagkas, Zhang, Hadjis and Ré 2016,
+"Asynchrony begets momentum"), so on top of the user's momentum ``μ`` a run carries more than it asked for, and a
+rate tuned on one process trains poorly or diverges. The modes of ``--async-compensation``:
 
-**The rule used here (``momentum``, the default).** Choose the explicit momentum ``μ'`` so that the
-explicit and the implicit momentum *add up* to the requested one (the paper's reading: tune the explicit
-momentum down as asynchrony grows, even below 0)::
+- ``momentum`` (the default): the explicit momentum becomes ``μ' = μ − τ̄ / (τ̄ + 1)``, clamped to ``[0, μ]``, so
+  that explicit and implicit momentum add up to ``μ``; ``τ̄`` is the server's running mean of the staleness it
+  measures (:class:`StalenessEstimate`). Once ``μ'`` is 0 (plain SGD: always) the rate is left as given.
+- ``lr``: the rate of each gradient divided by its staleness, at least 1 (Zhang, Gupta, Lian and Liu 2016,
+  "Staleness-aware async-SGD"); the momentum stays ``μ``.
+- ``delay``: DC-ASGD-a (Zheng et al. 2017): the stale gradient becomes ``g + λ g ⊙ g ⊙ (w_now − w_stale)``,
+  ``λ = λ0 / sqrt(running mean of g ⊙ g)``, ``λ0 = 2`` (not tuned); ``w_stale`` is the snapshot the server last
+  sent that worker. Rate and momentum stay.
+- ``none``: every gradient with the user's rate and momentum (Downpour SGD, Dean et al. 2012).
 
-    μ' + μ_a = μ    ⇒    μ' = μ − τ̄ / (τ̄ + 1),      clamped to [0, μ].
-
-Why the sum: in expectation over a geometric staleness the server's update obeys
-``Δ_t = (μ' + μ_a) Δ_{t−1} − μ' μ_a Δ_{t−2} − η (1 − μ_a) ∇f(w_t)`` (heavy ball in series with the
-implicit momentum); its coefficient on the last step, ``μ' + μ_a``, is the one the local run has as
-``μ``. ``τ̄ = 0`` leaves ``μ`` unchanged; ``τ̄ = 1`` (two workers) turns 0.9 into 0.4; ``μ'`` reaches 0 at
-``τ̄ = μ / (1 − μ)`` (9 for 0.9), past which asynchrony alone carries more momentum than asked for
-(the paper would go negative; this stops at 0, see the next paragraph). ``τ̄`` is the server's running
-mean of the staleness it measures (:class:`StalenessEstimate`). Measured (one run each, the setting
-above): this rule 0.865
-(mean explicit momentum 0.41), momentum 0.4 fixed 0.877, against 0.874 locally; the milder product
-form ``1 − μ = (1 − μ')(1 − μ_a)`` (0.8 at ``τ̄ = 1``) gave 0.845. The price: the long-run step
-``η / (1 − μ')`` is smaller than the local ``η / (1 − μ)``, so a rate that is small enough to be stable
-without compensation trains more slowly with it (LeNet at lr 0.01, batch 32: 0.853 instead of 0.884).
-
-**Past zero (plain SGD).** Once ``μ' = 0`` the run carries the momentum ``μ_a > μ`` and nothing explicit
-is left to lower (plain SGD is there from ``τ̄ > 0``); only the rate could take the rest. Two rate rules
-were built into this mode and measured (issue 31; docs/distributed.md has the table and the commands), and
-neither is the default, because each lost more on one workload than it won on the other:
-``η / (τ̄ + 1)`` (it keeps the long-run step ``η / (1 − m)`` of the momentum ``m = μ' + μ_a`` the run
-carries; it also matches the largest stable rate of a step delayed by ``τ`` on a quadratic,
-``2 sin(π / (2(2τ + 1)))``, which halves at ``τ = 1``), and Zhang's ``1 / τ`` for the staleness that
-``1 / (1 − μ)`` updates of requested momentum do not cover. LeNet at the thesis's setting (plain SGD,
-lr 0.1, batch 512, 5 async workers, 4 epochs): one process 0.844, ``none`` 0.836 and 0.839, the first
-rule 0.752, the second 0.780 and 0.778. PTB LSTM (plain SGD lr 1.0, 3 workers, central / sharded): one process 448,
-``none`` 639 / 671, the first rule 650 / 625, the second 603 / 568 (``lr``, the same updates for plain
-SGD: 611 and 551 / 542). So past zero this mode leaves the rate as given. What brought the LSTM to one
-process's perplexity was not a rate rule but smaller updates: ``--async-batches split`` (the default;
-:mod:`scaletrain.parallel.strategies.async_batches`) makes each update a batch of ``--batch-size // N`` at
-its share of the rate, so a gradient two updates old lags two thirds of a step.
-
-**The alternative (``lr``).** Zhang, Gupta, Lian and Liu (2016, "Staleness-aware async-SGD for
-distributed deep learning", IJCAI) divide the rate of each gradient by its staleness, ``η / τ``
-(``τ`` counted from 1, so fresh gradients keep ``η``); the momentum stays ``μ``. With two workers
-almost every gradient has ``τ ≤ 1``, so this leaves such runs as they were (0.723 above).
-
-**Delay compensation (``delay``).** Zheng, Meng, Wang, Chen, Yu, Ma and Liu (2017, "Asynchronous
-stochastic gradient descent with delay compensation", ICML, the adaptive variant DC-ASGD-a) correct the
-stale gradient by a first-order Taylor term with ``g ⊙ g`` standing in for the Hessian's diagonal:
-``g + λ g ⊙ g ⊙ (w_now − w_stale)``, ``λ = λ0 / sqrt(running mean of g ⊙ g)``, ``λ0 = 2`` (not tuned
-here). The server knows ``w_stale``: it is the snapshot it last sent that worker. Rate and momentum stay.
-
-**When it helps.** Asynchronous runs with momentum, more than one worker, and a rate tuned locally.
-``none`` applies every gradient with the user's rate and momentum (Downpour SGD as in Dean et al. 2012).
+Compensation helps asynchronous runs with momentum, more than one worker and a rate tuned locally.
+docs/distributed.md derives the rule, says why no rate rule is the default past zero, and has the measurements.
 
 >>> compensated_momentum(0.9, 0.0), round(compensated_momentum(0.9, 1.0), 6), compensated_momentum(0.9, 20.0)
 (0.9, 0.4, 0.0)
@@ -98,7 +58,7 @@ def implicit_momentum(staleness: float) -> float:
 def compensated_momentum(requested: float, staleness: float) -> float:
     """The explicit momentum that adds up with asynchrony's at mean staleness ``staleness`` to ``requested``.
 
-    ``requested − staleness / (staleness + 1)``, clamped to ``[0, requested]`` (see the module's method card).
+    ``requested − staleness / (staleness + 1)``, clamped to ``[0, requested]``; docs/distributed.md derives it.
     """
     if not 0.0 <= requested < 1.0:
         raise ValueError(f"momentum must be in [0, 1), got {requested!r}")

@@ -11,8 +11,10 @@ predictions.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduce
 from scaletrain.parallel.strategies.base import (
@@ -22,11 +24,13 @@ from scaletrain.parallel.strategies.base import (
     WORKER,
     Layout,
     Strategy,
+    StrategyOption,
     get_strategy,
     run_label,
 )
 from scaletrain.parallel.strategies.local import Local
 from scaletrain.parallel.strategies.ps import ParameterServer
+from scaletrain.tensors.codec import CODECS
 
 __all__ = [
     "ALIASES",
@@ -35,11 +39,15 @@ __all__ = [
     "WORKER",
     "Layout",
     "Strategy",
+    "StrategyOption",
     "all_specs",
+    "check_strategy_settings",
     "expand_spec",
     "get_strategy",
     "parse_spec",
     "run_label",
+    "strategy_flags",
+    "with_strategy_flags",
 ]
 
 STRATEGIES.update(
@@ -93,3 +101,51 @@ def expand_spec(settings: dict[str, Any]) -> dict[str, Any]:
         return settings
     strategy, server, sync = parse_spec(spec)
     return {**settings, "strategy": strategy, **({"server": server} if server else {}), "sync": sync}
+
+
+def strategy_flags() -> dict[str, tuple[str, StrategyOption]]:
+    """Each registered strategy's flagged options: ``{keyword: (strategy, option)}``."""
+    return {option.flag: (name, option) for name, s in STRATEGIES.items() for option in s.options if option.flag}
+
+
+def with_strategy_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with each strategy option given by its keyword (a flag's) moved into ``strategy_options``; the
+    keyword of another strategy's option than the run's is refused naming that strategy."""
+    flags = strategy_flags()
+    rest = {key: value for key, value in settings.items() if key not in flags}
+    given = {key: value for key, value in settings.items() if key in flags and value is not None}
+    if not given:
+        return rest
+    chosen = rest.get("strategy") or ("local" if rest.get("workers", 1) == 1 else "allreduce")
+    options = dict(rest.get("strategy_options") or {})
+    for key, value in given.items():
+        owner, option = flags[key]
+        if chosen != owner:
+            raise ConfigError(f"{option.flag_name} is an option of --strategy {owner}; add --strategy {owner}")
+        options[option.name] = value
+    return {**rest, "strategy_options": options}
+
+
+def check_strategy_settings(config: TrainConfig) -> dict[str, Any]:
+    """Refuse what ``config``'s strategy cannot run, asking its capabilities and its own check: a wire it does not
+    carry, ``--overlap`` where it does not reduce during backward, options it lacks or refuses. Returns its
+    option values (defaults filled in)."""
+    strategy = get_strategy(config.strategy)
+    if strategy.wires is not None and config.wire not in strategy.wires:
+        raise ConfigError(
+            f"--strategy {strategy.name} sends its gradients as {' or '.join(strategy.wires)} only, not "
+            f"--wire {config.wire}; drop --wire"
+        )
+    if not strategy.carries(config.wire, CODECS[config.wire].all_reduce_only):
+        raise ConfigError(
+            f"--wire {config.wire} needs all-reduce (its factors add up only there), not --strategy {strategy.name}; "
+            "use --strategy allreduce, or --wire topk with a parameter server"
+        )
+    if config.overlap and not strategy.overlaps:
+        raise ConfigError(
+            f"--overlap reduces gradients during backward under all-reduce, not --strategy {strategy.name}; "
+            "use --strategy allreduce, or drop --overlap"
+        )
+    values = strategy.option_values(config.strategy_options)
+    strategy.check_options(values, Layout(config.strategy, config.workers, config.server, config.sync))
+    return values

@@ -79,6 +79,14 @@ class AllReduce(Strategy):
     description = "gradients averaged by all-reduce, the same step on every worker"
     syncs = ("join", "split")
     device_collectives = True
+    all_reduce_codecs = True
+    overlaps = True
+
+    def elastic(self, layout: Layout) -> bool:
+        return True
+
+    def admits_joiners(self, layout: Layout) -> bool:
+        return True
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
         return EstimatorTerms(
@@ -130,7 +138,7 @@ class AllReduce(Strategy):
             membership.refuse_waiting("the run has finished training")
         workers = membership.members if membership is not None else layout.worker_ranks()
         stats = collect_stats(store, workers, set(), config.timeout)
-        fields = layout_fields(layout)
+        fields = layout_fields(layout, config)
         if membership is not None:
             fields |= elastic_fields(membership, trainer, layout.workers)
         elif config.min_workers is not None:  # one worker: nothing to go on without

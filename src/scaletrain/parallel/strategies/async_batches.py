@@ -1,4 +1,4 @@
-"""``--async-batches``: how asynchronous workers divide ``--batch-size`` (issue 31).
+"""``--async-batches``: how asynchronous workers divide ``--batch-size``.
 
 **What.** ``split`` (the default): with ``N`` asynchronous workers and ``--batch-size B`` every update is a
 batch of ``p = B // N`` samples (each worker a contiguous share of the epoch's batches of ``p``), and the
@@ -12,7 +12,7 @@ rate.
 them is a whole step of ``B``, so with 3 workers (``τ`` ≈ 2) a gradient lags two full steps behind; under
 ``split`` each is a third of a step, and the lag is two thirds of one. No rate rule recovers that under
 ``share``: keeping the rate keeps the lag, and lowering it slows the run per sample (docs/distributed.md has
-both). Measured (issue 31, PTB LSTM, plain SGD lr 1.0, batch 20, 2 epochs, 3 workers; docs/distributed.md):
+both). Measured (PTB LSTM, plain SGD lr 1.0, batch 20, 2 epochs, 3 workers; docs/distributed.md):
 one process 448; ``share`` 639–708 (central), 671 or diverging (sharded); ``split`` within 10 % of one process.
 
 **When ``share`` is the better choice.** ``split`` exchanges the whole model ``N`` times as often per sample,

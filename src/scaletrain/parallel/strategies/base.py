@@ -20,11 +20,13 @@ from __future__ import annotations
 import datetime
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 import torch.distributed as dist
 
+from scaletrain.config import TrainConfig
 from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.terms import EstimatorTerms
@@ -40,6 +42,7 @@ __all__ = [
     "WORKER",
     "Layout",
     "Strategy",
+    "StrategyOption",
     "collect_stats",
     "get_strategy",
     "layout_fields",
@@ -53,13 +56,62 @@ SERVER, WORKER = "server", "worker"
 ALIASES = {"distributed": "sharded", "none": "async"}
 
 
+@dataclass(frozen=True)
+class StrategyOption:
+    """An option of a strategy, declared once on its class: ``-S name=value`` on ``train``, the key ``name`` in the
+    ``[strategy_options]`` table of a config file and of ``scaletrain.train(strategy_options=...)``; with ``flag``
+    also the flag ``--flag-with-dashes`` and the API keyword ``flag``. ``type`` reads the command line's text
+    (``bool``: a switch); ``choices`` limits the values.
+
+    >>> StrategyOption("chunks", "pieces per gather", 1, type=int, flag="gather_chunks").flag_name
+    '--gather-chunks'
+    """
+
+    name: str
+    help: str
+    default: Any
+    type: Callable[[str], Any] = str
+    choices: tuple[Any, ...] | None = None
+    flag: str | None = None
+
+    @property
+    def flag_name(self) -> str | None:
+        return None if self.flag is None else "--" + self.flag.replace("_", "-")
+
+    def value(self, strategy: str, given: Any) -> Any:
+        """``given`` read as this option's type (text from the command line), refused in one line if it is not one."""
+        value = given
+        if isinstance(given, str) and self.type is not str:
+            try:
+                value = _switch(given) if self.type is bool else self.type(given)
+            except ValueError:
+                kinds = {int: "a whole number", float: "a number", bool: "true or false"}
+                kind = kinds.get(self.type, f"a {getattr(self.type, '__name__', 'value')}")
+                raise ConfigError(f"--strategy {strategy}: option {self.name} must be {kind}, got {given!r}") from None
+        if self.choices is not None and value not in self.choices:
+            shown = ", ".join(map(str, self.choices))
+            raise ConfigError(f"--strategy {strategy}: option {self.name} must be one of {shown}, got {given!r}")
+        return value
+
+
+def _switch(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
 class Strategy(ABC):
     """One way to turn N workers' gradients into weights.
 
     ``servers``: the server kinds it takes (empty: none); ``syncs``: its update modes (the Šlampa
     vocabulary: ``join``, ``split``, ``async``). Its spec (label) is the name, then the server kind if
     it takes one, then the update mode if it has more than one: ``local``, ``allreduce-join``,
-    ``ps-central-async``.
+    ``ps-central-async``. ``options``: its own settings (:class:`StrategyOption`), which it checks in
+    :meth:`check_options`; the capability flags below are what the rest of scaletrain asks of it,
+    never its name.
     """
 
     name: ClassVar[str]
@@ -72,6 +124,15 @@ class Strategy(ABC):
     #: Whether its collectives carry tensors on the workers' device (then NCCL on a GPU), or only
     #: host buffers (gloo).
     device_collectives: ClassVar[bool] = False
+    #: Its own options (``-S name=value``); :meth:`option_values` reads them, :meth:`check_options` judges them.
+    options: ClassVar[tuple[StrategyOption, ...]] = ()
+    #: The wire codecs (``--wire``) it sends gradients with; None: every codec it can sum (below).
+    wires: ClassVar[tuple[str, ...] | None] = None
+    #: Whether it sums gradients in an all-reduce, so that it carries codecs whose parts add up only there
+    #: (PowerSGD's factors).
+    all_reduce_codecs: ClassVar[bool] = False
+    #: Whether it reduces gradients in buckets while backward runs (``--overlap``, ``--bucket-mb``).
+    overlaps: ClassVar[bool] = False
 
     def label(self, server: str, sync: str) -> str:
         parts = [self.name, *([server] if self.servers else []), *([sync] if len(self.syncs) > 1 else [])]
@@ -98,6 +159,44 @@ class Strategy(ABC):
         process stops the run (the launcher stops every other one; a deployment restarts them all)."""
         return False
 
+    def carries(self, wire: str, all_reduce_only: bool) -> bool:
+        """Whether it sends gradients with codec ``wire`` (one whose parts add up only in an all-reduce when
+        ``all_reduce_only``)."""
+        return (self.wires is None or wire in self.wires) and (self.all_reduce_codecs or not all_reduce_only)
+
+    def elastic(self, layout: Layout) -> bool:
+        """Whether a run with ``layout`` goes on without lost workers while ``--min-workers`` remain."""
+        return False
+
+    def admits_joiners(self, layout: Layout) -> bool:
+        """Whether workers started later join a run with ``layout`` (``--join``, ``--max-workers``)."""
+        return False
+
+    def option_values(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """Every option's value: ``given`` (``strategy_options``) read as each option's type, defaults for the
+        rest; an option it does not have is refused naming those it has.
+
+        >>> STRATEGIES["allreduce"].option_values({})
+        {}
+        """
+        declared = {option.name: option for option in self.options}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            offered = ", ".join(f"-S {name}=…" for name in declared) or "none"
+            raise ConfigError(
+                f"--strategy {self.name} has no option {', '.join(unknown)}; its options: {offered} "
+                "(an option of another strategy needs that strategy)"
+            )
+        values = {name: option.default for name, option in declared.items()}
+        values.update({name: declared[name].value(self.name, value) for name, value in given.items()})
+        return values
+
+    def check_options(self, values: Mapping[str, Any], layout: Layout) -> None:  # noqa: B027 - optional hook
+        """Refuse option values it cannot run with ``layout`` by raising :class:`ConfigError` with one line that
+        names the fix. Called with :meth:`option_values`' result in the process that builds the run's settings,
+        before any process starts, and again in each process as it starts; it must not start anything itself.
+        The default refuses nothing."""
+
     def check(self, layout: Layout) -> None:
         """Refuse a layout this strategy cannot run, naming the fix (server and sync are checked already)."""
         if self.max_workers is not None and layout.workers > self.max_workers:
@@ -108,7 +207,12 @@ class Strategy(ABC):
 
     @abstractmethod
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
-        """This process's part of the run; the coordinator (rank 0) returns the summary, the others ``None``."""
+        """This process's part of the run; the coordinator (rank 0) returns the summary, the others ``None``.
+
+        Called once in every process of the run (each of ``layout.world_size``), after the process group is up
+        (``store`` is the run's; at world size 1 a store of this process alone) and the model, optimizer and
+        data are built (``prepared``); every process must call the same collectives in the same order, and a
+        worker's training loop is :func:`train_worker`'s."""
 
 
 #: Every strategy by name. Filled in one place, :mod:`scaletrain.parallel.strategies` (one line per
@@ -248,12 +352,13 @@ def collect_stats(store: dist.Store, ranks: list[int], lost: set[int], timeout: 
     return stats
 
 
-def layout_fields(layout: Layout) -> dict[str, Any]:
-    """The strategy as ``summary.json`` names it."""
+def layout_fields(layout: Layout, config: TrainConfig) -> dict[str, Any]:
+    """The strategy as ``summary.json`` names it, with its options' values."""
     return {
         "strategy": layout.strategy,
         "server": layout.server or None,
         "sync": layout.sync,
         "workers": layout.workers,
         "strategy_label": layout.label,
+        "strategy_options": layout.plugin.option_values(config.strategy_options),
     }

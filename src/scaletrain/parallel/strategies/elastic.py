@@ -1,48 +1,26 @@
 """Elastic all-reduce (``--min-workers M``): a run that loses a worker goes on with the survivors, and workers
 started later (``--join``) are admitted at a step boundary.
 
-When a worker dies (its connections close) or stops answering (its heartbeat stands still for
-:data:`~scaletrain.parallel.heartbeat.FROZEN_SECONDS`, which rank 0 watches while it waits in the step's
-collective; otherwise the collective waits out ``--timeout``), every survivor's all-reduce fails before
-any update of that step is applied (:class:`~scaletrain.train.exchange.PeerLost`). The survivors then
-agree on the new membership through the rendezvous store, as reconfiguration decisions are agreed
-(:mod:`scaletrain.parallel.agreement`):
+A worker that dies (its connections close) or stops answering (its heartbeat stands still for
+:data:`~scaletrain.parallel.heartbeat.FROZEN_SECONDS` while rank 0 waits in the step's collective; otherwise the
+collective waits out ``--timeout``) makes every survivor's all-reduce fail before any update of that step is applied
+(:class:`~scaletrain.train.exchange.PeerLost`). The survivors agree on the new membership through the rendezvous
+store, as reconfigurations are agreed (:mod:`scaletrain.parallel.agreement`). The first to fail writes
+``membership/G/lost``, which the others' waits watch, and each writes ``membership/G/alive/RANK`` (its step, and
+``died``, ``stopped answering`` or nothing). Rank 0, which hosts the store, waits until every member of generation
+``G`` has reported or has a heartbeat silent for :data:`~scaletrain.parallel.heartbeat.SILENCE_SECONDS` (at most
+``--timeout``) and writes ``membership/G/decision``: the survivors, who left and why, who is furthest ahead. Every
+survivor joins a new gloo group under ``membership/G+1/``, takes weights, optimizer state and position from the
+survivor furthest ahead, and does the step in flight again with its new part of each global batch. The rest of the
+epoch is cut as at the start, so no sample is skipped or seen twice; ``split`` and ``join`` keep their global batch.
 
-1. the first survivor to fail says so under ``membership/G/lost``, which the others' waits watch
-   (:func:`watched`), so that no survivor waits out ``--timeout`` on another survivor; each survivor
-   writes ``membership/G/alive/RANK``: its step, and what it saw (``died``: connections closed;
-   ``stopped answering``: its wait ran out; nothing when it only heard of the loss);
-2. rank 0, which hosts the store, waits until every member of generation ``G`` has either reported or
-   has a heartbeat (:mod:`scaletrain.parallel.heartbeat`) that stood still for :data:`SILENCE_SECONDS`
-   since the decision began (at most ``--timeout``), and writes ``membership/G/decision``: the survivors,
-   who left and why, and the survivor furthest ahead (one may have completed the step in flight before
-   the loss);
-3. every survivor joins a new gloo group over the survivors (ranks in the old ranks' order, the store's
-   keys under a fresh prefix ``membership/G+1/``), takes weights, optimizer state and position from the
-   survivor furthest ahead, and does the step in flight again with its new part of each global batch.
-
-The rest of the epoch is re-partitioned by the same rule as at start: each global batch (whose samples
-depend on the seed and epoch only) is cut into one part per survivor, so no sample of the epoch is
-skipped or seen twice. ``split`` keeps the global batch of ``--batch-size``; ``join`` keeps its global
-batch of N·``--batch-size`` as well (so the learning rate stays right), each survivor computing N/N' of
-its former share. A global batch that some membership from ``M`` to N cannot divide evenly is refused
-before any process starts.
-
-A worker started later with ``--join`` (up to ``--max-workers``) connects to the store, takes the next
-launch rank (``membership/joined``), and asks under ``membership/request/K``. Rank 0 checks for a request
-before each step's all-reduce and sends "a worker waits" in that step's one-number all-reduce, so every
-member learns it in the same step; at that step's end rank 0 answers ``membership/answer/K`` (a
-compare-and-set: a joiner that gave up waiting has withdrawn and is never admitted), writes
-``membership/G/decision`` with ``joined``, and the members and the joiner build group ``G+1`` as above, the
-joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
-
-The sharded parameter server's workers use this membership too (:mod:`scaletrain.parallel.strategies.ps_elastic`);
-the central server drops lost workers itself (:mod:`scaletrain.parallel.ps.membership`) and admits none.
-
-Not covered yet: losing rank 0 (it hosts the store: the run stops as without ``--min-workers``), torchrun's
-``--nnodes MIN:MAX``, finding a worker lost while a change is agreed or its group built before ``--timeout`` (it
-is then a loss like any other), techniques that reconfigure the network, synchronised batch norm, and NCCL (GPU)
-process groups: elastic runs use gloo.
+A joiner (``--join``, up to ``--max-workers``) draws the next launch rank (``membership/joined``) and asks under
+``membership/request/K``. Rank 0 announces it in a step's one-number all-reduce, answers ``membership/answer/K`` at
+that step's end (a compare-and-set: a joiner that gave up is never admitted), and members and joiner build group
+``G+1``, the joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
+The sharded server's workers use this membership too (:mod:`scaletrain.parallel.strategies.ps_elastic`); the
+central server drops lost workers itself (:mod:`scaletrain.parallel.ps.membership`). docs/distributed.md has the
+figures and what is not covered yet.
 """
 
 from __future__ import annotations

@@ -29,17 +29,16 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
     """Refuse ``--min-workers`` where the survivors could not go on (before any process starts)."""
     if config.min_workers is None:
         return
-    server = layout.strategy == "ps" and layout.sync != "async"
-    if layout.strategy != "allreduce" and not server:
+    if not layout.plugin.elastic(layout):
         raise ConfigError(
             f"--min-workers is supported with --strategy allreduce and the parameter servers with --sync join or "
             f"split only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, continue "
             "with --resume; an asynchronous central server goes on without lost workers by itself)"
         )
     grows = config.join or (config.max_workers is not None and config.max_workers > layout.workers)
-    if server and layout.server == "central" and grows:
+    if grows and not layout.plugin.admits_joiners(layout):
         raise ConfigError(
-            "workers join elastic all-reduce and sharded-server runs only for now; the central server goes on without "
+            f"workers join elastic all-reduce and sharded-server runs only for now; {layout.label} goes on without "
             "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
     exclusive = layout.server == "sharded" and config.ps_admission == "exclusive"

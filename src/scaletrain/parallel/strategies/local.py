@@ -18,7 +18,11 @@ class Local(Strategy):
     description = "one process, nothing exchanged"
     max_workers = 1
     predicted = False
+    all_reduce_codecs = True  # it sends nothing: a codec has nothing to carry, and it is the reference of every one
+    overlaps = True  # likewise: --overlap is a no-op in one process
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         trainer = train_worker(prepared, Role(), store)
-        return write_summary(prepared, trainer.final_quality(), [trainer.stats()], layout_fields=layout_fields(layout))
+        return write_summary(
+            prepared, trainer.final_quality(), [trainer.stats()], layout_fields=layout_fields(layout, prepared.config)
+        )

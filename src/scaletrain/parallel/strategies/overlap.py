@@ -1,33 +1,22 @@
 """``--overlap``: each bucket of gradients is all-reduced while backward still computes the others.
 
-Backward produces the last layers' gradients first. As soon as every gradient of a *bucket* (parameters
-taken in reverse order until ``--bucket-mb`` is reached, as DistributedDataParallel groups them: Li et
-al., "PyTorch Distributed", VLDB 2020) has been accumulated, a thread of the worker's own runs that
-bucket's all-reduce through its own wire codec, while the main thread goes on with backward; the
-step then waits only for what is left after backward ends. On a slow link this hides the transfer
-behind the computation, which a codec that makes the message small (``--wire powersgd``) cannot do
-alone: its two all-reduces still wait on the link's latency and bytes after backward.
+Backward produces the last layers' gradients first. Parameters are taken in reverse order into *buckets* of
+``--bucket-mb``, as DistributedDataParallel groups them (Li et al., "PyTorch Distributed", VLDB 2020). As soon as
+every gradient of a bucket has been accumulated, a thread of the worker all-reduces it through a wire codec of its
+own while the main thread goes on with backward, and the step then waits only for what is left when backward ends.
+On a slow link this hides the transfer behind the computation, which a codec that makes the message small
+(``--wire powersgd``) cannot do alone: its all-reduces still wait on the link after backward.
 
-Properties, each checked by ``tests/parallel/test_overlap.py``:
-
-- **Same arithmetic.** A bucket is reduced by the same codec as the whole gradient would be; a codec that
-  works per tensor (PowerSGD's matrices, top-k's selection is per message) sees the same tensors, so the
-  float32 and bfloat16 wires give the steps of the run without overlap (to float rounding of a sum taken
-  in another order), and a compressed wire's buckets each keep their own residuals and factors.
-- **The same order everywhere.** Buckets are reduced strictly in their fixed order, whatever order the
-  hooks fire in, on a process group of their own (``dist.new_group``): collectives the main thread makes
-  meanwhile (synchronised batch norm in backward) cannot interleave with them.
-- **Every wait has a timeout**, and a failed collective (a peer died or stopped answering) is raised in the
-  main thread with its own message, as it would be without overlap.
-
-What the meter sees: ``communication`` is the part of the exchange backward did not hide (from the end of
-backward until the last bucket is reduced); ``wait`` for the slowest worker is inside it (not separable
-once the transfer starts before backward ends).
-
-Left out (refused before any process starts, one line each): parameter servers (their exchange is a
-round trip per owner, not a collective), elastic runs (``--min-workers``: a lost peer must be agreed on
-between steps), and dynamic loss scaling (``--precision fp16``): its unscaling and overflow check run after
-backward, on gradients already sent.
+A bucket is reduced by the same codec as the whole gradient would be, so the float32 and bfloat16 wires give the
+steps of the run without overlap (up to the rounding of a sum taken in another order) and a compressed wire's
+buckets each keep their own residuals and factors. Buckets are reduced strictly in their fixed order on a process
+group of their own, so collectives of the main thread (synchronised batch norm in backward) cannot interleave;
+every wait has a timeout, and a failed collective is raised in the main thread as it would be without overlap
+(``tests/parallel/test_overlap.py`` checks each). ``communication`` is the part of the exchange backward did not
+hide, the wait for the slowest worker inside it. Refused before any process starts: parameter servers (a round
+trip per owner, not a collective), elastic runs (``--min-workers``) and dynamic loss scaling (``--precision
+fp16``), whose overflow check runs after backward, on gradients already sent. docs/precision-and-devices.md has
+the measurements.
 """
 
 from __future__ import annotations

@@ -54,6 +54,12 @@ class ParameterServer(Strategy):
     def extra_processes(self, layout: Layout) -> int:
         return 1 if layout.server == "central" else 0
 
+    def elastic(self, layout: Layout) -> bool:
+        return layout.sync != "async"  # a synchronous step regroups the survivors; async has no common step
+
+    def admits_joiners(self, layout: Layout) -> bool:
+        return self.elastic(layout) and layout.server == "sharded"  # the central server admits none
+
     def outlives_lost_workers(self, layout: Layout) -> bool:
         # The asynchronous central server counts a lost worker and finishes with the others; a sharded
         # worker also owns a share, and a synchronous step needs every worker.
@@ -202,7 +208,7 @@ def _central_server(setup: _Setup) -> dict[str, Any]:
         prepared,
         quality,
         worker_stats,
-        layout_fields=layout_fields(layout),
+        layout_fields=layout_fields(layout, prepared.config),
         steps=server.version,
         extra=server_extra(
             stats, layout, prepared, server.compensation, members, steps=server.version, bound=server.bound
@@ -277,7 +283,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
         load_buffers(prepared.model, role.agreement.worker_buffers(None))
     workers = membership.members if elastic else layout.worker_ranks()
     stats = collect_stats(setup.store, workers, set(), config.timeout)
-    fields = layout_fields(layout)
+    fields = layout_fields(layout, config)
     if elastic:
         fields |= elastic_fields(membership, trainer, layout.workers)
     return write_summary(

@@ -2,31 +2,25 @@
 worker that dies or stops answering is dropped and the survivors go on; a worker started later (``--join``)
 is admitted at a step boundary.
 
-Every worker owns a shard (Šlampa 2017 Algorithm 3.7), so a lost worker is also a lost owner. Its weights
-lose nothing: after each step every worker holds all of them. Its momentum is rebuilt: plain SGD moved the
-shard's weights by the rate times the momentum, so the survivor the members go on from computes it from
-its weights at the start of the last two steps (``momentum_rebuilt`` in the change's record, equal up to
-float32 rounding, no traffic during training); only where that survivor does not know the step before
-(the first step after a start or a change) is it zero (``momentum_reset``). Every other owner hands its
-shard's momentum on.
+Every worker owns a shard (Šlampa 2017 Algorithm 3.7), so a lost worker is a lost owner too. Its weights lose
+nothing, since after each step every worker holds all of them. Its momentum is rebuilt by the survivor the members
+go on from, from its weights at the start of the last two steps (``momentum_rebuilt``; equal up to float32
+rounding, no traffic during training), or is zero (``momentum_reset``) where that survivor does not know the step
+before. Every other owner hands its shard's momentum on.
 
-The survivors agree on the new membership exactly as an elastic all-reduce run does
-(:class:`~scaletrain.parallel.strategies.elastic.StoreMembership`: the first to see the loss says so in the
-store, rank 0 decides who goes on and who is furthest ahead). Here a worker sees a loss when a send or a
-reply fails (its connection closed: ``died``), when its own server's update waits and a thread serving the
-lost peer fails, or when rank 0, waiting for every gradient of its shard, finds a heartbeat that stood still
-(``stopped answering``); the others hear of it from the store. A worker's model then goes back to the
-weights the step began from: an owner may have applied that step (with the lost worker's gradient) and
-another not, so the step in flight is done again by the survivors, from the weights and momentum it began
-from (each owner keeps the momentum before its last update: :meth:`ShardServer.momentum_at`), unless a
-survivor had completed it (then the others take that survivor's weights, as after an all-reduce loss).
+The survivors agree on the membership as an elastic all-reduce run does
+(:class:`~scaletrain.parallel.strategies.elastic.StoreMembership`). A worker sees a loss when a send or a reply
+fails (``died``), when a thread serving the lost peer fails while its own server's update waits, or, on rank 0
+waiting for every gradient of its shard, when a heartbeat stood still (``stopped answering``). Every model then
+goes back to the weights the step began from, since one owner may have applied that step and another not, and
+the survivors do it again from those weights and momentum (each owner keeps the momentum from before its last
+update: :meth:`ShardServer.momentum_at`), unless one of them had completed it (then all take its weights).
 
-Then every survivor rebuilds (:meth:`ElasticShardExchange.resize`): each owner still a member broadcasts its
-shard's momentum at the agreed step over the new group, the pairs are made anew over the members (ranks are
-indices among them, rank 0 staying 0), ownership is planned again (Algorithm 3.7 over the survivors), and
-each worker starts its new server over its new shard from the agreed step. A worker admitted at a step
-boundary takes part in the same rebuild after it took the weights and position from rank 0; every member
-learns in the same step that a worker waits, from the first owner's reply to that step's gradient.
+Then each survivor rebuilds (:meth:`ElasticShardExchange.resize`): the owners still members broadcast their
+shard's momentum at the agreed step, pairs are made anew among the members (rank 0 stays 0), ownership is planned
+again over them, and each worker's new server starts from the agreed step. A worker admitted at a step boundary
+takes the weights and position from rank 0 and joins the same rebuild; every member learns that a worker waits
+from the first owner's reply to that step's gradient.
 """
 
 from __future__ import annotations
