@@ -3,7 +3,7 @@ curves against predicting one worker count at a time.
 
 Profiles: the thesis's inputs alone (t_grad 0.821 s, t_comm 0.811 s, as ``scaletrain estimate
 --t-grad 0.821 --t-comm 0.811 --recommend`` builds it) and the measured LeNet (100 Mbit/s) and
-SqueezeNet (loopback) profiles in ``docs/validation``; each with the workers on machines of their
+SqueezeNet (loopback) profiles in ``results/validation``; each with the workers on machines of their
 own, and sharing 2 cores (``--cores 2``). Reported: median CPU seconds (``process_time``, which
 other processes on a shared machine do not inflate) and wall seconds over the repeats. The torch
 import of the command itself (seconds) is not included.
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 def profiles() -> dict[str, Profile]:
     return {
         "times only": Profile("(given times)", 0, t_grad=0.821, t_comm=0.811),
-        "lenet 100mbit": Profile.load(REPO / "docs/validation/lenet-100mbit/profile.json"),
-        "squeezenet loopback": Profile.load(REPO / "docs/validation/squeezenet-loopback/profile.json"),
+        "lenet 100mbit": Profile.load(REPO / "results/validation/lenet-100mbit/profile.json"),
+        "squeezenet loopback": Profile.load(REPO / "results/validation/squeezenet-loopback/profile.json"),
     }
 
 

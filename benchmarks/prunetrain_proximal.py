@@ -2,7 +2,7 @@
 
 After every optimizer step PruneTrain shrinks every regularised channel group of every layer and every
 batch norm's scale and shift (``PruneTrain.after_update``). On an H100 a ResNet-20 step is bound by
-kernel launches, and PruneTrain's epochs took 1.6–2.2× the dense ones (docs/results/h100-2026-11-26).
+kernel launches, and PruneTrain's epochs took 1.6–2.2× the dense ones (results/h100-2026-11-26).
 This times, on ResNet-20's real layers and batch norms, the same shrinking done two ways side by side
 in one process, alternating, medians of ``--repeats`` rounds:
 

@@ -201,6 +201,15 @@ def assert_same_weights(first: dict, second: dict) -> None:
         torch.testing.assert_close(first[name], second[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def assert_identical_weights(first: dict, second: dict) -> None:
+    """Weight for weight equal to the bit (the same sums in the same order)."""
+    import torch
+
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
 def assert_close_runs(first: Path, second: Path, atol: float) -> None:
     """The final weights of two runs' folders equal within ``atol`` (no relative part)."""
     import torch

@@ -1,6 +1,7 @@
 """House rules a reader of the code relies on: module docstrings say what and why in a few lines (no more than
-25), the code names no project issue (history lives in the commits and the docs), and nothing outside the
-strategy registry compares a strategy's name: it asks the strategy's capabilities instead."""
+25), the code names no project issue (history lives in the commits and the docs), docs/ holds pages and the
+measurements live in results/, no function takes its trainer as ``Any``, and nothing outside the strategy
+registry compares a strategy's name: it asks the strategy's capabilities instead."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "scaletrain"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "src" / "scaletrain"
 REGISTRY = PACKAGE / "parallel" / "strategies"
 MAX_DOCSTRING_LINES = 25
 
@@ -28,6 +30,17 @@ def test_no_module_docstring_is_longer_than_25_lines() -> None:
     assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines (move the rest to docs/): {long}"
 
 
+def test_the_docs_hold_pages_and_no_measured_results() -> None:
+    """Measurements live in results/ (dated folders the pages name); docs/ is what a user reads."""
+    others = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "docs").rglob("*")
+        if path.is_file() and path.suffix != ".md" and path.parent != REPO / "docs" / "reference"
+    ]
+    assert not others, others
+    assert (REPO / "results" / "validation").is_dir()
+
+
 def test_the_code_names_no_issue_of_this_project() -> None:
     # another project's issue is cited with its name and '#' (oneDNN issue #6035), which this does not match
     named = [
@@ -37,6 +50,12 @@ def test_the_code_names_no_issue_of_this_project() -> None:
         if re.search(r"\bissues? \d", line, re.IGNORECASE)
     ]
     assert not named, named
+
+
+def test_no_function_takes_an_undeclared_trainer() -> None:
+    """An object's methods stay on it, or the interface they need is declared (a Protocol), never ``Any``."""
+    loose = [str(path.relative_to(PACKAGE)) for path in modules() if "trainer: Any" in path.read_text(encoding="utf-8")]
+    assert not loose, loose
 
 
 def _compared_names(tree: ast.AST) -> list[tuple[int, str]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.helpers import REPO, make_fashion_mnist, run_cli
+from tests.helpers import REPO, assert_identical_weights, make_fashion_mnist, run_cli
 
 from scaletrain import deploy_kubernetes
 
@@ -222,10 +222,7 @@ def state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
-    first, second = state_dict(a), state_dict(b)
-    assert first.keys() == second.keys()
-    for key in first:
-        assert torch.equal(first[key], second[key]), key
+    assert_identical_weights(state_dict(a), state_dict(b))
 
 
 @pytest.fixture

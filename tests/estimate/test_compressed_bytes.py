@@ -84,7 +84,7 @@ def test_the_codecs_measured_compute_is_part_of_the_step() -> None:
     bare, timed = (central_exchange(inputs(size, **extra), n)[0] for extra in ({}, {"codec_seconds": seconds}))
     assert timed - bare == pytest.approx(0.005 + 4 * 0.002)  # one compress, the server decompresses 4 pushes
     # one sharded worker alone compresses and decompresses its own (whole) shard too: measured 4.9 ms a step
-    # waiting where top-k's compress + decompress took 3.8 + 0.1 (docs/validation/lenet-100mbit-topk)
+    # waiting where top-k's compress + decompress took 3.8 + 0.1 (results/validation/lenet-100mbit-topk)
     profile = Profile("toy", 8, t_grad=0.1, t_comm=1.0, bandwidth=1e6, weight_bytes=WEIGHTS, gradient_bytes=size,
                       tensor_bytes=(WEIGHTS // 2, WEIGHTS // 2), codec_seconds=seconds)  # fmt: skip
     one = sharded_exchange(SimpleNamespace(profile=profile, per_count=lambda _, n, f: [f(k) for k in n.tolist()]),

@@ -30,7 +30,7 @@ from scaletrain.parallel.strategies import STRATEGIES, Strategy, all_specs
 
 REPO = Path(__file__).resolve().parents[2]
 #: A real profile (SqueezeNet: 52 tensors, gradient-time samples, contention) as `scaletrain profile` wrote it.
-SQUEEZENET = Profile.from_json(json.loads((REPO / "docs/validation/squeezenet-loopback/profile.json").read_text()))
+SQUEEZENET = Profile.from_json(json.loads((REPO / "results/validation/squeezenet-loopback/profile.json").read_text()))
 TOY = Profile("toy", 32, t_grad=0.821, t_comm=0.811)
 REFINED = predicted_configurations()
 

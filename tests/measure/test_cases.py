@@ -17,7 +17,7 @@ from scaletrain.measure.cases import CASES, rescore, select_cases, summarize, wr
 from scaletrain.measure.sweep import SweepConfig, plan_runs
 from scaletrain.measure.validate import ValidationConfig
 
-SAVED = REPO / "docs" / "validation"
+SAVED = REPO / "results" / "validation"
 
 
 def test_the_selections_split_the_cases_and_every_held_out_case_is_not_adjusted():
@@ -111,7 +111,7 @@ def test_a_case_without_a_saved_validation_is_one_line_and_nothing_is_written(ca
         (["lenet", "--cases", "holdout"], "--cases runs each case with its own flags: drop WORKLOAD"),
         (["--cases", "holdout", "--workers", "2", "--network", "50mbit"], "drop --network, --workers"),
         (["--cases", "holdout", "--wire", "bf16"], "drop --wire"),
-        (["--rescore", "docs/validation"], "--rescore FOLDER goes with --cases WHICH"),
+        (["--rescore", "results/validation"], "--rescore FOLDER goes with --cases WHICH"),
         (["--cases", "nothing"], "--cases takes holdout, adjusted, all or case names"),
     ],
 )
@@ -122,7 +122,7 @@ def test_cases_refuse_flags_they_fix_themselves(args, fragment, capsys, tmp_path
     assert not (tmp_path / "v").exists()
 
 
-@pytest.mark.parametrize("flag", [["--cases", "holdout"], ["--rescore", "docs/validation"]])
+@pytest.mark.parametrize("flag", [["--cases", "holdout"], ["--rescore", "results/validation"]])
 def test_cases_without_validate_are_refused_not_ignored(flag, capsys):
     assert main(["estimate", "--t-grad", "0.1", "--t-comm", "0.01", *flag]) == 2
     err = capsys.readouterr().err

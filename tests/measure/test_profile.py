@@ -35,7 +35,8 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert set(profile.allreduce) == {2} and profile.central == {} == profile.sharded  # only the exchange asked for
     # its exchanges pooled over the 2 launches too (2 workers, 3 round trips each), the wait for the slowest beside
     assert len(profile.samples["exchange"]["allreduce"]["2"]) == 12 and set(profile.exchange_wait) == {"allreduce"}
-    assert profile.exchange_wait["allreduce"][2] >= 0
+    # the wait for the slower of two workers that compute the same batch on loopback: measured, and short
+    assert 0 <= profile.exchange_wait["allreduce"][2] < 1.0
     assert 0 < profile.latency < profile.t_comm
     transfer = profile.t_comm - profile.latency if profile.t_comm > 2 * profile.latency else profile.t_comm
     assert profile.bytes_per_second == pytest.approx(profile.weight_bytes / transfer)

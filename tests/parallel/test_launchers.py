@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import REPO, make_fashion_mnist
+from tests.helpers import REPO, free_ports, make_fashion_mnist
 
 import scaletrain
 from scaletrain.errors import ConfigError
@@ -22,9 +21,7 @@ pytestmark = pytest.mark.multiprocess
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[subprocess.CompletedProcess]:

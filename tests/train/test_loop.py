@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.helpers import assert_identical_weights
 from torch import nn
 
 import scaletrain
@@ -45,12 +46,6 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)
 
 
-def assert_same_weights(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> None:
-    assert first.keys() == second.keys()
-    for name in first:
-        assert torch.equal(first[name], second[name]), name
-
-
 def test_outputs_of_a_run(tiny_fmnist: Path, tmp_path: Path) -> None:
     summary = small_lenet(tiny_fmnist, tmp_path / "run")
     out = tmp_path / "run"
@@ -83,7 +78,7 @@ def test_same_seed_gives_bitwise_identical_weights(tiny_fmnist: Path, tmp_path: 
         small_lenet(tiny_fmnist, tmp_path / name, seed=11, tensorboard=False)
     small_lenet(tiny_fmnist, tmp_path / "c", seed=12, tensorboard=False)
     first, second = load_weights(tmp_path / "a/model.pt"), load_weights(tmp_path / "b/model.pt")
-    assert_same_weights(first, second)
+    assert_identical_weights(first, second)
     assert (tmp_path / "a/model.pt").read_bytes() == (tmp_path / "b/model.pt").read_bytes()
     other = load_weights(tmp_path / "c/model.pt")
     assert not torch.equal(first["classifier.3.weight"], other["classifier.3.weight"])
@@ -111,7 +106,7 @@ def test_resume_mid_epoch_reproduces_an_uninterrupted_run(
     assert stopped["steps"] == straight["steps_per_epoch"] + 3  # stopped inside the second epoch
     resumed = scaletrain.train(workload, out=tmp_path / "split", resume=True, **settings)
     assert resumed["resumed_from_step"] == stopped["steps"] and resumed["steps"] == straight["steps"]
-    assert_same_weights(load_weights(tmp_path / "straight/model.pt"), load_weights(tmp_path / "split/model.pt"))
+    assert_identical_weights(load_weights(tmp_path / "straight/model.pt"), load_weights(tmp_path / "split/model.pt"))
     steps_logged = [json.loads(line)["step"] for line in (tmp_path / "split/metrics.jsonl").read_text().splitlines()]
     assert steps_logged == sorted(steps_logged)  # no record twice after the resume
 

@@ -129,7 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "the report gives each model's errors on adjusted-on and held-out cases apart")  # fmt: skip
     advice.add_argument("--rescore", type=Path, metavar="FOLDER",
                         help="with --cases: run nothing; predict the cases saved in FOLDER/CASE (profile.json, "
-                        "validation.csv) again with today's models, e.g. docs/validation")  # fmt: skip
+                        "validation.csv) again with today's models, e.g. results/validation")  # fmt: skip
     advice.add_argument("--out", type=Path, metavar="FOLDER",
                         help="with --validate: output folder (default: validation/WORKLOAD-NETWORK…)")  # fmt: skip
     add_profile_flags(parser)
@@ -287,7 +287,7 @@ CASE_FLAGS = ("workload", "strategies", "steps", "warmup_steps", "run_repeats", 
 def _validate_cases(args: argparse.Namespace) -> int:
     if args.cases is None:
         raise ConfigError(
-            "--rescore FOLDER goes with --cases WHICH, e.g. --validate --cases all --rescore docs/validation"
+            "--rescore FOLDER goes with --cases WHICH, e.g. --validate --cases all --rescore results/validation"
         )
     given = [name for name in CASE_FLAGS if getattr(args, name, None) not in (None, [])]
     given += ["workers"] if args.workers != (1,) else []

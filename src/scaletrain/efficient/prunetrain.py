@@ -157,7 +157,7 @@ def shrink_values(values: torch.Tensor | list[torch.Tensor], amount: float) -> N
     proximal step of ``amount``·Σ|x|, each value its own group). As x − clamp(x, −a, a): a value within
     ``amount`` of zero becomes exactly +0.0, and a list of tensors takes three multi-tensor kernels in
     all, not a few per tensor (PruneTrain shrinks every batch norm's scale and shift after every step,
-    and on a GPU each small kernel's launch costs more than its work: docs/results/h100-2026-11-26).
+    and on a GPU each small kernel's launch costs more than its work: results/h100-2026-11-26).
 
     >>> values = torch.tensor([0.5, -0.05, -2.0])
     >>> shrink_values(values, 0.1)

@@ -88,7 +88,7 @@ _SQUEEZE = {"batch_size": 32, "options": {"image_size": "64", "data": "synthetic
 _RESNET = {"batch_size": 64, "options": {"dataset": "fashion-mnist"}, "steps": 60, "warmup_steps": 5}
 _LSTM = {"batch_size": 20, "options": PTB, "steps": 12, "warmup_steps": 3, "repeats": 1, "data_dir": PTB_FILES}
 
-#: every case by name; a name is also its folder under docs/validation
+#: every case by name; a name is also its folder under results/validation
 CASES: dict[str, Case] = {case.name: case for case in (
     Case("lenet-loopback", "lenet", True, "the thesis's LeNet; the refined model was built on it",
          steps=30, repeats=3, strategies=(*FOUR[:3], "ps-central-split", "ps-sharded-join", "ps-sharded-async"),

@@ -6,7 +6,7 @@ computes on the CPU: its work is an optimizer step over flat buffers that gloo s
 memory. Clocks are read after :func:`synchronize`, because CUDA work runs asynchronously (Dortmund
 thesis §3.1.2); on the CPU it is free.
 
-An H200 ran these paths on 2026-11-26 (tests/gpu, docs/results/h200-2026-11-26); CI runs the CPU paths only.
+An H200 ran these paths on 2026-11-26 (tests/gpu, results/h200-2026-11-26); CI runs the CPU paths only.
 
 >>> resolve_device("cpu"), resolve_device("auto", cuda_available=False)
 (device(type='cpu'), device(type='cpu'))

@@ -8,11 +8,27 @@ import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
+
+import torch
+from torch import nn
 
 from scaletrain.train.exchange import PeerLost
+from scaletrain.train.logs import MetricsLog
+from scaletrain.train.records import RunRecords
+from scaletrain.train.schedule import Position
+from scaletrain.train.state import Prepared, Regrouped, Role
+from scaletrain.workloads import Workload
 
-__all__ = ["MembershipLog", "admit", "elastic_fields", "membership_segments", "regroup", "take_live_state"]
+__all__ = [
+    "ElasticTrainer",
+    "MembershipLog",
+    "admit",
+    "elastic_fields",
+    "membership_segments",
+    "regroup",
+    "take_live_state",
+]
 
 
 def membership_segments(
@@ -64,7 +80,7 @@ class MembershipLog:
     def regrouped(self, record: dict[str, Any], detected: float) -> None:
         self._pending = {**record, "detected": detected}
 
-    def step_done(self, metrics: Any) -> None:
+    def step_done(self, metrics: MetricsLog | None) -> None:
         """The first step after a regroup is done: the change's record, with the seconds it took to recover
         (from the loss's detection, or the admission's start, here to the end of that step)."""
         record = dict(self._pending or {})
@@ -77,7 +93,31 @@ class MembershipLog:
             metrics.write({"kind": "membership", **record})
 
 
-def regroup(trainer: Any, lost: PeerLost) -> None:
+class ElasticTrainer(Protocol):
+    """What :func:`regroup` and :func:`admit` read and change of the training loop that calls them
+    (:class:`scaletrain.train.loop.Trainer`): its role (membership, plan, agreement, exchange), weights, optimizer,
+    position and workload state, and where it records the change."""
+
+    role: Role
+    records: RunRecords
+    position: Position
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    prepared: Prepared
+    workload: Workload
+    state: Any  # the workload's own state between steps (an LSTM's hidden state), or None
+    membership: MembershipLog
+
+
+class MembersView(Protocol):
+    """The bounds and members :func:`elastic_fields` reads of a run's membership."""
+
+    minimum: int
+    maximum: int
+    members: list[int]
+
+
+def regroup(trainer: ElasticTrainer, lost: PeerLost) -> None:
     """``trainer`` (the :class:`scaletrain.train.loop.Trainer` that calls this): agree with the survivors on
     who goes on, take the live state of the one furthest ahead (the step in flight is done again unless
     one of them completed it), and go on with the new plan."""
@@ -100,7 +140,7 @@ def regroup(trainer: Any, lost: PeerLost) -> None:
         )
 
 
-def admit(trainer: Any) -> None:
+def admit(trainer: ElasticTrainer) -> None:
     """At the step boundary where every member learnt that a worker waits: admit it, hand it the live state of
     the deciding member, and go on with the batches re-partitioned over the new membership."""
     detected = time.time()
@@ -113,7 +153,9 @@ def admit(trainer: Any) -> None:
         )
 
 
-def take_live_state(model: Any, optimizer: Any, position: Any, state: dict[str, Any]) -> None:
+def take_live_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, position: Position, state: dict[str, Any]
+) -> None:
     """Continue from a peer's live state: its weights, optimizer state and position."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
@@ -121,7 +163,7 @@ def take_live_state(model: Any, optimizer: Any, position: Any, state: dict[str, 
         setattr(position, name, value)
 
 
-def _live_state(trainer: Any) -> Callable[[], dict[str, Any]]:
+def _live_state(trainer: ElasticTrainer) -> Callable[[], dict[str, Any]]:
     def live_state() -> dict[str, Any]:  # what a member hands the others: weights, optimizer state, position
         return {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
                 "position": asdict(trainer.position)}  # fmt: skip
@@ -129,7 +171,7 @@ def _live_state(trainer: Any) -> Callable[[], dict[str, Any]]:
     return live_state
 
 
-def _go_on(trainer: Any, regrouped: Any, state: dict[str, Any] | None, detected: float) -> None:
+def _go_on(trainer: ElasticTrainer, regrouped: Regrouped, state: dict[str, Any] | None, detected: float) -> None:
     if state is not None:  # None: this worker holds the state to go on from (a central server's reply)
         take_live_state(trainer.model, trainer.optimizer, trainer.position, state)
     trainer.role = dataclasses.replace(trainer.role, plan=regrouped.plan, agreement=regrouped.agreement)
@@ -139,7 +181,7 @@ def _go_on(trainer: Any, regrouped: Any, state: dict[str, Any] | None, detected:
     trainer.membership.regrouped(regrouped.record, detected)
 
 
-def elastic_fields(membership: Any, trainer: Any, workers: int) -> dict[str, Any]:
+def elastic_fields(membership: MembersView, trainer: ElasticTrainer, workers: int) -> dict[str, Any]:
     """An elastic run's fields of ``summary.json``: its bounds, its workers at the end, each membership change
     and the throughput of each membership (``membership``: a run's
     :class:`~scaletrain.parallel.strategies.elastic.StoreMembership`; ``trainer``: rank 0's

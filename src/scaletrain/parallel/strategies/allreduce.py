@@ -49,7 +49,7 @@ def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     all-reduce at world size 1 less float32's (``codec_seconds``). All of it is corrected by the
     exchange itself where the profile timed it among N processes (``--exchange-at``): gloo's
     collective among many processes sharing cores costs more than the formula (×10 at 14 processes of
-    an H100 machine's CPU, docs/results/h100-2026-11-26).
+    an H100 machine's CPU, results/h100-2026-11-26).
 
     >>> from scaletrain.estimate.profile import Profile
     >>> from scaletrain.estimate.refined import Terms
