@@ -50,8 +50,9 @@ class _OneLineErrors(argparse.ArgumentParser):
 class _SubcommandParser(_OneLineErrors):
     """A subcommand's parser: its ``--help`` shows every flag's default unless it asks for another formatter."""
 
-    def __init__(self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self, *args: Any, formatter_class: type[argparse.HelpFormatter] = DefaultsHelpFormatter, **kwargs: Any
+    ) -> None:
         super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
 

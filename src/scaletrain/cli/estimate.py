@@ -94,44 +94,71 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=number_list, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
     )
     model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
-    model.add_argument("--async-batches", choices=ASYNC_BATCHES,
-                       help="async: split (each update --batch-size / N, as training does unless told) or share "
-                       "(Downpour's whole batches: the thesis's async, and what --validate measures) (default: split "
-                       "with a workload or --profile, share with --t-grad and --t-comm)")  # fmt: skip
+    model.add_argument(
+        "--async-batches",
+        choices=ASYNC_BATCHES,
+        help="async: split (each update --batch-size / N, as training does unless told) or share "
+        "(Downpour's whole batches: the thesis's async, and what --validate measures) (default: split "
+        "with a workload or --profile, share with --t-grad and --t-comm)",
+    )
     model.add_argument("--output", choices=OUTPUTS, default="single", help="speedup at N, 1..N as csv, or a PNG")
-    model.add_argument("--plot-file", type=Path, default=Path("speedup-estimate.png"), metavar="PNG",
-                       help="picture for --output plot")  # fmt: skip
+    model.add_argument(
+        "--plot-file", type=Path, default=Path("speedup-estimate.png"), metavar="PNG", help="picture for --output plot"
+    )
     model.add_argument("--case", choices=CASES, default="mean", help="central server: best, worst or their mean")
     model.add_argument("--model", choices=MODELS, default="thesis", help="thesis (Šlampa 2017) or refined")
-    model.add_argument("--cores", type=int, metavar="N",
-                       help="refined: the workers share this many cores (default: a machine each)")  # fmt: skip
+    model.add_argument(
+        "--cores", type=int, metavar="N", help="refined: the workers share this many cores (default: a machine each)"
+    )
     model.add_argument("--save-profile", type=Path, metavar="FILE", help="write the measured profile here")
     advice = parser.add_argument_group("advice and validation")
     advice.add_argument("--recommend", action="store_true", help="best worker count and configuration per model")
     advice.add_argument("--max-workers", type=int, metavar="N", help="with --recommend: consider 1..N workers")
     advice.add_argument("--validate", action="store_true", help="run the real sweep and compare with both models")
-    advice.add_argument("--strategies", type=name_list, metavar="LIST",
-                        help=f"with --validate: strategy specs (default: {','.join(DEFAULT_STRATEGIES)})")  # fmt: skip
-    advice.add_argument("--steps", type=int, metavar="N",
-                        help="with --validate: optimizer steps per run, per worker for an asynchronous one "
-                        "(default: 40)")  # fmt: skip
-    advice.add_argument("--warmup-steps", type=int, metavar="N",
-                        help="with --validate: first steps left out (default: 5)")  # fmt: skip
-    advice.add_argument("--runs", type=int, dest="run_repeats", metavar="N",
-                        help="with --validate: runs per configuration (default: 3)")  # fmt: skip
-    advice.add_argument("--lr", type=float, metavar="RATE",
-                        help="with --validate: learning rate of the runs (default: the workload's)")  # fmt: skip
-    advice.add_argument("--momentum", type=float, metavar="M",
-                        help="with --validate: momentum of the runs (default: the workload's)")  # fmt: skip
-    advice.add_argument("--cases", metavar="WHICH",
-                        help="with --validate and no WORKLOAD: the named validation cases instead, each with its "
-                        "own flags: holdout (none of them used to adjust the models), adjusted, all, or case names; "
-                        "the report gives each model's errors on adjusted-on and held-out cases apart")  # fmt: skip
-    advice.add_argument("--rescore", type=Path, metavar="FOLDER",
-                        help="with --cases: run nothing; predict the cases saved in FOLDER/CASE (profile.json, "
-                        "validation.csv) again with today's models, e.g. results/validation")  # fmt: skip
-    advice.add_argument("--out", type=Path, metavar="FOLDER",
-                        help="with --validate: output folder (default: validation/WORKLOAD-NETWORK…)")  # fmt: skip
+    advice.add_argument(
+        "--strategies",
+        type=name_list,
+        metavar="LIST",
+        help=f"with --validate: strategy specs (default: {','.join(DEFAULT_STRATEGIES)})",
+    )
+    advice.add_argument(
+        "--steps",
+        type=int,
+        metavar="N",
+        help="with --validate: optimizer steps per run, per worker for an asynchronous one (default: 40)",
+    )
+    advice.add_argument(
+        "--warmup-steps", type=int, metavar="N", help="with --validate: first steps left out (default: 5)"
+    )
+    advice.add_argument(
+        "--runs", type=int, dest="run_repeats", metavar="N", help="with --validate: runs per configuration (default: 3)"
+    )
+    advice.add_argument(
+        "--lr", type=float, metavar="RATE", help="with --validate: learning rate of the runs (default: the workload's)"
+    )
+    advice.add_argument(
+        "--momentum", type=float, metavar="M", help="with --validate: momentum of the runs (default: the workload's)"
+    )
+    advice.add_argument(
+        "--cases",
+        metavar="WHICH",
+        help="with --validate and no WORKLOAD: the named validation cases instead, each with its "
+        "own flags: holdout (none of them used to adjust the models), adjusted, all, or case names; "
+        "the report gives each model's errors on adjusted-on and held-out cases apart",
+    )
+    advice.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="FOLDER",
+        help="with --cases: run nothing; predict the cases saved in FOLDER/CASE (profile.json, "
+        "validation.csv) again with today's models, e.g. results/validation",
+    )
+    advice.add_argument(
+        "--out",
+        type=Path,
+        metavar="FOLDER",
+        help="with --validate: output folder (default: validation/WORKLOAD-NETWORK…)",
+    )
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -218,8 +245,14 @@ def _async_batches(args: argparse.Namespace) -> str:
 
 
 def _recommend(args: argparse.Namespace, measured: Profile) -> int:
-    advice = recommend(measured, max_workers=args.max_workers, batches=args.batches, cores=args.cores, case=args.case,
-                       async_batches=_async_batches(args))  # fmt: skip
+    advice = recommend(
+        measured,
+        max_workers=args.max_workers,
+        batches=args.batches,
+        cores=args.cores,
+        case=args.case,
+        async_batches=_async_batches(args),
+    )
     for model, best in advice.items():
         print(
             f"{model} model: {best['workers']} worker(s), {best['configuration']}, "
@@ -239,11 +272,19 @@ def _validate(args: argparse.Namespace) -> int:
     if args.workload is None:
         raise ConfigError("--validate runs a workload: name one, e.g. scaletrain estimate lenet --validate")
     # what the validation measures itself, or does not take: refused rather than silently not done
-    counted = {"--split-workers": args.split_workers, "--concurrency": args.concurrency,
-               "--contention-at": args.contention_at, "--exchange-at": args.exchange_at}  # fmt: skip
+    counted = {
+        "--split-workers": args.split_workers,
+        "--concurrency": args.concurrency,
+        "--contention-at": args.contention_at,
+        "--exchange-at": args.exchange_at,
+    }
     defaults = {field.name: field.default for field in dataclasses.fields(ProfileConfig)}
-    untaken = {"--repeats": "repeats", "--round-trips": "round_trips", "--timeout": "timeout",
-               "--memory-format": "memory_format"}  # fmt: skip
+    untaken = {
+        "--repeats": "repeats",
+        "--round-trips": "round_trips",
+        "--timeout": "timeout",
+        "--memory-format": "memory_format",
+    }
     given = [flag for flag, value in counted.items() if value]
     given += [flag for flag, name in untaken.items() if getattr(args, name) != defaults[name]]
     if given:
@@ -271,17 +312,30 @@ def _validate(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         threads_per_worker=args.threads,
         launches=args.launches,
-        **{key: value for key, value in profile_settings(args).items()
-           if key in ("wire", "wire_options", "precision", "device")},  # the runs train as the profile times
-    )  # fmt: skip
+        **{
+            key: value
+            for key, value in profile_settings(args).items()
+            if key in ("wire", "wire_options", "precision", "device")
+        },  # the runs train as the profile times
+    )
     print((out / "validation.md").read_text(encoding="utf-8"))
     print(f"table, plot and runs in {out}")
     return 0
 
 
 #: what a case fixes itself (``scaletrain.measure.cases``): given with --cases, refused rather than ignored
-CASE_FLAGS = ("workload", "strategies", "steps", "warmup_steps", "run_repeats", "lr", "momentum", "network",
-              "batch_size", "wire_option")  # fmt: skip
+CASE_FLAGS = (
+    "workload",
+    "strategies",
+    "steps",
+    "warmup_steps",
+    "run_repeats",
+    "lr",
+    "momentum",
+    "network",
+    "batch_size",
+    "wire_option",
+)
 
 
 def _validate_cases(args: argparse.Namespace) -> int:

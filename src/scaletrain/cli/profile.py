@@ -23,47 +23,97 @@ __all__ = ["add_parser", "add_profile_flags", "describe", "profile_settings", "r
 def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that say what to profile (shared with ``scaletrain estimate WORKLOAD``)."""
     group = parser.add_argument_group("profiling")
-    group.add_argument("--framework", type=name_list, default=("scaletrain",), metavar="NAME",
-                       help=f"whose runs to profile: {', '.join(FRAMEWORKS)} (a foreign engine times them with its "
-                            "own program; with estimate --validate a comma-separated list)")  # fmt: skip
+    group.add_argument(
+        "--framework",
+        type=name_list,
+        default=("scaletrain",),
+        metavar="NAME",
+        help=f"whose runs to profile: {', '.join(FRAMEWORKS)} (a foreign engine times them with its "
+        "own program; with estimate --validate a comma-separated list)",
+    )
     group.add_argument("--batch-size", type=int, metavar="N", help="batch size (default: the workload's)")
-    group.add_argument("--network", metavar="RATE",
-                       help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)")  # fmt: skip
-    group.add_argument("--split-workers", type=number_list, metavar="N,N",
-                       help="also t_grad at batch/N for these N, e.g. 2,4")  # fmt: skip
-    group.add_argument("--concurrency", type=int, metavar="N",
-                       help="measure contention up to this many processes (default: this machine's cores)")  # fmt: skip
-    group.add_argument("--contention-at", type=number_list, metavar="N,N",
-                       help="measure contention only at these process counts (default: each from 2)")  # fmt: skip
-    group.add_argument("--exchange-at", type=number_list, metavar="N,N",
-                       help="also time the all-reduce, central and sharded exchanges among N workers, each "
-                            "after a real gradient, e.g. 2,4 (corrects the refined model's)")  # fmt: skip
-    group.add_argument("--exchanges", type=lambda text: tuple(text.split(",")), default=EXCHANGES, metavar="LIST",
-                       help=f"which exchanges --exchange-at times (default: {','.join(EXCHANGES)})")  # fmt: skip
+    group.add_argument(
+        "--network", metavar="RATE", help="measure t_comm across an emulated link of this rate, e.g. 100mbit (root)"
+    )
+    group.add_argument(
+        "--split-workers", type=number_list, metavar="N,N", help="also t_grad at batch/N for these N, e.g. 2,4"
+    )
+    group.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="measure contention up to this many processes (default: this machine's cores)",
+    )
+    group.add_argument(
+        "--contention-at",
+        type=number_list,
+        metavar="N,N",
+        help="measure contention only at these process counts (default: each from 2)",
+    )
+    group.add_argument(
+        "--exchange-at",
+        type=number_list,
+        metavar="N,N",
+        help="also time the all-reduce, central and sharded exchanges among N workers, each "
+        "after a real gradient, e.g. 2,4 (corrects the refined model's)",
+    )
+    group.add_argument(
+        "--exchanges",
+        type=lambda text: tuple(text.split(",")),
+        default=EXCHANGES,
+        metavar="LIST",
+        help=f"which exchanges --exchange-at times (default: {','.join(EXCHANGES)})",
+    )
     group.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads per process, as in bench")
     group.add_argument("--repeats", type=int, default=10, metavar="N", help="timed gradients per batch size")
     group.add_argument("--round-trips", type=int, default=10, metavar="N", help="timed push+pull round trips")
     group.add_argument("--launches", type=int, default=3, metavar="N", help="fresh processes each timing pools")
-    group.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                       help="time each measurement may take")  # fmt: skip
+    group.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS", help="time each measurement may take")
     group.add_argument("--data-dir", type=Path, metavar="FOLDER", help="folder with the dataset files")
     group.add_argument("--no-download", dest="download", action="store_false", help="never download datasets")
     group.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", help="workload option")
-    group.add_argument("--precision", choices=sorted(DTYPES), default="fp32",
-                       help="time t_grad under this autocast type, as train --precision runs it")  # fmt: skip
-    group.add_argument("--wire", choices=sorted(CODECS), default="fp32",
-                       help="time t_comm for the weights in this type, as train --wire sends them")  # fmt: skip
-    group.add_argument("-W", "--wire-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="the wire codec's option, as train takes it, e.g. -W rank=1 for powersgd: the "
-                            "profile's gradient_bytes are that codec's compressed message")  # fmt: skip
-    group.add_argument("--overlap", action="store_true",
-                       help="the runs to predict all-reduce gradients during backward, as train --overlap")  # fmt: skip
-    group.add_argument("--bucket-mb", type=float, default=0.25, metavar="MIB",
-                       help="with --overlap: their buckets' size, as train --bucket-mb (default 0.25)")  # fmt: skip
-    group.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:K|auto",
-                       help="where t_grad is timed (default: cpu)")  # fmt: skip
-    group.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
-                       help="the convolutions' activations while t_grad is timed, as in train")  # fmt: skip
+    group.add_argument(
+        "--precision",
+        choices=sorted(DTYPES),
+        default="fp32",
+        help="time t_grad under this autocast type, as train --precision runs it",
+    )
+    group.add_argument(
+        "--wire",
+        choices=sorted(CODECS),
+        default="fp32",
+        help="time t_comm for the weights in this type, as train --wire sends them",
+    )
+    group.add_argument(
+        "-W",
+        "--wire-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the wire codec's option, as train takes it, e.g. -W rank=1 for powersgd: the "
+        "profile's gradient_bytes are that codec's compressed message",
+    )
+    group.add_argument(
+        "--overlap",
+        action="store_true",
+        help="the runs to predict all-reduce gradients during backward, as train --overlap",
+    )
+    group.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=0.25,
+        metavar="MIB",
+        help="with --overlap: their buckets' size, as train --bucket-mb (default 0.25)",
+    )
+    group.add_argument(
+        "--device", default="cpu", metavar="cpu|cuda|cuda:K|auto", help="where t_grad is timed (default: cpu)"
+    )
+    group.add_argument(
+        "--memory-format",
+        choices=MEMORY_FORMATS,
+        default="auto",
+        help="the convolutions' activations while t_grad is timed, as in train",
+    )
     add_model_flags(parser)
 
 
@@ -116,11 +166,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "workload", type=workload_argument, metavar="WORKLOAD", help=f"what to profile: {workloads_offered()}"
     )
-    parser.add_argument("--out", type=Path, metavar="FILE",
-                        help="JSON file (default: profiles/WORKLOAD-bBATCH[-FRAMEWORK][-RATE].json)")  # fmt: skip
-    parser.add_argument("--architecture-of", type=Path, metavar="RUN",
-                        help="profile the network a finished run left (e.g. pruned by --technique prunetrain): "
-                             "its summary.json's architecture and workload options")  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="JSON file (default: profiles/WORKLOAD-bBATCH[-FRAMEWORK][-RATE].json)"
+    )
+    parser.add_argument(
+        "--architecture-of",
+        type=Path,
+        metavar="RUN",
+        help="profile the network a finished run left (e.g. pruned by --technique prunetrain): "
+        "its summary.json's architecture and workload options",
+    )
     add_profile_flags(parser)
     parser.set_defaults(handler=run)
 
@@ -137,8 +192,10 @@ def describe(result: Profile) -> str:
     message = ""
     if result.gradient_bytes is not None:
         gathered = "all-gathered" if result.collective == "all_gather" else "all-reduced"
-        message = f"gradient message {result.gradient_bytes:,} bytes as {result.wire} ({gathered} in " \
-                  f"{result.collective_calls} call{'s' if result.collective_calls > 1 else ''})"  # fmt: skip
+        message = (
+            f"gradient message {result.gradient_bytes:,} bytes as {result.wire} ({gathered} in "
+            f"{result.collective_calls} call{'s' if result.collective_calls > 1 else ''})"
+        )
     return "\n".join(
         [
             f"{engine}{result.workload}, batch {result.batch_size}, {result.parameters:,} parameters "

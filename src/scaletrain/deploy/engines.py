@@ -53,9 +53,19 @@ __all__ = ["ENGINE_DIR", "FOLLOWED", "IMAGE_ENGINES", "EngineDeployment", "plan_
 
 #: the settings the engines' programs follow (the rest of ``train``'s are refused)
 FOLLOWED = (
-    "epochs", "steps", "batch_size", "lr", "momentum", "weight_decay", "clip_norm", "seed", "threads",
-    "warmup_steps", "data_dir", "options",
-)  # fmt: skip
+    "epochs",
+    "steps",
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "clip_norm",
+    "seed",
+    "threads",
+    "warmup_steps",
+    "data_dir",
+    "options",
+)
 #: where a pod's init container prepares what the program reads (an ``emptyDir``)
 ENGINE_DIR = PurePosixPath("/engine")
 #: where the image keeps the engines' environments (the Dockerfile's ``SCALETRAIN_ENGINES``)

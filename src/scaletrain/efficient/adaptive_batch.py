@@ -331,10 +331,17 @@ class AdaptBatch(Technique):
             )
         batch = max(1, round(rows / share))
         self.searches.append(
-            {"epoch": end.epoch, "parameters": parameters, "rows": rows, "batch_size": batch, "peak_bytes": peaks[rows],
-             "budget_bytes": self.budget, "probes": [(r, fit, peaks[r]) for r, fit in probes],
-             "predicted_rows": predicted}
-        )  # fmt: skip
+            {
+                "epoch": end.epoch,
+                "parameters": parameters,
+                "rows": rows,
+                "batch_size": batch,
+                "peak_bytes": peaks[rows],
+                "budget_bytes": self.budget,
+                "probes": [(r, fit, peaks[r]) for r, fit in probes],
+                "predicted_rows": predicted,
+            }
+        )
         if batch == end.batch_size:
             return decision
         ratio = batch / end.batch_size

@@ -138,9 +138,14 @@ class MorphNet(Technique):
         target = self.target * (self.initial or resource(model, example, self.resource))
         expand, reached = expansion_decision(shrunk, example, target, self.resource)
         self.history.append(
-            {"epoch": end.epoch, "before": resource(model, example, self.resource),
-             "shrunk": resource(shrunk, example, self.resource), "expanded": reached, "target": target}
-        )  # fmt: skip
+            {
+                "epoch": end.epoch,
+                "before": resource(model, example, self.resource),
+                "shrunk": resource(shrunk, example, self.resource),
+                "expanded": reached,
+                "target": target,
+            }
+        )
         decision = shrink if expand is None else composed(shrink, expand)
         return decision if decision.changes_network else None
 

@@ -163,10 +163,14 @@ def deeper_decision(model: nn.Module, after: str, kernel: int = 3) -> Reconfigur
             )
         return Reconfiguration(insert={target: {"kind": "block"}})
     layer = next(
-        (m for earlier in reversed(list(parent)[: position + 1]) for m in reversed(list(earlier.modules()))
-         if isinstance(m, _LAYERS)),
+        (
+            m
+            for earlier in reversed(list(parent)[: position + 1])
+            for m in reversed(list(earlier.modules()))
+            if isinstance(m, _LAYERS)
+        ),
         None,
-    )  # fmt: skip
+    )
     if layer is None:
         raise ConfigError(f"net2net: no convolution or linear layer up to {after} tells how many channels to keep")
     relu = int(isinstance(module, nn.ReLU))

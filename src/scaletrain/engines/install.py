@@ -111,15 +111,17 @@ def status(folder: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for engine in ENGINES.values():
         marker = installed(engine, folder)
-        rows.append({
-            "engine": engine.name,
-            "installed": marker is not None,
-            "version": marker["version"] if marker else None,
-            "packages": list(engine.packages),
-            "where": str((folder or engines_folder()) / engine.name),
-            "workloads": list(engine.workloads),
-            "modes": engine.describe_modes(),
-        })  # fmt: skip
+        rows.append(
+            {
+                "engine": engine.name,
+                "installed": marker is not None,
+                "version": marker["version"] if marker else None,
+                "packages": list(engine.packages),
+                "where": str((folder or engines_folder()) / engine.name),
+                "workloads": list(engine.workloads),
+                "modes": engine.describe_modes(),
+            }
+        )
     return rows
 
 

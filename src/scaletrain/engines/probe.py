@@ -43,10 +43,22 @@ def probe_engine(
     defaults = create_workload(workload).defaults
     workers = processes if mode == "sync" else 1
     run = EngineRun(
-        framework=framework, workload=workload, mode=mode, workers=workers, servers=0, batch_size=batch_size,
-        lr=defaults.lr, momentum=defaults.momentum, weight_decay=0.0, epochs=None, steps=1, warmup_steps=0,
-        threads=probe.get("threads", 1), seed=0, data_dir=data_dir,
-    )  # fmt: skip
+        framework=framework,
+        workload=workload,
+        mode=mode,
+        workers=workers,
+        servers=0,
+        batch_size=batch_size,
+        lr=defaults.lr,
+        momentum=defaults.momentum,
+        weight_decay=0.0,
+        epochs=None,
+        steps=1,
+        warmup_steps=0,
+        threads=probe.get("threads", 1),
+        seed=0,
+        data_dir=data_dir,
+    )
     engine = check_run(run)
     spec = prepare(run, out / ENGINE_FOLDER)
     spec["probe"] = {**probe, "processes": processes}

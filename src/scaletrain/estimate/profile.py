@@ -165,8 +165,12 @@ class Profile:
     def exchange_timed(self, kind: str) -> dict[int, float]:
         """N workers → the seconds of exchange ``kind`` (``--exchanges``: allreduce, central, sharded, central-async)
         the profile timed among N; empty where it timed none."""
-        timed = {"allreduce": self.allreduce, "central": self.central, "sharded": self.sharded,
-                 "central-async": self.central_async}  # fmt: skip
+        timed = {
+            "allreduce": self.allreduce,
+            "central": self.central,
+            "sharded": self.sharded,
+            "central-async": self.central_async,
+        }
         return timed.get(kind, {})
 
     @property

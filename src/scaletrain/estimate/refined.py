@@ -78,8 +78,9 @@ def predict(
     ``async_split``: asynchronous workers divide each batch (``--async-batches split``).
     """
     terms = Terms(profile, cores, async_split)
-    return predict_many(profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches,
-                        terms=terms)[0]  # fmt: skip
+    return predict_many(
+        profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches, terms=terms
+    )[0]
 
 
 def predict_many(
@@ -100,8 +101,10 @@ def predict_many(
     terms = terms or Terms(profile, cores)
     rates = batches_per_second(terms, strategy=strategy, server=server, sync=sync, workers=workers)
     sequential = terms.sequential
-    return [Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
-            for rate in rates.tolist()]  # fmt: skip
+    return [
+        Prediction(batches_per_second=rate, speedup=rate * sequential, train_seconds=batches / rate)
+        for rate in rates.tolist()
+    ]
 
 
 def step_split(
@@ -298,8 +301,9 @@ class Terms:
         waits = [timed[n] if n in timed and n in beside and n > 1 else None for n in workers.tolist()]
         share = part / profile.t_grad_at(1)
         steps = zip(computed, slowest, waits, share, strict=True)
-        return np.array([alone * factor if wait is None else alone + wait * fraction
-                         for alone, factor, wait, fraction in steps])  # fmt: skip
+        return np.array(
+            [alone * factor if wait is None else alone + wait * fraction for alone, factor, wait, fraction in steps]
+        )
 
     def contention(self, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """The gradient's slowdown among N processes: as timed beside the strategy's own exchange among N where
@@ -307,8 +311,12 @@ class Terms:
         profile = self.profile
         beside = profile.exchange_compute.get(probe, {}) if probe is not None else {}
         alone = self.per_count("contention", workers, lambda n: profile.contention_at(n, cores=self.cores))
-        return np.array([beside[n] / profile.t_grad if n in beside and n > 1 else factor
-                         for n, factor in zip(workers.tolist(), alone, strict=True)])  # fmt: skip
+        return np.array(
+            [
+                beside[n] / profile.t_grad if n in beside and n > 1 else factor
+                for n, factor in zip(workers.tolist(), alone, strict=True)
+            ]
+        )
 
 
 def asynchronous_networks(terms: Terms, *, server: str, workers: np.ndarray, strategy: str = "ps") -> list[Network]:

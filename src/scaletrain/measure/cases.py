@@ -27,8 +27,9 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.ranking import mean_errors, rank_agreement
-from scaletrain.measure.validate import ValidationConfig, compare_measured, run_validation
+from scaletrain.measure.validate import ValidationConfig, run_validation
 from scaletrain.measure.validation_report import wire_label
+from scaletrain.measure.validation_rows import compare_measured
 
 __all__ = ["CASES", "Case", "rescore", "run_cases", "select_cases", "summarize", "write_summary"]
 
@@ -62,11 +63,21 @@ class Case:
         """The validation that measures this case, writing into ``out``; ``data_dir`` instead of the case's."""
         data_dir = data_dir or (Path(self.data_dir) if self.data_dir else None)
         return ValidationConfig(
-            self.workload, out, workers=self.workers, strategies=self.strategies, batch_size=self.batch_size,
-            steps=self.steps, warmup_steps=self.warmup_steps, repeats=self.repeats, network=self.network,
-            options=dict(self.options), settings=dict(self.settings), data_dir=data_dir, wire=self.wire,
+            self.workload,
+            out,
+            workers=self.workers,
+            strategies=self.strategies,
+            batch_size=self.batch_size,
+            steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            repeats=self.repeats,
+            network=self.network,
+            options=dict(self.options),
+            settings=dict(self.settings),
+            data_dir=data_dir,
+            wire=self.wire,
             wire_options=dict(self.wire_options),
-        )  # fmt: skip
+        )
 
     def command(self) -> str:
         """The command line that measures this case alone."""
@@ -169,8 +180,11 @@ CASES: dict[str, Case] = {case.name: case for case in (
          network="400mbit", **{**_LSTM, "batch_size": 30, "steps": 40, "warmup_steps": 10}),
 )}  # fmt: skip
 
-SELECTIONS = {"holdout": lambda case: not case.adjusted, "adjusted": lambda case: case.adjusted,
-              "all": lambda case: True}  # fmt: skip
+SELECTIONS = {
+    "holdout": lambda case: not case.adjusted,
+    "adjusted": lambda case: case.adjusted,
+    "all": lambda case: True,
+}
 
 
 def select_cases(selection: str) -> list[Case]:
@@ -196,8 +210,9 @@ def run_cases(
     if rescore_from is not None:  # every folder checked before anything is written
         results = {case.name: rescore(case, rescore_from / case.name) for case in cases}
     else:
-        results = {case.name: run_validation(case.validation(out / case.name, data_dir=data_dir))["rows"]
-                   for case in cases}  # fmt: skip
+        results = {
+            case.name: run_validation(case.validation(out / case.name, data_dir=data_dir))["rows"] for case in cases
+        }
     summary = summarize(results)
     return {**summary, "report": write_summary(summary, out)}
 

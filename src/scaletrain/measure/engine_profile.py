@@ -51,10 +51,24 @@ def check_engine_profile(config: Any) -> None:
         raise ConfigError(
             f"profile --framework {config.framework} measures {', '.join(PROBED_WORKLOADS)}, not {config.workload}"
         )
-    defaults = {"wire": "fp32", "precision": "fp32", "device": "cpu", "architecture": {}, "overlap_bucket_mb": None,
-                "wire_options": {}, "options": {}}  # fmt: skip
-    flags = {"wire": "--wire", "precision": "--precision", "device": "--device", "architecture": "--architecture-of",
-             "overlap_bucket_mb": "--overlap", "wire_options": "-W", "options": "-o"}  # fmt: skip
+    defaults = {
+        "wire": "fp32",
+        "precision": "fp32",
+        "device": "cpu",
+        "architecture": {},
+        "overlap_bucket_mb": None,
+        "wire_options": {},
+        "options": {},
+    }
+    flags = {
+        "wire": "--wire",
+        "precision": "--precision",
+        "device": "--device",
+        "architecture": "--architecture-of",
+        "overlap_bucket_mb": "--overlap",
+        "wire_options": "-W",
+        "options": "-o",
+    }
     given = [flags[name] for name, value in defaults.items() if getattr(config, name) != value]
     if given:
         raise ConfigError(f"profile --framework {config.framework} does not take {', '.join(given)}; leave it out")
@@ -77,10 +91,17 @@ def run_engine_profile(config: Any, *, counts: list[int], out: Path | None = Non
     def probe(mode: str, processes: int, **fields: Any) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix=f"scaletrain-profile-{framework}-") as scratch:
             return probe_engine(
-                framework, config.workload, mode=mode, processes=processes, batch_size=batch_size,
-                probe={**common, **fields}, out=Path(scratch), data_dir=config.data_dir,
-                network=config.network if mode == "sync" else None, timeout=config.timeout,
-            )  # fmt: skip
+                framework,
+                config.workload,
+                mode=mode,
+                processes=processes,
+                batch_size=batch_size,
+                probe={**common, **fields},
+                out=Path(scratch),
+                data_dir=config.data_dir,
+                network=config.network if mode == "sync" else None,
+                timeout=config.timeout,
+            )
 
     alone = [probe("local", 1, parts=parts, repeats=config.repeats)[0] for _ in range(config.launches)]
     pooled = {n: [x for result in alone for x in result["t_grad"][str(n)]] for n in parts}

@@ -255,8 +255,13 @@ def time_allreduce(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     model, optimizer = _exchange_model(job)
     exchange = AllReduceExchange(world_size, _codec(job))
     exchange.start(model, optimizer)
-    return _time_steps(job, model, lambda: exchange.step(model, optimizer, None), lambda times: times.communication,
-                       lambda times: times.wait)  # fmt: skip
+    return _time_steps(
+        job,
+        model,
+        lambda: exchange.step(model, optimizer, None),
+        lambda times: times.communication,
+        lambda times: times.wait,
+    )
 
 
 def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -271,16 +276,33 @@ def time_sharded(job: dict[str, Any], world_size: int) -> dict[str, Any]:
     def serve(owned: list[torch.nn.Parameter], _: torch.optim.Optimizer) -> ShardServer:
         master = [torch.nn.Parameter(p.detach().clone()) for p in owned]
         optimizer = torch.optim.SGD(master, lr=0.0)
-        server = ShardServer(master=master, optimizer=optimizer, peers=peers, contributors=world_size,
-                             synchronous=True, timeout=job["timeout"], codec=codec)  # fmt: skip
+        server = ShardServer(
+            master=master,
+            optimizer=optimizer,
+            peers=peers,
+            contributors=world_size,
+            synchronous=True,
+            timeout=job["timeout"],
+            codec=codec,
+        )
         server.start()
         return server
 
-    exchange = PSExchange(rank=dist.get_rank(), plan=lambda parameters: assign_greedy(tensor_bytes(parameters), ranks),
-                          groups=peers, serve=serve, codec=codec)  # fmt: skip
+    exchange = PSExchange(
+        rank=dist.get_rank(),
+        plan=lambda parameters: assign_greedy(tensor_bytes(parameters), ranks),
+        groups=peers,
+        serve=serve,
+        codec=codec,
+    )
     exchange.start(model, optimizer)
-    samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
-                          lambda times: times.communication + times.wait, _in_exchange)  # fmt: skip
+    samples = _time_steps(
+        job,
+        model,
+        lambda: exchange.step(model, optimizer, None),
+        lambda times: times.communication + times.wait,
+        _in_exchange,
+    )
     exchange.finish(model)
     if exchange.local_server is not None:
         exchange.local_server.join(deadline_seconds=job["timeout"])
@@ -297,16 +319,26 @@ def time_central(job: dict[str, Any], world_size: int, synchronous: bool = True)
     codec = _codec(job)
     if rank == 0:
         server = ShardServer(
-            master=list(model.parameters()), optimizer=optimizer, peers=peers, contributors=len(workers),
-            synchronous=synchronous, timeout=job["timeout"], codec=codec,
-        )  # fmt: skip
+            master=list(model.parameters()),
+            optimizer=optimizer,
+            peers=peers,
+            contributors=len(workers),
+            synchronous=synchronous,
+            timeout=job["timeout"],
+            codec=codec,
+        )
         server.start()
         server.join(deadline_seconds=job["timeout"])
         return {"exchange": [], "compute": [], "wait": []}
     exchange = PSExchange(rank=rank, plan=lambda parameters: [0] * len(parameters), groups=peers, codec=codec)
     exchange.start(model, optimizer)
-    samples = _time_steps(job, model, lambda: exchange.step(model, optimizer, None),
-                          lambda times: times.communication + times.wait, _in_exchange)  # fmt: skip
+    samples = _time_steps(
+        job,
+        model,
+        lambda: exchange.step(model, optimizer, None),
+        lambda times: times.communication + times.wait,
+        _in_exchange,
+    )
     exchange.finish(model)
     return samples
 

@@ -303,10 +303,17 @@ def measure_codec(config: ProfileConfig) -> dict[str, float]:
     if config.wire == "fp32":
         return {}
     job = {
-        "kind": "codec", "workload": config.workload, "options": config.options, "architecture": config.architecture,
-        "threads": config.threads, "warmup": config.warmup, "repeats": config.repeats, "timeout": config.timeout,
-        "wire": config.wire, "wire_options": dict(config.wire_options),
-    }  # fmt: skip
+        "kind": "codec",
+        "workload": config.workload,
+        "options": config.options,
+        "architecture": config.architecture,
+        "threads": config.threads,
+        "warmup": config.warmup,
+        "repeats": config.repeats,
+        "timeout": config.timeout,
+        "wire": config.wire,
+        "wire_options": dict(config.wire_options),
+    }
     [timings] = _run_probes(job, 1, None, config.timeout)
     medians = {part: statistics.median(samples) for part, samples in timings.items() if part != "rank"}
     seconds = {part: medians[part] for part in ("compress", "decompress") if part in medians}

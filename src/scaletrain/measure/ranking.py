@@ -42,8 +42,11 @@ def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> 
             if abs(first["measured_speedup"] - second["measured_speedup"])
             > noise * max(first["measured_speedup"], second["measured_speedup"])
         ]
-        entry: dict[str, Any] = {"measured": measured, "pairs": len(group) * (len(group) - 1) // 2,
-                                 "pairs_apart": len(pairs)}  # fmt: skip
+        entry: dict[str, Any] = {
+            "measured": measured,
+            "pairs": len(group) * (len(group) - 1) // 2,
+            "pairs_apart": len(pairs),
+        }
         for model in MODELS:
             entry[model] = [row["strategy"] for row in sorted(group, key=lambda row: -row[f"{model}_speedup"])]
             signs = [

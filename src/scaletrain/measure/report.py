@@ -145,8 +145,10 @@ def scaling_limits(groups: list[Group], min_gain: float = GAIN_THRESHOLD) -> dic
 
 def _speedups(group: Group) -> str:
     common, own = group.median("speedup_common"), group.median("speedup")
-    parts = [f"{common:.2f} against the common reference" if common is not None else "",
-             f"{own:.2f} against its own one-worker run" if own is not None else ""]  # fmt: skip
+    parts = [
+        f"{common:.2f} against the common reference" if common is not None else "",
+        f"{own:.2f} against its own one-worker run" if own is not None else "",
+    ]
     parts = [part for part in parts if part]
     return f" (speedup {', '.join(parts)})" if parts else ""
 
@@ -205,10 +207,13 @@ def reading(rows: list[dict[str, Any]]) -> list[str]:
     whose = f"{common}'s " if any(framework_of(row) != common for row in rows) else ""
     for batch, reference in sorted(references.items(), key=lambda item: str(item[0])):
         ones = [
-            row for row in rows
-            if row.get("status") == "ok" and row["workers"] == 1 and row["batch_size"] == batch
+            row
+            for row in rows
+            if row.get("status") == "ok"
+            and row["workers"] == 1
+            and row["batch_size"] == batch
             and framework_of(row) == common
-        ]  # fmt: skip
+        ]
         same = [row for row in ones if works_alone(row)]
         which = "that do the same work (one process, nothing exchanged)" if same else "of all strategies"
         rates = [row["batches_per_second"] for row in same or ones]
@@ -281,10 +286,12 @@ def text_table(rows: list[dict[str, Any]]) -> str:
         )
     widths = [max(len(line[column]) for line in lines) for column in range(len(header))]
     return "\n".join(
-        "  ".join(cell.ljust(width) if column < 1 else cell.rjust(width)
-                  for column, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+        "  ".join(
+            cell.ljust(width) if column < 1 else cell.rjust(width)
+            for column, (cell, width) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
         for line in lines
-    )  # fmt: skip
+    )
 
 
 def _cell(group: Group, field: str, scale: float = 1.0, digits: int = 2, *, with_spread: bool = True) -> str:

@@ -42,14 +42,46 @@ __all__ = [
 ]
 
 COLUMNS = (
-    "workload", "framework", "strategy", "strategy_kind", "server", "sync", "workers", "batch_size", "repeat", "status",
-    "batches_per_second", "samples_per_second", "speedup", "efficiency", "reference_batches_per_second",
-    "speedup_common", "efficiency_common", "deviation", "flag", "compute_seconds_per_step",
-    "communication_seconds_per_step", "wait_seconds_per_step", "data_seconds_per_step", "train_seconds",
-    "wall_seconds", "epoch_seconds",
-    "steps", "steps_per_epoch", "metric", "quality", "quality_warning", "threads_per_worker", "cpu_model", "cores",
-    "torch_version", "host", "network", "run_dir", "error",
-)  # fmt: skip
+    "workload",
+    "framework",
+    "strategy",
+    "strategy_kind",
+    "server",
+    "sync",
+    "workers",
+    "batch_size",
+    "repeat",
+    "status",
+    "batches_per_second",
+    "samples_per_second",
+    "speedup",
+    "efficiency",
+    "reference_batches_per_second",
+    "speedup_common",
+    "efficiency_common",
+    "deviation",
+    "flag",
+    "compute_seconds_per_step",
+    "communication_seconds_per_step",
+    "wait_seconds_per_step",
+    "data_seconds_per_step",
+    "train_seconds",
+    "wall_seconds",
+    "epoch_seconds",
+    "steps",
+    "steps_per_epoch",
+    "metric",
+    "quality",
+    "quality_warning",
+    "threads_per_worker",
+    "cpu_model",
+    "cores",
+    "torch_version",
+    "host",
+    "network",
+    "run_dir",
+    "error",
+)
 
 # A run whose batches/s is more than this fraction away from the median of its repeats (or, at one
 # worker, from the common one-worker reference) is flagged as an outlier.
@@ -127,9 +159,10 @@ def add_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             baselines[_key(row)].append(row["batches_per_second"])
     common = reference_framework(rows)
     references = {
-        batch: statistics.median(rates) for (framework, batch), rates in _one_worker_rates(rows).items()
+        batch: statistics.median(rates)
+        for (framework, batch), rates in _one_worker_rates(rows).items()
         if framework == common
-    }  # fmt: skip
+    }
     for row in rows:
         base, reference = baselines.get(_key(row)), references.get(row.get("batch_size"))
         ok = _ok(row)

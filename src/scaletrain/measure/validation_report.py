@@ -29,10 +29,14 @@ def markdown(
     step's parts. A foreign engine's rows name it before the strategy."""
     codec = ""
     if profile.gradient_bytes is not None or profile.codec_seconds:
-        codec = f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute " + (
-            ", ".join(f"{part} {value * 1000:.2f} ms" for part, value in sorted(profile.codec_seconds.items()))
-            or "not measured"
-        ) + " a step."  # fmt: skip
+        codec = (
+            f" Gradient message {profile.gradient_bytes or profile.weight_bytes} bytes; the codec's compute "
+            + (
+                ", ".join(f"{part} {value * 1000:.2f} ms" for part, value in sorted(profile.codec_seconds.items()))
+                or "not measured"
+            )
+            + " a step."
+        )
     lines = [
         f"# Predicted vs measured speedup: {profile.workload}, batch {profile.batch_size}, "
         f"{profile.network or 'loopback'}{wire_suffix(profile)}",
@@ -68,10 +72,11 @@ def markdown(
         lines += [f"Runs the bench flagged (the measured speedups rest on them): {FLAGS_APART.join(flagged)}.", ""]
     for workers, entry in ranking.items():
         taus = ", ".join(
-            f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}" if entry[f"{model}_kendall_tau"] is not None
+            f"{model} τ = {entry[f'{model}_kendall_tau']:+.2f}"
+            if entry[f"{model}_kendall_tau"] is not None
             else f"{model}: no pair apart"
             for model in MODELS
-        )  # fmt: skip
+        )
         lines.append(
             f"{workers} workers, fastest first: measured {' > '.join(entry['measured'])}; "
             f"refined {' > '.join(entry['refined'])}; {taus} "
@@ -127,7 +132,9 @@ def step_parts_table(rows: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for row in split:
-        cells = [f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
-                 for part in ("compute", "wait", "exchange")]  # fmt: skip
+        cells = [
+            f"{ms(row[f'measured_{part}_seconds'])} / {ms(row[f'refined_{part}_seconds'])}"
+            for part in ("compute", "wait", "exchange")
+        ]
         lines.append(f"| {shown_strategy(row)} | {row['workers']} | " + " | ".join(cells) + " |")
     return lines

@@ -45,8 +45,7 @@ def owner_shares(tensor_bytes: tuple[int, ...], n: int) -> dict[float, int]:
             shares[0 / total] = n - len(tensor_bytes)
         return shares
     owners = assign_greedy(tensor_bytes, list(range(n)))
-    held = [sum(size for size, owner in zip(tensor_bytes, owners, strict=True) if owner == j) / total
-            for j in range(n)]  # fmt: skip
+    held = [sum(size for size, owner in zip(tensor_bytes, owners, strict=True) if owner == j) / total for j in range(n)]
     return _tally(held)
 
 

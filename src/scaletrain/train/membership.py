@@ -56,8 +56,13 @@ def membership_segments(
 def _segment(workers: int, first: int, last: int, began: float, ended: float) -> dict[str, Any]:
     steps, seconds = max(last - first, 0), max(ended - began, 0.0)
     rate = steps / seconds if steps and seconds > 0 else None
-    return {"workers": workers, "first_step": first, "steps": steps, "seconds": round(seconds, 3),
-            "steps_per_second": None if rate is None else round(rate, 3)}  # fmt: skip
+    return {
+        "workers": workers,
+        "first_step": first,
+        "steps": steps,
+        "seconds": round(seconds, 3),
+        "steps_per_second": None if rate is None else round(rate, 3),
+    }
 
 
 class MembershipLog:
@@ -165,8 +170,11 @@ def take_live_state(
 
 def _live_state(trainer: ElasticTrainer) -> Callable[[], dict[str, Any]]:
     def live_state() -> dict[str, Any]:  # what a member hands the others: weights, optimizer state, position
-        return {"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
-                "position": asdict(trainer.position)}  # fmt: skip
+        return {
+            "model": trainer.model.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "position": asdict(trainer.position),
+        }
 
     return live_state
 

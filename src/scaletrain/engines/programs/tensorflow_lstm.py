@@ -194,10 +194,7 @@ def train_replicated(spec: dict, index: int, beat) -> None:
             meter["data_seconds"] += fetched - begin
             meter["communication_seconds"] += reduced - computed
         beat.step(step + 1)
-    first, last = (losses[0], losses[-1]) if losses else (None, None)
-    common.write_stats(
-        spec, "worker", index, steps=len(order), **meter, first_step_loss=first, last_step_loss=last, final_loss=last
-    )
+    common.write_stats(spec, "worker", index, losses, steps=len(order), **meter)
     if index == 0:
         values = [weight.numpy() for weight in weights]
         out = Path(spec["out"])

@@ -162,9 +162,12 @@ def write_results(tf, spec: dict, values: list[np.ndarray], beat) -> None:
     (out / "quality.json").write_text(json.dumps(quality, indent=2) + "\n", encoding="utf-8")
 
 
-def write_stats(spec: dict, role: str, index: int, **fields) -> None:
-    """``stats-<role>-<index>.json`` with the meter's fields (``rank`` is the index)."""
+def write_stats(spec: dict, role: str, index: int, losses: list[float], **fields) -> None:
+    """``stats-<role>-<index>.json`` with the meter's fields (``rank`` is the index) and the first and last of the
+    steps' ``losses`` (None where there were none)."""
+    first, last = (losses[0], losses[-1]) if losses else (None, None)
     stats = {"rank": index, "batch_fraction": 1.0, "wait_seconds": 0.0, **fields}
+    stats |= {"first_step_loss": first, "last_step_loss": last, "final_loss": last}
     path = Path(spec["out"]) / f"stats-{role}-{index}.json"
     path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
 
@@ -258,10 +261,7 @@ def train_replicated(spec: dict, index: int, beat) -> None:
             meter["data_seconds"] += fetched - start
             meter["communication_seconds"] += reduced - computed
         beat.step(step + 1)
-    first, last = (losses[0], losses[-1]) if losses else (None, None)
-    write_stats(
-        spec, "worker", index, steps=len(order), **meter, first_step_loss=first, last_step_loss=last, final_loss=last
-    )
+    write_stats(spec, "worker", index, losses, steps=len(order), **meter)
     if index == 0:
         write_results(tf, spec, [weight.numpy() for weight in weights], beat)
     beat.done()
@@ -314,12 +314,18 @@ def run_chief(spec: dict, beat) -> None:
     results += train(batches[warmup:], warmup)
     seconds = time.perf_counter() - start
     losses = [float(result.fetch()) for result in results]
-    first, last = (losses[0], losses[-1]) if losses else (None, None)
     measured = len(batches) - warmup
     write_stats(
-        spec, "chief", 0, steps=len(batches), measured_steps=measured, measured_seconds=seconds if measured else 0.0,
-        communication_seconds=0.0, data_seconds=0.0, first_step_loss=first, last_step_loss=last, final_loss=last,
-    )  # fmt: skip
+        spec,
+        "chief",
+        0,
+        losses,
+        steps=len(batches),
+        measured_steps=measured,
+        measured_seconds=seconds if measured else 0.0,
+        communication_seconds=0.0,
+        data_seconds=0.0,
+    )
     write_results(tf, spec, [weight.numpy() for weight in weights], beat)
 
 

@@ -143,8 +143,13 @@ class AllReduce(Strategy):
             fields |= elastic_fields(membership, trainer, layout.workers)
         elif config.min_workers is not None:  # one worker: nothing to go on without
             segments = trainer.membership.segments(1, trainer.position.step)
-            fields |= {"min_workers": config.min_workers, "max_workers": layout.workers, "workers_at_end": 1,
-                       "membership": [], "membership_segments": segments}  # fmt: skip
+            fields |= {
+                "min_workers": config.min_workers,
+                "max_workers": layout.workers,
+                "workers_at_end": 1,
+                "membership": [],
+                "membership_segments": segments,
+            }
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 
@@ -212,8 +217,10 @@ class AllReduceExchange(GradientExchange):
     def load_state_dict(self, state: dict) -> None:
         taken = (self._overlapped or self.codec).load_state_dict(state)
         if not taken and (state.get("residuals") or state.get("overlap_buckets")):
-            print("the checkpoint's wire codec state was saved with another --wire or --overlap: starting it afresh",
-                  flush=True)  # fmt: skip
+            print(
+                "the checkpoint's wire codec state was saved with another --wire or --overlap: starting it afresh",
+                flush=True,
+            )
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:

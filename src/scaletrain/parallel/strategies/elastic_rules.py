@@ -42,8 +42,11 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
             "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
     exclusive = layout.server == "sharded" and config.ps_admission == "exclusive"
-    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None),
-                        ("--ps-admission exclusive with --server sharded", exclusive or None)):  # fmt: skip
+    for flag, given in (
+        ("--technique", config.technique),
+        ("--sync-batchnorm", config.sync_batchnorm or None),
+        ("--ps-admission exclusive with --server sharded", exclusive or None),
+    ):
         if given is not None:
             raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
 
@@ -77,9 +80,25 @@ def check_elastic_batch(config: TrainConfig, layout: Layout, batch_size: int) ->
 SETTINGS_KEY = "membership/settings"
 #: The settings a joining worker must share with the run: what its steps and its part of each batch follow from.
 SHARED_SETTINGS = (
-    "workload", "options", "workers", "sync", "batch_size", "epochs", "steps", "seed", "lr", "momentum",
-    "weight_decay", "clip_norm", "lr_decay", "lr_decay_start", "wire", "wire_options", "min_workers", "max_workers",
-)  # fmt: skip
+    "workload",
+    "options",
+    "workers",
+    "sync",
+    "batch_size",
+    "epochs",
+    "steps",
+    "seed",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "clip_norm",
+    "lr_decay",
+    "lr_decay_start",
+    "wire",
+    "wire_options",
+    "min_workers",
+    "max_workers",
+)
 
 
 def shared_settings(config: TrainConfig) -> dict[str, Any]:
@@ -100,7 +119,10 @@ def check_joining_settings(store: dist.Store, settings: dict[str, Any], timeout:
         ) from None
     theirs = json.loads(store.get(SETTINGS_KEY))
     mine = json.loads(json.dumps(settings, default=str))
-    differ = [f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})" for name in mine
-              if theirs.get(name) != mine.get(name)]  # fmt: skip
+    differ = [
+        f"{name} {theirs.get(name)!r} (this worker: {mine.get(name)!r})"
+        for name in mine
+        if theirs.get(name) != mine.get(name)
+    ]
     if differ:
         raise ConfigError(f"this worker cannot join: the run trains with {'; '.join(differ)}; give its settings")

@@ -171,8 +171,10 @@ class OverlappedReduce:
         calls = max(bucket.codec.collective_calls for bucket in self.buckets)
         thread.join(self.timeout * (calls * len(self.buckets) + 1))
         if thread.is_alive():
-            raise OverlapFailed(f"the overlapped all-reduce of the step did not finish within its time limit "
-                                f"({self.timeout:g} s per collective)")  # fmt: skip
+            raise OverlapFailed(
+                f"the overlapped all-reduce of the step did not finish within its time limit "
+                f"({self.timeout:g} s per collective)"
+            )
         self._thread = None
         for bucket in self.buckets:
             bucket.ready.clear()

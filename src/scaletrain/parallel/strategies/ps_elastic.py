@@ -142,8 +142,10 @@ class ElasticShardExchange(PSExchange):
     def _send(self, header: torch.Tensor, body: torch.Tensor, owner: int) -> None:
         self._talking_to = owner
         group = self.groups[owner]
-        for work in (dist.isend(header, dst=owner, group=group, tag=REQUEST),
-                     dist.isend(body, dst=owner, group=group, tag=REQUEST)):  # fmt: skip
+        for work in (
+            dist.isend(header, dst=owner, group=group, tag=REQUEST),
+            dist.isend(body, dst=owner, group=group, tag=REQUEST),
+        ):
             self._wait(work)
 
     def _receive_reply(self, owner: int, header: dist.Work, body: dist.Work) -> float:

@@ -81,8 +81,10 @@ def central_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
     bandwidth = profile.bytes_per_second
     pushes, replies = gradient_bytes(profile) / bandwidth, weight_bytes(profile) / bandwidth
     queues = queue_demands([(pushes, 1), (profile.t_update + profile.codec("decompress"), 1), (replies, 1)])
-    return [(n, gradient + 2 * profile.latency + profile.codec("compress"), queues)
-            for n, gradient in zip(workers.tolist(), gradients, strict=True)]  # fmt: skip
+    return [
+        (n, gradient + 2 * profile.latency + profile.codec("compress"), queues)
+        for n, gradient in zip(workers.tolist(), gradients, strict=True)
+    ]
 
 
 def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
@@ -106,9 +108,12 @@ def sharded_networks(inputs: StepInputs, workers: np.ndarray) -> list[Network]:
 
 
 CENTRAL = EstimatorTerms(
-    exchange=central_exchange, networks=central_networks, thesis_server="central", probe="central",
+    exchange=central_exchange,
+    networks=central_networks,
+    thesis_server="central",
+    probe="central",
     network_probe="central-async",
-)  # fmt: skip
+)
 # Owners update in parallel: their step is part of the exchange.
 SHARDED = EstimatorTerms(
     exchange=sharded_exchange, networks=sharded_networks, thesis_server="distributed", probe="sharded"
