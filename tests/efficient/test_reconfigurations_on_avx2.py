@@ -6,7 +6,6 @@ checks every tensor its reconfigurations produced (scaletrain.efficient.surgery.
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -59,7 +58,8 @@ def test_a_reshaped_resnet_trains_on_avx2_kernels_in_both_layouts_one_process_an
     workers' replicas equal. Their
     weights are not compared: 24 steps of this small batch-normalised network carry a rounding difference between
     two kernels' sums to 1e-2 (measured on AVX-512 too); the test below compares two steps."""
-    for memory_format, workers in itertools.product(("contiguous", "channels_last"), (1, 2)):
+    # two contiguous workers compute with the same kernels as one contiguous process: that run adds no code path
+    for memory_format, workers in (("contiguous", 1), ("channels_last", 1), ("channels_last", 2)):
         summary = train(data, tmp_path / f"{memory_format}-{workers}", technique, memory_format, workers)
         assert summary["memory_format"] == memory_format
         if workers == 2:
