@@ -5,8 +5,9 @@ one-process run has nobody watching: a segmentation fault or an abort in native 
 kernel, the C allocator) ends it with the C library's line at most and exit code 134 or 139. So the
 ``scaletrain`` command runs a one-process ``train`` as its own child and waits for it: the child's
 exit code passes through unchanged, a death by signal becomes one line naming the signal and where
-Python's ``faulthandler`` wrote the child's last traceback. The parent passes SIGINT, SIGTERM and
-SIGHUP on to the child, so Ctrl-C and a cluster's stop reach the run as before.
+Python's ``faulthandler`` wrote the child's last traceback. The child runs in a process group of its own
+and dies with the parent; the parent passes SIGINT, SIGTERM and SIGHUP on to it once, so Ctrl-C and a
+cluster's stop reach the run as before.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+
+from scaletrain.parallel.preloaded import die_with_parent
 
 __all__ = ["ENV_FAULT_LOG", "ENV_SUPERVISED", "log_faults", "run_supervised", "supervised"]
 
@@ -54,7 +57,10 @@ def run_supervised(argv: Sequence[str], what: str) -> int:
     os.close(handle)
     log = Path(name)
     environment = {**os.environ, ENV_SUPERVISED: "1", ENV_FAULT_LOG: str(log)}
-    child = subprocess.Popen([sys.executable, "-m", "scaletrain", *argv], env=environment)
+    # its own process group: a terminal's Ctrl-C reaches this process alone, which passes it on once
+    child = subprocess.Popen(
+        [sys.executable, "-m", "scaletrain", *argv], env=environment, process_group=0, preexec_fn=die_with_parent
+    )
 
     def pass_on(number: int, frame: FrameType | None) -> None:
         if child.poll() is None:

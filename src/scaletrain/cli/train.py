@@ -293,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
     settings["wire_options"] = wire_options or None
     options = workload_options(args)
     given = {"options": options or None, **settings, **strategy_settings(args), **technique_settings(args)}
-    if args.supervise and runs_alone(args.workload, config_file=args.config, **given):
+    elsewhere = args.join or args.nodefile is not None or ENV_RANK in os.environ  # watched by their own launcher
+    if args.supervise and not elsewhere and runs_alone(args.workload, config_file=args.config, **given):
         return run_supervised(args.argv, "the training process")  # it runs this command again, as its child
     summary = train(args.workload, config_file=args.config, **given)
     if "metric" not in summary:  # a non-zero rank of a job started by another launcher, or a joining worker
