@@ -23,6 +23,7 @@ from scaletrain.errors import ConfigError
 
 __all__ = [
     "TrainConfig",
+    "default_strategy",
     "from_json_dict",
     "load_toml",
     "merge",
@@ -206,7 +207,7 @@ class TrainConfig:
         if self.progress not in PROGRESS_MODES:
             raise ConfigError(f"progress must be one of {', '.join(PROGRESS_MODES)}, got {self.progress!r}")
         if self.strategy is None:
-            object.__setattr__(self, "strategy", "local" if self.workers == 1 else "allreduce")
+            object.__setattr__(self, "strategy", default_strategy(self.workers))
         elif "-" in self.strategy:
             raise ConfigError(
                 f"strategy {self.strategy!r} is a whole spec; build the config with scaletrain.make_config, "
@@ -351,6 +352,15 @@ def load_toml(path: Path) -> dict[str, Any]:
             raise ConfigError(f"unknown key {key!r} in {path}; known keys: {', '.join(sorted(known))}")
         values[name] = value
     return values
+
+
+def default_strategy(workers: int) -> str:
+    """The strategy of a run that names none: one process alone, all-reduce for more.
+
+    >>> default_strategy(1), default_strategy(4)
+    ('local', 'allreduce')
+    """
+    return "local" if workers == 1 else "allreduce"
 
 
 def merge(*layers: dict[str, Any]) -> dict[str, Any]:

@@ -101,10 +101,10 @@ def reconfigure(
             for key, value in state.items()
         }
     _start_momentum(renewed)
-    states = {id(p): renewed.state.get(p, {}) for module in produced for p in module.parameters()}
+    states = [renewed.state.get(p, {}) for module in produced for p in module.parameters()]
     check_well_formed(
         [(f"{type(m).__name__}.{n}", t) for m in produced for n, t in (*m.named_parameters(), *m.named_buffers())]
-        + [(f"optimizer state {key}", v) for state in states.values() for key, v in state.items() if torch.is_tensor(v)]
+        + [(f"optimizer state {key}", v) for state in states for key, v in state.items() if torch.is_tensor(v)]
     )
     return renewed
 

@@ -9,7 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from scaletrain.config import TrainConfig, load_toml, merge
+from scaletrain.config import TrainConfig, default_strategy, load_toml, merge
 from scaletrain.efficient import with_flagged_options
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.launch import launch_local
@@ -71,7 +71,7 @@ def refuse_unread(settings: dict[str, Any]) -> None:
     """
     defaults = {f.name: f.default for f in fields(TrainConfig)}
     asked = {key: value for key, value in settings.items() if value is not None and value != defaults.get(key)}
-    name = settings.get("strategy") or ("local" if settings.get("workers", 1) == 1 else "allreduce")
+    name = settings.get("strategy") or default_strategy(settings.get("workers", 1))
     strategy = STRATEGIES.get(name)
     if strategy is not None and not strategy.servers:
         for key in ("server", "ps_admission"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from scaletrain.config import TrainConfig
+from scaletrain.config import TrainConfig, default_strategy
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduce
 from scaletrain.parallel.strategies.base import (
@@ -116,7 +116,7 @@ def with_strategy_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
     given = {key: value for key, value in settings.items() if key in flags and value is not None}
     if not given:
         return rest
-    chosen = rest.get("strategy") or ("local" if rest.get("workers", 1) == 1 else "allreduce")
+    chosen = rest.get("strategy") or default_strategy(rest.get("workers", 1))
     options = dict(rest.get("strategy_options") or {})
     for key, value in given.items():
         owner, option = flags[key]
