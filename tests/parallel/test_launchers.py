@@ -243,14 +243,24 @@ def test_a_background_thread_s_traceback_goes_to_the_log_not_the_terminal_under_
         "    raise ConnectionResetError(104, 'Connection reset by peer')\n"
         "thread = threading.Thread(target=serve, name='sharer')\n"
         "thread.start(); thread.join()\n"
+        # multiprocessing.resource_sharer catches the error itself and reports it through sys.excepthook
+        "import sys\n"
+        "def serve_and_report():\n"
+        "    try:\n"
+        "        raise ConnectionAbortedError(103, 'Software caused connection abort')\n"
+        "    except Exception:\n"
+        "        sys.excepthook(*sys.exc_info())\n"
+        "reporter = threading.Thread(target=serve_and_report, name='reporter')\n"
+        "reporter.start(); reporter.join()\n"
     )
     environment = {**os.environ, "SCALETRAIN_LAUNCHER": "1"}
     launched = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
                               timeout=120, check=True)  # fmt: skip
     assert launched.stderr == ""  # what the launcher shows on the terminal
     assert "exception in sharer:" in launched.stdout and "ConnectionResetError" in launched.stdout  # the log
+    assert "exception in reporter:" in launched.stdout and "ConnectionAbortedError" in launched.stdout
     # without our launcher (a worker started by torchrun or a pod), Python's own report on stderr stays
     del environment["SCALETRAIN_LAUNCHER"]
     alone = subprocess.run([sys.executable, "-c", program], env=environment, capture_output=True, text=True,
                            timeout=120, check=True)  # fmt: skip
-    assert "ConnectionResetError" in alone.stderr and alone.stdout == ""
+    assert "ConnectionResetError" in alone.stderr and "ConnectionAbortedError" in alone.stderr and alone.stdout == ""

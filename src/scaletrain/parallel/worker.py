@@ -28,7 +28,8 @@ from scaletrain.plugins import load_plugins
 def thread_tracebacks_to_log() -> None:
     """Under the local launcher, a background thread's traceback goes to this process's log (its stdout), not
     to the terminal the launcher shows its stderr on. One seen there: on Ctrl-C, multiprocessing's thread that
-    hands file descriptors to the data loader's workers lost a worker mid-handshake (ConnectionResetError)."""
+    hands file descriptors to the data loader's workers lost a worker mid-handshake (ConnectionResetError), and
+    reported it through ``sys.excepthook``, which goes to the log here too."""
     if not os.environ.get(ENV_LAUNCHER):
         return
 
@@ -40,7 +41,14 @@ def thread_tracebacks_to_log() -> None:
         traceback.print_exception(failed.exc_type, failed.exc_value, failed.exc_traceback, file=sys.stdout)
         sys.stdout.flush()
 
+    def reported_to_log(kind: type[BaseException], value: BaseException, trace: object) -> None:
+        # multiprocessing's fd-sharing thread reports through sys.excepthook, not threading.excepthook
+        print(f"exception in {threading.current_thread().name}:", file=sys.stdout, flush=True)
+        traceback.print_exception(kind, value, trace, file=sys.stdout)
+        sys.stdout.flush()
+
     threading.excepthook = to_log
+    sys.excepthook = reported_to_log
 
 
 def main(argv: list[str] | None = None) -> int:
