@@ -42,10 +42,10 @@ from scaletrain.api import train  # = scaletrain.train, which the train/ subpack
 from scaletrain.data.idx import find_fashion_mnist
 from scaletrain.data.synthetic import write_synthetic_fashion_mnist
 from scaletrain.errors import DataError, ScaletrainError
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.protocol import pair_groups
-from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.protocol import pair_groups
+from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.workloads import create_workload
 
 PS = {"strategy": "ps", "workers": 2}

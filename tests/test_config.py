@@ -99,7 +99,10 @@ def test_divergence_in_a_config_file(tmp_path: Path) -> None:
         ({"technique": "prunetrain", "technique_options": {"fraction": "0.5"}}, "prunetrain has no option 'fraction'"),
         ({"workers": 2, "server": "sharded"}, "--server sharded is a parameter server's setting, and allreduce has"),
         ({"server": "sharded"}, "--server sharded is a parameter server's setting, and local has no servers"),
-        ({"workers": 2, "strategy": "allreduce-split", "ps_admission": "exclusive"}, "--ps-admission exclusive is"),
+        (
+            {"workers": 2, "strategy": "allreduce-split", "ps_admission": "exclusive"},
+            "--ps-admission is an option of --strategy ps",
+        ),
         ({"workers": 2, "strategy": "ps", "async_compensation": "lr"}, r"synchronous \(--sync join\); add"),
         ({"workers": 2, "strategy": "ps-central-split", "async_compensation": "none"}, r"\(--sync split\)"),
         ({"workers": 2, "strategy": "ps-sharded-join", "async_compensation": "delay"}, r"delay compensates .*join"),
@@ -154,3 +157,58 @@ def test_the_config_files_workload_is_taken_when_none_is_named_and_a_named_one_w
         make_config(None, config_file=empty)
     with pytest.raises(ConfigError, match="no workload to train"):
         make_config(None)
+
+
+PS_ASYNC = {"workers": 2, "strategy": "ps-central-async"}
+PS_OPTIONS = {"admission": "exclusive", "compensation": "lr", "async_batches": "share", "max_staleness": 2}
+
+
+def test_the_parameter_servers_options_are_its_own_by_every_spelling(tmp_path: Path) -> None:
+    """Keywords (the API's, the flags'), ``-S`` pairs, a config file's keys and its [strategy_options] table all end
+    in the strategy's ``strategy_options``; TrainConfig has no field of them."""
+    from scaletrain.cli import build_parser
+    from scaletrain.cli.registry_flags import strategy_settings
+
+    assert not {"ps_admission", "async_batches", "max_staleness"} & {f for f in TrainConfig.__dataclass_fields__}
+    keywords = {"ps_admission": "exclusive", "async_compensation": "lr", "async_batches": "share", "max_staleness": 2}
+    by_keyword = make_config("lenet", **PS_ASYNC, **keywords)
+    by_option = make_config("lenet", **PS_ASYNC, strategy_options=PS_OPTIONS)
+    config_file = tmp_path / "run.toml"
+    keys = ('ps-admission = "exclusive"', 'async_compensation = "lr"', 'async-batches = "share"', "max-staleness = 2")
+    config_file.write_text("\n".join(keys))
+    by_file = make_config("lenet", config_file=config_file, **PS_ASYNC)
+    table = tmp_path / "table.toml"
+    table.write_text("[strategy_options]\n" + "\n".join(f"{key} = {value!r}" for key, value in PS_OPTIONS.items()))
+    by_table = make_config("lenet", config_file=table, **PS_ASYNC)
+    flags = ["train", "lenet", "--ps-admission", "exclusive", "--async-compensation", "lr", "-S", "async_batches=share"]
+    args = build_parser().parse_args([*flags, "--max-staleness", "2"])
+    by_flags = make_config("lenet", **PS_ASYNC, **strategy_settings(args))
+    for config in (by_keyword, by_option, by_file, by_table, by_flags):
+        assert config.strategy_options == PS_OPTIONS
+
+
+def test_train_help_offers_the_parameter_servers_options_from_its_declaration(capsys: pytest.CaptureFixture) -> None:
+    from scaletrain.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for flag in ("--ps-admission {none,exclusive}", "--async-batches {split,share}", "--max-staleness S"):
+        assert flag in shown
+    assert "--strategy ps: async only: a worker waits" in shown and "(-S max_staleness)" in shown
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({**PS_ASYNC, "max_staleness": -1}, "--max-staleness must be a whole number ≥ 0"),
+        ({**PS_ASYNC, "strategy_options": {"max_staleness": "two"}}, "option max_staleness must be a whole number"),
+        ({**PS_ASYNC, "max_staleness": 1, "technique": "prunetrain"}, "--max-staleness does not work with --technique"),
+        ({"workers": 2, "strategy": "ps-central-join", "max_staleness": 1}, r"synchronous \(--sync join\)"),
+        ({"workers": 2, "strategy": "ps", "strategy_options": {"admision": "none"}}, "ps has no option admision"),
+        ({"workers": 2, "max_staleness": 1}, "--max-staleness is an option of --strategy ps; add --strategy ps"),
+    ],
+)
+def test_the_parameter_server_judges_its_own_options(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_config("lenet", **settings)

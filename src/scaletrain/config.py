@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,6 @@ PROGRESS_MODES = ("auto", "bar", "plain", "off")
 FLOAT32_MAX = 3.4028234663852886e38
 #: ``divergence``'s default: a loss ten thousand times its first values has left training behind.
 DIVERGENCE_FACTOR = 1e4
-#: How an asynchronous server compensates for stale gradients (:mod:`scaletrain.parallel.ps.staleness`).
-ASYNC_COMPENSATIONS = ("momentum", "lr", "delay", "none")
-#: The values of ``--async-batches``: how asynchronous workers divide ``--batch-size`` (see TrainConfig).
-ASYNC_BATCHES = ("split", "share")
 
 
 @dataclass(frozen=True)
@@ -51,20 +48,12 @@ class TrainConfig:
 
     Distribution (see :mod:`scaletrain.parallel`): ``workers``, ``strategy`` (``local``,
     ``allreduce``, ``ps``; default ``local`` for one worker, else ``allreduce``), ``server``
-    (``central``/``sharded``), ``sync`` (``join``/``split``/``async``), ``ps_admission``
-    (``none``/``exclusive``), ``async_compensation`` (``momentum``: the explicit momentum lowered from
-    the measured staleness so that with asynchrony's own momentum it stays ``momentum``; ``lr``: the
-    rate divided by each gradient's staleness; ``none``; see :mod:`scaletrain.parallel.ps.staleness`),
-    ``async_batches`` (asynchronous, more than one worker: ``split``, the default, each update a batch of
-    ``batch_size // workers`` at the rate times its share of ``batch_size``, so that the workers' N updates move
-    the weights as one step of ``batch_size`` does; ``share``, Downpour's, each update a whole ``batch_size`` at
-    the full rate; see :mod:`scaletrain.parallel.strategies.async_batches`),
-    ``max_staleness`` (asynchronous: a worker may be at most this many pushes ahead of the slowest, stale
-    synchronous parallel, :mod:`scaletrain.parallel.ps.bound`; ``None``: unbounded),
+    (``central``/``sharded``), ``sync`` (``join``/``split``/``async``; a strategy's own settings are its
+    ``strategy_options``),
     ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
     ``min_workers`` (an all-reduce or synchronous central-server run that loses a worker goes on with the
     survivors while at least this many remain; see :mod:`scaletrain.parallel.strategies.elastic` and
-    :mod:`scaletrain.parallel.ps.membership`; ``None``: a lost worker stops the run),
+    :mod:`scaletrain.parallel.strategies.ps.membership`; ``None``: a lost worker stops the run),
     ``max_workers`` (the most workers such a run admits, started later with ``join``; default ``workers``),
     ``join`` (this process joins the running elastic run of ``out``, or of ``MASTER_ADDR``:``MASTER_PORT``), and
     ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
@@ -137,10 +126,6 @@ class TrainConfig:
     strategy: str | None = None
     server: str = "central"
     sync: str = "join"
-    ps_admission: str = "none"
-    async_compensation: str = "momentum"
-    async_batches: str = "split"
-    max_staleness: int | None = None
     timeout: float = 60.0
     min_workers: int | None = None
     max_workers: int | None = None
@@ -212,27 +197,6 @@ class TrainConfig:
             raise ConfigError(
                 f"strategy {self.strategy!r} is a whole spec; build the config with scaletrain.make_config, "
                 "which splits it, or give strategy, server and sync apart"
-            )
-        if self.ps_admission not in ("none", "exclusive"):
-            raise ConfigError(f"ps_admission must be none or exclusive, got {self.ps_admission!r}")
-        if self.async_compensation not in ASYNC_COMPENSATIONS:
-            raise ConfigError(
-                f"async_compensation must be one of {', '.join(ASYNC_COMPENSATIONS)}, got {self.async_compensation!r}"
-            )
-        if self.async_batches not in ASYNC_BATCHES:
-            raise ConfigError(f"async_batches must be one of {', '.join(ASYNC_BATCHES)}, got {self.async_batches!r}")
-        bound = self.max_staleness
-        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
-            raise ConfigError(
-                f"max_staleness must be a whole number ≥ 0 (0: every worker waits for all the others each step), "
-                f"got {bound!r}"
-            )
-        if bound is not None and (self.technique is not None or self.batch_budget is not None):
-            # uneven shares of an epoch leave the clocks apart by up to one push per epoch at its end, where a
-            # reconfiguration gathers every worker: a held worker could wait for one that waits for it
-            raise ConfigError(
-                "--max-staleness does not work with --technique or --batch-budget yet (their reconfigurations "
-                "gather every worker at an epoch's end, where the bound could hold one of them); drop one of them"
             )
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {self.timeout!r}")
@@ -326,8 +290,9 @@ def _field_names() -> set[str]:
     return {f.name for f in fields(TrainConfig)}
 
 
-def load_toml(path: Path) -> dict[str, Any]:
-    """Read a TOML config file into a dict of :class:`TrainConfig` fields.
+def load_toml(path: Path, also: Iterable[str] = ()) -> dict[str, Any]:
+    """Read a TOML config file into a dict of :class:`TrainConfig` fields and of the keywords in ``also`` (the
+    strategies' flagged options, which :func:`scaletrain.make_config` moves into ``strategy_options``).
 
     Keys may use dashes or underscores (``batch-size`` = ``batch_size``); workload options go in an
     ``[options]`` table. Unknown keys are an error that lists the known ones.
@@ -344,7 +309,7 @@ def load_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} does not exist; check the path given to --config") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    known = _field_names()
+    known = _field_names() | set(also)
     values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")

@@ -15,7 +15,7 @@ import torch
 
 from scaletrain.estimate.profile import Profile
 from scaletrain.parallel.strategies.allreduce import ring_allreduce_seconds
-from scaletrain.parallel.strategies.ps_terms import central_exchange, sharded_exchange
+from scaletrain.parallel.strategies.ps.terms import central_exchange, sharded_exchange
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 
 WEIGHTS = 10**6

@@ -35,6 +35,7 @@ from scaletrain.extend import (
     StepInputs,
     Strategy,
     StrategyOption,
+    TrainConfig,
     clip_and_step,
     collect_stats,
     flatten,
@@ -69,7 +70,7 @@ class AllGather(Strategy):
         ),
     )
 
-    def check_options(self, values: Mapping[str, Any], layout: Layout) -> None:
+    def check_options(self, values: Mapping[str, Any], layout: Layout, config: TrainConfig) -> None:
         if values["chunks"] < 1:
             raise ConfigError(f"--strategy allgather: -S chunks must be 1 or more, got {values['chunks']}")
 

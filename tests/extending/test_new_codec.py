@@ -131,9 +131,9 @@ import datetime, os, sys
 import torch, torch.distributed as dist
 from torch import nn
 from scaletrain.errors import ScaletrainError
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.protocol import pair_groups
-from scaletrain.parallel.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.protocol import pair_groups
+from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.tensors.codec import WireCodec
 from tests.extending.made_up_codec import ScaledSign
 

@@ -17,7 +17,7 @@ from scaletrain.estimate.profile import Profile
 from scaletrain.measure.sweep import SweepConfig, plan_runs, run_settings
 from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.strategies import Layout
-from scaletrain.parallel.strategies.async_batches import batch_share, update_batch
+from scaletrain.parallel.strategies.ps.async_batches import batch_share, update_batch
 from scaletrain.train.checkpoint import check_compatible, checkpoint_payload
 from scaletrain.train.schedule import Position
 from scaletrain.train.state import check_async_split
@@ -36,7 +36,7 @@ def test_a_batch_smaller_than_the_workers_is_refused_with_the_fix(tmp_path: Path
 def test_async_batches_with_synchronous_updates_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"--async-batches share .* synchronous \(--sync join\)"):
         make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="share")
-    with pytest.raises(ConfigError, match="async_batches must be one of split, share"):
+    with pytest.raises(ConfigError, match="option async_batches must be one of split, share"):
         make_config("lenet", **ASYNC, async_batches="halves")
     make_config("lenet", workers=2, strategy="ps", sync="join", async_batches="split")  # the default asks nothing
 
@@ -59,19 +59,25 @@ def test_a_checkpoint_resumes_only_with_the_async_batches_it_was_written_with() 
         architecture = None  # checkpoint_payload only copies it
         decided_epochs = 0
         first_losses = ()
+        async_split = 1  # share: each batch one update
         schedule = type("S", (), {"to_list": lambda self: []})()
 
     model = nn.Linear(2, 1)
     payload = checkpoint_payload(Saved(), model, torch.optim.SGD(model.parameters(), lr=0.1), Position(), None)
-    assert payload["async_batches"] == "share"
+    assert payload["batch_split"] == 1
     label = lambda strategy, server, sync, workers: f"{strategy}-{server}-{sync}, {workers} workers"  # noqa: E731
     split = make_config("lenet", **ASYNC, batch_size=30, async_batches="split")
-    with pytest.raises(ConfigError, match="--async-batches share but this run asks for split"):
-        check_compatible(payload, split, Saved.workload, label)
-    check_compatible(payload, Saved.config, Saved.workload, label)
-    older = {key: value for key, value in payload.items() if key != "async_batches"}  # written before the setting
-    with pytest.raises(ConfigError, match="--async-batches share but this run asks for split"):
-        check_compatible(older, split, Saved.workload, label)
+    refusal = "each batch one update but this run makes it 3 workers' updates"
+    with pytest.raises(ConfigError, match=refusal):
+        check_compatible(payload, split, Saved.workload, label, 3)
+    check_compatible(payload, Saved.config, Saved.workload, label, 1)
+    older = {key: value for key, value in payload.items() if key != "batch_split"}  # written before the setting
+    with pytest.raises(ConfigError, match=refusal):
+        check_compatible(older, split, Saved.workload, label, 3)
+    named = {**older, "async_batches": "split"}  # files that named the mode
+    check_compatible(named, split, Saved.workload, label, 3)
+    with pytest.raises(ConfigError, match="made each batch 3 workers' updates but this run makes it one update"):
+        check_compatible(named, Saved.config, Saved.workload, label, 1)
 
 
 @pytest.mark.parametrize("model", ["thesis", "refined"])

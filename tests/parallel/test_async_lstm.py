@@ -1,6 +1,6 @@
 """Asynchronous training without momentum (issue 31): the PTB LSTM, plain SGD at lr 1.0, 3 async workers.
 
-The default ``--async-batches split`` (:mod:`scaletrain.parallel.strategies.async_batches`) makes every update a
+The default ``--async-batches split`` (:mod:`scaletrain.parallel.strategies.ps.async_batches`) makes every update a
 batch of ``--batch-size // 3`` at the rate times its share, so a gradient two updates stale lags two thirds of
 one step of ``--batch-size`` instead of two. Measured at the issue's setting (2 epochs, hidden 200;
 docs/distributed.md): one process 448; Downpour's shares (``--async-batches share``) 639–708 (central) and 671 or

@@ -1,7 +1,7 @@
 """Bounded staleness (``--max-staleness S``, stale synchronous parallel) with real processes: 3 asynchronous
 workers of a small LeNet, one of them slowed (:mod:`tests.parallel.faulty_lenet`), under the central and the
 sharded server. The staleness the server measured stays within what the bound guarantees,
-``(N − 1)(2S + 1)`` updates (:mod:`scaletrain.parallel.ps.bound`); every global batch is trained once; the
+``(N − 1)(2S + 1)`` updates (:mod:`scaletrain.parallel.strategies.ps.bound`); every global batch is trained once; the
 fast workers wait for the slow one, and without a bound nobody waits and the slow one's gradients go staler."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tests.helpers import REPO, make_fashion_mnist
 
 import scaletrain
 from scaletrain.cli import main
-from scaletrain.parallel.ps.bound import StalenessBound, StalenessTimeout, staleness_guarantee
-from scaletrain.parallel.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.bound import StalenessBound, StalenessTimeout, staleness_guarantee
+from scaletrain.parallel.strategies.ps.records import ServerStats
 
 pytestmark = pytest.mark.multiprocess
 

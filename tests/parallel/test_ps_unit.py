@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from scaletrain.parallel.ps.server import ShardServer
-from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.staleness import Compensation
 from scaletrain.tensors.flat import flatten, unflatten_into
 
 
@@ -95,8 +95,8 @@ def test_an_elastic_server_redoes_the_update_in_flight_with_the_survivors() -> N
 
     import torch.distributed as dist
 
-    from scaletrain.parallel.ps.losses import Redo
-    from scaletrain.parallel.ps.membership import Members, membership_key
+    from scaletrain.parallel.strategies.ps.losses import Redo
+    from scaletrain.parallel.strategies.ps.membership import Members, membership_key
     from scaletrain.tensors.flat import views_of
 
     store = dist.HashStore()

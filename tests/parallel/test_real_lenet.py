@@ -4,7 +4,7 @@ workers on the central server.
 
 Asynchronous training keeps the accuracy of a rate that works locally (issue 9, item 5): without
 compensation 2 asynchronous workers reached 0.754 against 0.878 locally. With the default compensation
-(:mod:`scaletrain.parallel.ps.staleness`) the server lowers the explicit momentum from the staleness it
+(:mod:`scaletrain.parallel.strategies.ps.staleness`) the server lowers the explicit momentum from the staleness it
 measures; the run must come within 2 points of the local one, trained at the same settings. With the default
 ``--async-batches split`` each of the two workers' updates is a batch of 32 at half the rate: 2 · 60,000 // 32
 updates in two epochs.

@@ -9,7 +9,9 @@ import torch
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.ps.staleness import (
+from scaletrain.parallel.run import make_config
+from scaletrain.parallel.strategies.ps.options import ps_options
+from scaletrain.parallel.strategies.ps.staleness import (
     Compensation,
     StalenessEstimate,
     compensated_momentum,
@@ -103,7 +105,9 @@ def test_modes_return_rate_factor_and_momentum() -> None:
         Compensation("fast", momentum=0.9)
 
 
-def test_config_validates_the_mode() -> None:
-    assert TrainConfig("lenet").async_compensation == "momentum"
-    with pytest.raises(ConfigError, match="async_compensation must be one of momentum, lr, delay, none"):
-        TrainConfig("lenet", async_compensation="staleness")
+def test_the_strategy_validates_the_mode() -> None:
+    assert ps_options(TrainConfig("lenet", workers=2, strategy="ps"))["compensation"] == "momentum"
+    with pytest.raises(ConfigError, match="option compensation must be one of momentum, lr, delay, none"):
+        make_config("lenet", workers=2, strategy="ps-central-async", async_compensation="staleness")
+    with pytest.raises(ConfigError, match="option compensation must be one of"):
+        make_config("lenet", workers=2, strategy="ps-central-async", strategy_options={"compensation": "staleness"})

@@ -11,7 +11,7 @@ from tests.helpers import make_fashion_mnist, model_weights, run_cli
 
 import scaletrain
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.ps.exchange import HOST_STAGING
+from scaletrain.parallel.strategies.ps.exchange import HOST_STAGING
 from scaletrain.tensors.device import backend_for, resolve_device, to_device
 
 

@@ -15,10 +15,11 @@ from scaletrain.api import bench
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.registry_flags import add_technique_flags, technique_settings
 from scaletrain.cli.train import add_device_flags, add_model_flags, workload_options
-from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 from scaletrain.measure.presets import PRESETS
+from scaletrain.parallel.strategies.ps.options import ASYNC_BATCHES
+from scaletrain.parallel.strategies.ps.staleness import COMPENSATIONS
 
 __all__ = ["add_parser", "run", "sweep_settings"]
 
@@ -78,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--async-compensation",
-        choices=ASYNC_COMPENSATIONS,
+        choices=COMPENSATIONS,
         help="async runs: momentum (default), lr, delay or none; see scaletrain train --help",
     )
     parser.add_argument(

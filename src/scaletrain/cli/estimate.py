@@ -21,7 +21,6 @@ from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
-from scaletrain.config import ASYNC_BATCHES
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
@@ -29,6 +28,7 @@ from scaletrain.estimate.thesis import CASES, KINDS
 from scaletrain.measure.profile import ProfileConfig
 from scaletrain.measure.validate import DEFAULT_STRATEGIES
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
+from scaletrain.parallel.strategies.ps.options import ASYNC_BATCHES
 
 __all__ = ["add_parser", "run", "strategy_choices"]
 

@@ -27,11 +27,16 @@ def add_strategy_flags(group: argparse._ArgumentGroup) -> None:
         help="an option of the --strategy chosen" + (f" ({'; '.join(offered)})" if offered else ""),
     )
     for keyword, (owner, option) in strategy_flags().items():
-        described = {"type": None if option.type is bool else option.type, "choices": option.choices}
+        described = {
+            "type": None if option.type is bool else option.type,
+            "choices": option.choices,
+            "metavar": option.metavar,
+        }
+        default = "" if option.default is None else f"; default: {option.default}"
         group.add_argument(
             option.flag_name,
             dest=keyword,
-            help=f"--strategy {owner}: {option.help} (-S {option.name}; default: {option.default})",
+            help=f"--strategy {owner}: {option.help} (-S {option.name}{default})",
             **{key: value for key, value in described.items() if value is not None},
         )
 

@@ -19,7 +19,7 @@ from scaletrain.cli.registry_flags import (
     technique_settings,
 )
 from scaletrain.cli.supervise import run_supervised
-from scaletrain.config import ASYNC_BATCHES, ASYNC_COMPENSATIONS, PROGRESS_MODES, TrainConfig
+from scaletrain.config import PROGRESS_MODES, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
@@ -114,34 +114,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--server", choices=servers, help="parameter server type")
     group.add_argument("--sync", choices=syncs, help="update mode")
     add_strategy_flags(group)
-    group.add_argument(
-        "--ps-admission",
-        choices=("none", "exclusive"),
-        help="exclusive: one transfer at a time per direction",
-    )
-    group.add_argument(
-        "--async-compensation",
-        choices=ASYNC_COMPENSATIONS,
-        help="async only. momentum (default): lower the explicit momentum by the measured staleness so that with "
-        "asynchrony's own momentum it stays --momentum; "
-        "lr: lr / staleness per gradient; delay: DC-ASGD's correction g + λ g⊙g⊙(w_now − w_stale); none",
-    )
-    group.add_argument(
-        "--async-batches",
-        choices=ASYNC_BATCHES,
-        help="async only. split (default): each update a batch of --batch-size / N at the rate times its share, so N "
-        "workers' updates move the weights as one step of --batch-size (it keeps quality where stale whole steps "
-        "lose it; N times the exchanges per sample); share: each update a whole --batch-size at the full rate "
-        "(Downpour)",
-    )
-    group.add_argument(
-        "--max-staleness",
-        type=int,
-        metavar="S",
-        help="async only: a worker waits before its next step while it is more than S pushes ahead of the slowest "
-        "worker still training (stale synchronous parallel; 0: all wait for all each step); the wait is in "
-        "summary.json (staleness_wait) (default: unbounded)",
-    )
     group.add_argument("--timeout", type=float, help="seconds any wait for another process may take")
     group.add_argument(
         "--min-workers",

@@ -29,7 +29,13 @@ from scaletrain.deploy.output import to_yaml, write_folder
 from scaletrain.deploy.tensorboard import tensorboard
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.run import refuse_unread
-from scaletrain.parallel.strategies import Layout, check_strategy_settings, expand_spec
+from scaletrain.parallel.strategies import (
+    Layout,
+    check_strategy_settings,
+    expand_spec,
+    strategy_flags,
+    with_strategy_flags,
+)
 from scaletrain.workloads import create_workload, workload_label
 
 __all__ = ["OPERATORS", "DeployConfig", "Deployment", "kubernetes", "plan", "render", "to_yaml", "write_folder"]
@@ -60,8 +66,9 @@ def plan(
     unless the settings say otherwise. ``sweep`` and ``folder`` place a run of a bench sweep on the
     sweep's volume (see :class:`Deployment`).
     """
-    from_file = load_toml(config_file) if config_file is not None else {}
+    from_file = load_toml(config_file, also=strategy_flags()) if config_file is not None else {}
     given = merge(from_file, {key: value for key, value in settings.items() if value is not None})
+    given = with_strategy_flags(given)  # a strategy's option by its flag's keyword: into strategy_options
     # made here once, as every pod will: a reference that does not import fails now, not in the cluster (the
     # workload's options are checked by the pods, as ever)
     create_workload(workload)

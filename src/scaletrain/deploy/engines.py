@@ -48,6 +48,7 @@ from scaletrain.engines.layouts import FOREIGN_MODES, FOREIGN_STRATEGIES, engine
 from scaletrain.engines.prepare import SPEC_NAME, EngineRun, check_settings
 from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies import strategy_flags
 
 __all__ = ["ENGINE_DIR", "FOLLOWED", "IMAGE_ENGINES", "EngineDeployment", "plan_engine", "render_engine"]
 
@@ -133,7 +134,7 @@ def plan_engine(
             "--operator jobset starts every pod over up to --max-restarts times"
         )
     known_engine(framework, workload)
-    given = merge(load_toml(config_file) if config_file is not None else {}, settings)
+    given = merge(load_toml(config_file, also=strategy_flags()) if config_file is not None else {}, settings)
     given = {key: value for key, value in given.items() if value not in (None, {}) and key != "workload"}
     workers = given.pop("workers", 1)
     if workers < 1:

@@ -12,7 +12,7 @@ speedup = throughput × (t_grad + t_update), i.e. against one worker training al
 
 Each predicted strategy (:func:`scaletrain.estimate.models.predicted_configurations`) declares its own formulas
 (:meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`, :mod:`~scaletrain.parallel.strategies.terms`;
-the servers' in :mod:`scaletrain.parallel.strategies.ps_terms`): its synchronous step besides the gradient, its
+the servers' in :mod:`scaletrain.parallel.strategies.ps.terms`): its synchronous step besides the gradient, its
 asynchronous network, the thesis formula that stands for it. This module supplies what they share (the gradient
 time per worker count, :class:`Terms`) and turns them into throughput; it names no strategy. A predicted strategy
 without terms for a mode is a :class:`~scaletrain.errors.ConfigError`: the estimator does not model it.

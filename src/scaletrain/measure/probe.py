@@ -36,8 +36,11 @@ from scaletrain.efficient.base import stacked
 from scaletrain.efficient.channels_last import memory_format_technique
 from scaletrain.efficient.precision import Precision
 from scaletrain.measure.profile import network
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.protocol import (
+from scaletrain.parallel.rendezvous import Rendezvous, connect
+from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies.allreduce import AllReduceExchange
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.protocol import (
     REPLY,
     REPLY_FIELDS,
     REQUEST,
@@ -46,11 +49,8 @@ from scaletrain.parallel.ps.protocol import (
     post_message,
     send_message,
 )
-from scaletrain.parallel.ps.server import ShardServer
-from scaletrain.parallel.rendezvous import Rendezvous, connect
-from scaletrain.parallel.sharding import assign_greedy
-from scaletrain.parallel.strategies.allreduce import AllReduceExchange
-from scaletrain.parallel.strategies.ps_shards import tensor_bytes
+from scaletrain.parallel.strategies.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.shards import tensor_bytes
 from scaletrain.plugins import load_plugins
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device

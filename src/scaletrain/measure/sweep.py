@@ -30,7 +30,7 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.preloaded import start_fresh
 from scaletrain.parallel.run import make_config, run_training
-from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec
+from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec, strategy_flags
 from scaletrain.plugins import load_plugins
 
 __all__ = ["Run", "SweepConfig", "parse_strategy", "plan_runs", "run_settings", "run_steps", "run_sweep"]
@@ -253,9 +253,10 @@ def run_settings(config: SweepConfig, run: Run) -> dict[str, Any]:
     steps = config.steps if config.steps is not None or config.epochs is not None else DEFAULT_STEPS
     steps = run_steps(steps, run.sync, run.workers) if steps is not None else None
     # what only some runs of the grid read goes to those (a run refuses a setting it would not read)
-    unread = set() if run.server else {"server", "ps_admission"}
+    others = {keyword for keyword, (owner, _) in strategy_flags().items() if owner != run.strategy}
+    unread = others | (set() if run.server else {"server"})
     if run.sync != "async":
-        unread |= {"async_compensation", "async_batches"}
+        unread |= {"async_compensation", "async_batches", "max_staleness"}
     if run.sync == "async" or run.workers == 1:  # no global batch shared by several workers
         unread.add("sync_batchnorm")
     if not get_strategy(run.strategy).overlaps:  # buckets reduced during backward

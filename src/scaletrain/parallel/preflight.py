@@ -15,7 +15,6 @@ from scaletrain.data.loading import Loading
 from scaletrain.efficient.sync_batchnorm import sync_batch_norm
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import Layout, run_label
-from scaletrain.parallel.strategies.async_batches import split_over
 from scaletrain.parallel.strategies.elastic_rules import check_elastic_batch
 from scaletrain.tensors.codec import WireCodec, wire_codec
 from scaletrain.train.checkpoint import (
@@ -53,7 +52,8 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
             f"use --batch-size {layout.workers * max(1, batch // layout.workers)}{smaller} "
             f"(a multiple of {layout.workers}), fewer workers, or --sync join"
         )
-    check_async_split(batch, split_over(config, layout))
+    split = layout.plugin.batch_split(config, layout)
+    check_async_split(batch, split)
     check_elastic_batch(config, layout, batch)
     if config.sync_batchnorm:  # a network without batch norm is refused before any process starts
         sync_batch_norm(workload.build_model())
@@ -68,6 +68,6 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     out = resolved.out
     refuse_overwrite(out, resume=config.resume)
     if config.resume:
-        check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload, run_label)
+        check_compatible(load_checkpoint(out / CHECKPOINT_NAME), resolved, workload, run_label, split)
     check_writable(out)
     return dataclasses.replace(config, out=out)

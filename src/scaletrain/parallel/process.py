@@ -28,7 +28,6 @@ from scaletrain.parallel.failures import ProcessFailed, describe, write_tracebac
 from scaletrain.parallel.heartbeat import Heartbeat
 from scaletrain.parallel.rendezvous import ENV_MASTER_ADDR, ENV_MASTER_PORT, Rendezvous, connect
 from scaletrain.parallel.strategies import WORKER, Layout, run_label
-from scaletrain.parallel.strategies.async_batches import split_over
 from scaletrain.parallel.strategies.batch_norm import split_warning
 from scaletrain.parallel.strategies.elastic import JOINED_KEY
 from scaletrain.tensors.device import backend_for, resolve_device
@@ -93,7 +92,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
             workload,
             process=settings,
             global_batch_factor=factor,
-            async_split=split_over(config, layout),
+            async_split=layout.plugin.batch_split(config, layout),
             coordinator=rank == 0,
             device=device,
             workers_device=workers_device,
@@ -172,7 +171,7 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
             workload,
             process=settings,
             global_batch_factor=layout.worker_plan(layout.worker_ranks()[0]).global_batch_factor,
-            async_split=split_over(config, layout),
+            async_split=layout.plugin.batch_split(config, layout),
             coordinator=False,
             device=torch.device("cpu"),  # elastic runs are gloo, on the CPU
             workers_device=torch.device("cpu"),

@@ -17,10 +17,10 @@ from scaletrain.parallel.preflight import check_before_start
 from scaletrain.parallel.process import join_process, layout_of, run_process
 from scaletrain.parallel.rendezvous import ENV_RANK, ENV_WORLD_SIZE, Rendezvous
 from scaletrain.parallel.strategies import (
-    ALIASES,
     STRATEGIES,
     check_strategy_settings,
     expand_spec,
+    strategy_flags,
     with_strategy_flags,
 )
 from scaletrain.parallel.strategies.elastic_rules import check_elastic
@@ -43,7 +43,7 @@ def make_config(workload: str | None, *, config_file: Path | None = None, **sett
     64
     """
     load_plugins()  # from Python as from the command line: the registries hold the plug-ins' names
-    from_file = load_toml(config_file) if config_file is not None else {}
+    from_file = load_toml(config_file, also=strategy_flags()) if config_file is not None else {}
     if workload is None and "workload" not in from_file:
         where = (
             f"a 'workload' key in {config_file}" if config_file is not None else "a --config file with a 'workload' key"
@@ -59,10 +59,9 @@ def make_config(workload: str | None, *, config_file: Path | None = None, **sett
 
 
 def refuse_unread(settings: dict[str, Any]) -> None:
-    """Refuse settings (TrainConfig fields as given, a spec split) that the run's strategy would never read:
-    a server's settings for a strategy without servers, asynchronous compensation or a staleness bound for
-    synchronous updates.
-    A setting given at its default value asks for nothing and passes.
+    """Refuse settings (TrainConfig fields as given, a spec split) that the run's strategy would never read: a
+    server's setting for a strategy without servers (a strategy's own options it judges itself). A setting given
+    at its default value asks for nothing and passes.
 
     >>> refuse_unread({"workers": 2, "server": "sharded"})
     Traceback (most recent call last):
@@ -70,36 +69,14 @@ def refuse_unread(settings: dict[str, Any]) -> None:
     scaletrain.errors.ConfigError: --server sharded is a parameter server's setting, and allreduce has no servers; ...
     """
     defaults = {f.name: f.default for f in fields(TrainConfig)}
-    asked = {key: value for key, value in settings.items() if value is not None and value != defaults.get(key)}
     name = settings.get("strategy") or default_strategy(settings.get("workers", 1))
     strategy = STRATEGIES.get(name)
-    if strategy is not None and not strategy.servers:
-        for key in ("server", "ps_admission"):
-            if key in asked:
-                flag = "--" + key.replace("_", "-")
-                raise ConfigError(
-                    f"{flag} {settings[key]} is a parameter server's setting, and {name} has no servers; "
-                    f"add --strategy ps (see --server and --sync), or drop {flag}"
-                )
-    sync = settings.get("sync") or "join"
-    sync = ALIASES.get(sync, sync)
-    if "max_staleness" in asked and sync != "async":
-        where = f"{name} has no servers" if strategy is not None and not strategy.servers else f"--sync {sync}"
+    server = settings.get("server")
+    if strategy is not None and not strategy.servers and server is not None and server != defaults["server"]:
         raise ConfigError(
-            f"--max-staleness {settings['max_staleness']} bounds how far an asynchronous worker runs ahead of the "
-            f"slowest, and this run's updates are synchronous ({where}); add --strategy ps --sync async, or drop it"
+            f"--server {server} is a parameter server's setting, and {name} has no servers; "
+            "add --strategy ps (see --server and --sync), or drop --server"
         )
-    doing = {  # what each asynchronous setting does, for the line that refuses it on synchronous updates
-        "async_batches": "says how asynchronous workers divide --batch-size",
-        "async_compensation": "compensates asynchronous updates' staleness",
-    }
-    for key, what in doing.items():
-        if key in asked and sync != "async":
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(
-                f"{flag} {settings[key]} {what}, and this run's updates are synchronous (--sync {sync}); "
-                "add --strategy ps --sync async, or drop it"
-            )
 
 
 def run_training(config: TrainConfig, own: Workload | None = None) -> dict[str, Any]:

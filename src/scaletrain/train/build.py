@@ -46,7 +46,7 @@ def prepare(
     ``device``: where the model lives (default: the CPU); ``workers_device``: where the run's workers
     compute, when this process is a server that does not (its precision settings are theirs);
     ``label_of``: how the strategy names a run (for checkpoints); ``async_split``: asynchronous workers that
-    divide ``--batch-size`` (:mod:`scaletrain.parallel.strategies.async_batches`): each update, and the
+    divide ``--batch-size`` (:mod:`scaletrain.parallel.strategies.ps.async_batches`): each update, and the
     schedule's steps, a batch of ``batch_size // async_split``.
     """
     device = device or torch.device("cpu")
@@ -82,7 +82,7 @@ def prepare(
     checkpoint = None
     if config.resume:
         checkpoint = load_checkpoint(out / CHECKPOINT_NAME)
-        check_compatible(checkpoint, config, workload, label_of)
+        check_compatible(checkpoint, config, workload, label_of, async_split)
         architecture = checkpoint.get("architecture") or {}
         apply_architecture(model, architecture)  # the reconfigured network, before its weights go in
     model.to(device)

@@ -175,9 +175,10 @@ CHECKPOINT_FORMAT = 1
 
 
 def check_compatible(
-    checkpoint: dict[str, Any], config: TrainConfig, workload: Workload, label_of: StrategyLabel
+    checkpoint: dict[str, Any], config: TrainConfig, workload: Workload, label_of: StrategyLabel, batch_split: int = 1
 ) -> None:
-    """Refuse to resume a checkpoint written with other settings."""
+    """Refuse to resume a checkpoint written with other settings. ``batch_split``: over how many workers this run
+    divides each batch into updates (the strategy's :meth:`~scaletrain.parallel.strategies.Strategy.batch_split`)."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ConfigError("the checkpoint was written by an incompatible scaletrain version; start afresh")
     expected_strategy = label_of(config.strategy, config.server, config.sync, config.workers)
@@ -188,20 +189,28 @@ def check_compatible(
         ("strategy", expected_strategy, _saved_strategy(checkpoint, expected_strategy, label_of)),
         # the technique's saved state is laid out for the techniques in force (precision is one)
         ("precision", _precision_label(config), checkpoint.get("precision", "fp32, no loss scaling")),
-        # how asynchronous workers divide the batch sets the schedule (files before it had Downpour's shares)
-        ("--async-batches", _async_batches(config), checkpoint.get("async_batches", _async_batches(config, "share"))),
     ):
         if saved != expected:
             raise ConfigError(
                 f"cannot resume: the checkpoint was written with {key} {saved} but this run asks for "
                 f"{expected}; use the same settings or another --out"
             )
+    saved_split = _saved_split(checkpoint, config)  # how asynchronous workers divide the batch sets the schedule
+    if saved_split != batch_split:
+        made = {n: "one update" if n == 1 else f"{n} workers' updates" for n in (saved_split, batch_split)}
+        raise ConfigError(
+            f"cannot resume: the checkpoint's run made each batch {made[saved_split]} but this run makes it "
+            f"{made[batch_split]} (--async-batches); use the same settings or another --out"
+        )
 
 
-def _async_batches(config: TrainConfig, mode: str | None = None) -> str | None:
-    """``config.async_batches`` (or ``mode``) for an asynchronous run of several workers; None for any other."""
+def _saved_split(checkpoint: dict[str, Any], config: TrainConfig) -> int:
+    """Over how many workers the checkpoint's run divided each batch; earlier files named the mode (split: the
+    workers of an asynchronous run), and files older still had whole batches."""
+    if "batch_split" in checkpoint:
+        return int(checkpoint["batch_split"])
     asynchronous = config.sync in ("async", "none") and config.workers > 1
-    return (mode or config.async_batches) if asynchronous else None
+    return config.workers if asynchronous and checkpoint.get("async_batches") == "split" else 1
 
 
 def _precision_label(config: TrainConfig) -> str:
@@ -240,7 +249,7 @@ def checkpoint_payload(
         "batch_size": config.batch_size,
         "seed": config.seed,
         "precision": _precision_label(config),
-        "async_batches": _async_batches(config),
+        "batch_split": prepared.async_split,
         "strategy": prepared.strategy_label,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),

@@ -169,7 +169,7 @@ class Prepared:
     #: filled by the loop and kept in checkpoints.
     first_losses: list[float] = field(default_factory=list)
     #: Asynchronous workers that divide each ``--batch-size`` (``--async-batches split``): an update is a batch of
-    #: ``batch_size // async_split`` (:mod:`scaletrain.parallel.strategies.async_batches`); 1 otherwise.
+    #: ``batch_size // async_split`` (:mod:`scaletrain.parallel.strategies.ps.async_batches`); 1 otherwise.
     async_split: int = 1
 
     @property

@@ -29,7 +29,7 @@ from scaletrain.parallel.strategies.base import (
     run_label,
 )
 from scaletrain.parallel.strategies.local import Local
-from scaletrain.parallel.strategies.ps import ParameterServer
+from scaletrain.parallel.strategies.ps.strategy import ParameterServer
 from scaletrain.tensors.codec import CODECS
 
 __all__ = [
@@ -110,20 +110,31 @@ def strategy_flags() -> dict[str, tuple[str, StrategyOption]]:
 
 def with_strategy_flags(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` with each strategy option given by its keyword (a flag's) moved into ``strategy_options``; the
-    keyword of another strategy's option than the run's is refused naming that strategy."""
+    keyword of another strategy's option than the run's is refused naming that strategy, unless it is given at
+    that option's default (it asks for nothing).
+
+    >>> with_strategy_flags({"strategy": "ps", "async_batches": "share"})
+    {'strategy': 'ps', 'strategy_options': {'async_batches': 'share'}}
+    >>> with_strategy_flags({"workers": 2, "ps_admission": "none"})
+    {'workers': 2}
+    """
     flags = strategy_flags()
     rest = {key: value for key, value in settings.items() if key not in flags}
     given = {key: value for key, value in settings.items() if key in flags and value is not None}
     if not given:
         return rest
-    chosen = rest.get("strategy") or default_strategy(rest.get("workers", 1))
+    named = rest.get("strategy")
+    spec = isinstance(named, str) and "-" in named  # a whole spec, as the bench and a deployment keep it
+    chosen = parse_spec(named)[0] if spec else named or default_strategy(rest.get("workers", 1))
     options = dict(rest.get("strategy_options") or {})
     for key, value in given.items():
         owner, option = flags[key]
+        if chosen != owner and value == option.default:
+            continue
         if chosen != owner:
             raise ConfigError(f"{option.flag_name} is an option of --strategy {owner}; add --strategy {owner}")
         options[option.name] = value
-    return {**rest, "strategy_options": options}
+    return {**rest, "strategy_options": options} if options or "strategy_options" in rest else rest
 
 
 def check_strategy_settings(config: TrainConfig) -> dict[str, Any]:
@@ -147,5 +158,5 @@ def check_strategy_settings(config: TrainConfig) -> dict[str, Any]:
             "use --strategy allreduce, or drop --overlap"
         )
     values = strategy.option_values(config.strategy_options)
-    strategy.check_options(values, Layout(config.strategy, config.workers, config.server, config.sync))
+    strategy.check_options(values, Layout(config.strategy, config.workers, config.server, config.sync), config)
     return values

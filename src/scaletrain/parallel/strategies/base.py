@@ -46,6 +46,7 @@ __all__ = [
     "collect_stats",
     "get_strategy",
     "layout_fields",
+    "read_options",
     "run_label",
     "train_worker",
 ]
@@ -73,6 +74,7 @@ class StrategyOption:
     type: Callable[[str], Any] = str
     choices: tuple[Any, ...] | None = None
     flag: str | None = None
+    metavar: str | None = None
 
     @property
     def flag_name(self) -> str | None:
@@ -101,6 +103,22 @@ def _switch(text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(text)
+
+
+def read_options(strategy: str, options: tuple[StrategyOption, ...], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every one of ``options``' values: ``given`` read as each option's type, defaults for the rest; an option
+    ``strategy`` does not have is refused naming those it has."""
+    declared = {option.name: option for option in options}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        offered = ", ".join(f"-S {name}=…" for name in declared) or "none"
+        raise ConfigError(
+            f"--strategy {strategy} has no option {', '.join(unknown)}; its options: {offered} "
+            "(an option of another strategy needs that strategy)"
+        )
+    values = {name: option.default for name, option in declared.items()}
+    values.update({name: declared[name].value(strategy, value) for name, value in given.items()})
+    return values
 
 
 class Strategy(ABC):
@@ -174,28 +192,25 @@ class Strategy(ABC):
 
     def option_values(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """Every option's value: ``given`` (``strategy_options``) read as each option's type, defaults for the
-        rest; an option it does not have is refused naming those it has.
+        rest (:func:`read_options`).
 
         >>> STRATEGIES["allreduce"].option_values({})
         {}
         """
-        declared = {option.name: option for option in self.options}
-        unknown = sorted(set(given) - set(declared))
-        if unknown:
-            offered = ", ".join(f"-S {name}=…" for name in declared) or "none"
-            raise ConfigError(
-                f"--strategy {self.name} has no option {', '.join(unknown)}; its options: {offered} "
-                "(an option of another strategy needs that strategy)"
-            )
-        values = {name: option.default for name, option in declared.items()}
-        values.update({name: declared[name].value(self.name, value) for name, value in given.items()})
-        return values
+        return read_options(self.name, self.options, given)
 
-    def check_options(self, values: Mapping[str, Any], layout: Layout) -> None:  # noqa: B027 - optional hook
-        """Refuse option values it cannot run with ``layout`` by raising :class:`ConfigError` with one line that
-        names the fix. Called with :meth:`option_values`' result in the process that builds the run's settings,
-        before any process starts, and again in each process as it starts; it must not start anything itself.
-        The default refuses nothing."""
+    def check_options(  # noqa: B027 - optional hook
+        self, values: Mapping[str, Any], layout: Layout, config: TrainConfig
+    ) -> None:
+        """Refuse option values it cannot run with ``layout`` and the rest of ``config`` by raising
+        :class:`ConfigError` with one line that names the fix. Called with :meth:`option_values`' result in the
+        process that builds the run's settings, before any process starts, and again in each process as it
+        starts; it must not start anything itself. The default refuses nothing."""
+
+    def batch_split(self, config: TrainConfig, layout: Layout) -> int:
+        """Over how many workers each batch of ``--batch-size`` is divided into updates (the schedule's steps are
+        batches of ``batch_size // batch_split``); 1: every update is a whole batch."""
+        return 1
 
     def check(self, layout: Layout) -> None:
         """Refuse a layout this strategy cannot run, naming the fix (server and sync are checked already)."""

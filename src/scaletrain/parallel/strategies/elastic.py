@@ -18,8 +18,8 @@ A joiner (``--join``, up to ``--max-workers``) draws the next launch rank (``mem
 ``membership/request/K``. Rank 0 announces it in a step's one-number all-reduce, answers ``membership/answer/K`` at
 that step's end (a compare-and-set: a joiner that gave up is never admitted), and members and joiner build group
 ``G+1``, the joiner taking the live state from rank 0 (:meth:`StoreMembership.join`, :meth:`StoreMembership.admit`).
-The sharded server's workers use this membership too (:mod:`scaletrain.parallel.strategies.ps_elastic`); the
-central server drops lost workers itself (:mod:`scaletrain.parallel.ps.membership`). docs/distributed.md has the
+The sharded server's workers use this membership too (:mod:`scaletrain.parallel.strategies.ps.elastic_sharded`); the
+central server drops lost workers itself (:mod:`.ps.membership`). docs/distributed.md has the
 figures and what is not covered yet.
 """
 

@@ -41,12 +41,7 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
             f"workers join elastic all-reduce and sharded-server runs only for now; {layout.label} goes on without "
             "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
-    exclusive = layout.server == "sharded" and config.ps_admission == "exclusive"
-    for flag, given in (
-        ("--technique", config.technique),
-        ("--sync-batchnorm", config.sync_batchnorm or None),
-        ("--ps-admission exclusive with --server sharded", exclusive or None),
-    ):
+    for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
         if given is not None:
             raise ConfigError(f"--min-workers does not work with {flag} yet; drop one of them")
 

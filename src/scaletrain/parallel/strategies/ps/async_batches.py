@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from scaletrain.config import TrainConfig
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.parallel.strategies.ps.options import ps_options
 
 __all__ = ["batch_share", "split_over", "splits", "update_batch"]
 
 
 def splits(config: TrainConfig, layout: Layout) -> bool:
     """Whether this run's asynchronous workers divide each batch (``--async-batches split``, more than one)."""
-    return layout.sync == "async" and layout.workers > 1 and config.async_batches == "split"
+    return layout.sync == "async" and layout.workers > 1 and ps_options(config)["async_batches"] == "split"
 
 
 def split_over(config: TrainConfig, layout: Layout) -> int:
@@ -46,10 +47,10 @@ def split_over(config: TrainConfig, layout: Layout) -> int:
 def update_batch(config: TrainConfig, layout: Layout, batch_size: int) -> int | None:
     """The batch of one update when the run splits ``batch_size`` over its asynchronous workers, else None.
 
-    >>> split = TrainConfig("x", workers=3, strategy="ps", sync="async", async_batches="split")
+    >>> split = TrainConfig("x", workers=3, strategy="ps", sync="async", strategy_options={"async_batches": "split"})
     >>> update_batch(split, Layout("ps", 3, sync="async"), 20)
     6
-    >>> share = TrainConfig("x", workers=3, strategy="ps", sync="async", async_batches="share")
+    >>> share = TrainConfig("x", workers=3, strategy="ps", sync="async", strategy_options={"async_batches": "share"})
     >>> update_batch(share, Layout("ps", 3, sync="async"), 20) is None
     True
     """
@@ -59,7 +60,7 @@ def update_batch(config: TrainConfig, layout: Layout, batch_size: int) -> int | 
 def batch_share(config: TrainConfig, layout: Layout, batch_size: int) -> float:
     """The factor on the rate of each update: its batch's share of ``batch_size`` (1 unless split).
 
-    >>> split = TrainConfig("x", workers=3, strategy="ps", sync="async", async_batches="split")
+    >>> split = TrainConfig("x", workers=3, strategy="ps", sync="async", strategy_options={"async_batches": "split"})
     >>> batch_share(split, Layout("ps", 3, sync="async"), 20)
     0.3
     """

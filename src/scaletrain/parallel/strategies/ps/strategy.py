@@ -1,7 +1,7 @@
 """``ps``: a parameter server, central (one server process, rank 0) or sharded (every worker owns a
 share of the tensors, Šlampa 2017 Algorithm 3.7), with ``join``, ``split`` or ``async`` updates.
 
-The machinery (servers, the worker's exchange, the wire protocol) is in :mod:`scaletrain.parallel.ps`;
+The machinery (servers, the worker's exchange, the wire protocol) is in :mod:`scaletrain.parallel.strategies.ps`;
 this module assembles it for one process and handles a reconfiguration: the server side rebuilds its
 master tensors, buffers and optimizer state for the new network, and ownership is planned again.
 """
@@ -9,29 +9,32 @@ master tensors, buffers and optimizer state for the new network, and ownership i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
+from scaletrain.config import TrainConfig
 from scaletrain.efficient import Reconfiguration
 from scaletrain.parallel.agreement import StoreAgreement, load_buffers
-from scaletrain.parallel.ps.bound import StalenessBound
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.membership import CentralMembership, Members
-from scaletrain.parallel.ps.protocol import pair_groups
-from scaletrain.parallel.ps.records import ServerObserver, ServerStats
-from scaletrain.parallel.ps.server import ShardServer
-from scaletrain.parallel.ps.staleness import Compensation
-from scaletrain.parallel.strategies.async_batches import batch_share, splits
 from scaletrain.parallel.strategies.base import Layout, Strategy, collect_stats, layout_fields, train_worker
 from scaletrain.parallel.strategies.batch_norm import batch_group
 from scaletrain.parallel.strategies.elastic import StoreMembership
 from scaletrain.parallel.strategies.elastic_rules import check_elastic_backend, check_elastic_batch
-from scaletrain.parallel.strategies.ps_elastic import elastic_sharded
-from scaletrain.parallel.strategies.ps_shards import Shards, send_final_shards, technique_step
-from scaletrain.parallel.strategies.ps_summary import server_extra
-from scaletrain.parallel.strategies.ps_terms import CENTRAL, SHARDED
+from scaletrain.parallel.strategies.ps.async_batches import batch_share, split_over, splits
+from scaletrain.parallel.strategies.ps.bound import StalenessBound
+from scaletrain.parallel.strategies.ps.elastic_sharded import elastic_sharded
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.membership import CentralMembership, Members
+from scaletrain.parallel.strategies.ps.options import OPTIONS, check_options, ps_options
+from scaletrain.parallel.strategies.ps.protocol import pair_groups
+from scaletrain.parallel.strategies.ps.records import ServerObserver, ServerStats
+from scaletrain.parallel.strategies.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.shards import Shards, send_final_shards, technique_step
+from scaletrain.parallel.strategies.ps.staleness import Compensation
+from scaletrain.parallel.strategies.ps.summary import server_extra
+from scaletrain.parallel.strategies.ps.terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
 from scaletrain.train.membership import elastic_fields
@@ -47,6 +50,13 @@ class ParameterServer(Strategy):
     description = "parameter server: central (a server process) or sharded over the workers"
     servers = ("central", "sharded")
     syncs = ("join", "split", "async")
+    options = OPTIONS
+
+    def check_options(self, values: Mapping[str, Any], layout: Layout, config: TrainConfig) -> None:
+        check_options(values, layout, config)
+
+    def batch_split(self, config: TrainConfig, layout: Layout) -> int:
+        return split_over(config, layout)
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
         return {"central": CENTRAL, "sharded": SHARDED}.get(server)
@@ -90,7 +100,7 @@ class _Setup:
             pairs = [(0, worker) for worker in workers]
         else:
             pairs = [(a, b) for a in workers for b in workers if a < b]
-        # a worker that joins an elastic run has no group yet: it makes its pairs once admitted (ps_elastic)
+        # a worker that joins an elastic run has no group yet: it makes its pairs once admitted (elastic_sharded)
         groups = {} if config.join else pair_groups(layout.world_size, pairs, timeout=config.timeout)
         peers_of = {
             r: {b if a == r else a: g for (a, b), g in groups.items() if r in (a, b)} for r in range(layout.world_size)
@@ -98,7 +108,7 @@ class _Setup:
         options = dict(
             contributors=layout.workers,
             synchronous=layout.sync != "async",
-            exclusive=config.ps_admission == "exclusive",
+            exclusive=ps_options(config)["admission"] == "exclusive",
             clip_norm=config.clip_norm,
             learning_rate=lambda version: learning_rate_at_step(prepared, version),
             timeout=config.timeout,
@@ -123,7 +133,7 @@ class _Setup:
             return None
         config = self.prepared.config
         share = batch_share(config, self.layout, config.batch_size)
-        mode, workers = config.async_compensation, self.layout.workers
+        mode, workers = ps_options(config)["compensation"], self.layout.workers
         return Compensation(mode, momentum=config.momentum, workers=workers, share=share)
 
     def bound(self, workers: list[int], stats: ServerStats) -> StalenessBound | None:
@@ -131,7 +141,7 @@ class _Setup:
 
         A held reply waits at most 1.5 × ``--timeout`` + 5 s: a lagging worker's link times out sooner, and a
         held worker waits for its reply ``patience`` seconds (2 × ``--timeout`` + 10 s), longer still."""
-        limit = self.prepared.config.max_staleness
+        limit = ps_options(self.prepared.config)["max_staleness"]
         if self.synchronous or limit is None:
             return None
         return StalenessBound(limit, workers, stats, deadline=1.5 * self.prepared.config.timeout + 5)
@@ -139,7 +149,7 @@ class _Setup:
     @property
     def patience(self) -> float | None:
         """How long a worker waits for a reply that a server may hold (elastic, ``--max-staleness``)."""
-        held = not self.synchronous and self.prepared.config.max_staleness is not None
+        held = not self.synchronous and ps_options(self.prepared.config)["max_staleness"] is not None
         return 2 * self.prepared.config.timeout + 10 if self.elastic or held else None
 
     def agreement(self, rank: int) -> StoreAgreement:
@@ -242,7 +252,7 @@ def _worker(setup: _Setup, rank: int) -> dict[str, Any] | None:
             groups=setup.peers_of[rank],
             serve=shards.serve if shards else None,
             gather=shards.gather if shards else None,
-            exclusive=config.ps_admission == "exclusive",
+            exclusive=ps_options(config)["admission"] == "exclusive",
             codec=wire_codec(config),
             # the server may wait out --timeout on a stopped worker before it answers the others
             patience=setup.patience,

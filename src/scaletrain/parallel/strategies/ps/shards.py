@@ -13,11 +13,11 @@ from torch import nn
 
 from scaletrain.efficient import Technique
 from scaletrain.parallel.agreement import StoreAgreement
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.protocol import FINAL_SHARD
-from scaletrain.parallel.ps.records import ServerStats, ShardCheckpointer, restore_shard
-from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.sharding import assign_greedy
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.protocol import FINAL_SHARD
+from scaletrain.parallel.strategies.ps.records import ServerStats, ShardCheckpointer, restore_shard
+from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
 from scaletrain.train.state import make_optimizer
 
@@ -45,7 +45,7 @@ class Shards:
         self.version: int | None = None  # where the next server starts (None: the run's start)
         self.stats: ServerStats | None = None
         # who this worker's server serves and who owns shards: the launch's pairs and workers, until an elastic
-        # run regroups (then ranks are indices among the members: ps_elastic)
+        # run regroups (then ranks are indices among the members: elastic_sharded)
         self.peers: dict[int, dist.ProcessGroup] = setup.peers_of.get(rank, {})  # none yet: a joining worker
         self.workers: list[int] = setup.layout.worker_ranks()
         self.agreement: StoreAgreement = setup.agreement(rank)

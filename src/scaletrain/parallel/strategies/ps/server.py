@@ -12,10 +12,10 @@ from torch import nn
 
 from scaletrain.errors import ScaletrainError
 from scaletrain.parallel.failures import connection_closed, describe
-from scaletrain.parallel.ps.bound import StalenessBound, StalenessTimeout
-from scaletrain.parallel.ps.losses import Closed, LossHandling, Redo
-from scaletrain.parallel.ps.membership import REDO, Members
-from scaletrain.parallel.ps.protocol import (
+from scaletrain.parallel.strategies.ps.bound import StalenessBound, StalenessTimeout
+from scaletrain.parallel.strategies.ps.losses import Closed, LossHandling, Redo
+from scaletrain.parallel.strategies.ps.membership import REDO, Members
+from scaletrain.parallel.strategies.ps.protocol import (
     DONE,
     GRADIENT,
     GRANT,
@@ -28,8 +28,8 @@ from scaletrain.parallel.ps.protocol import (
     receive_header,
     send_message,
 )
-from scaletrain.parallel.ps.records import ServerStats
-from scaletrain.parallel.ps.staleness import Compensation
+from scaletrain.parallel.strategies.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.staleness import Compensation
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.flat import finite, flatten, views_of
 from scaletrain.train.meter import now
@@ -46,11 +46,11 @@ class ShardServer(LossHandling):
     ``contributors`` gradients make one synchronous update (peers plus, for a sharded server, the
     owner's own worker through :meth:`contribute`). Asynchronous: every gradient is applied on
     arrival, and its staleness (updates applied since the sender's weights were current) recorded;
-    ``compensation`` then sets each update's rate factor and momentum (:mod:`scaletrain.parallel.ps.staleness`).
+    ``compensation`` then sets each update's rate factor and momentum (:mod:`.staleness`).
     ``skip_nonfinite``: an update whose gradient holds inf or nan is not made (the version still
     advances, as the workers' step count does) and the reply says so. ``bound`` (asynchronous,
     ``--max-staleness``): a worker's reply is held until the slowest worker is close enough
-    (:mod:`scaletrain.parallel.ps.bound`).
+    (:mod:`scaletrain.parallel.strategies.ps.bound`).
     """
 
     def __init__(

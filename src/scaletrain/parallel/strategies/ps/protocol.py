@@ -6,7 +6,7 @@ gradient's body is the wire codec's payload as one message (``WireCodec.to_messa
 not be the element count's), the other kinds send a one-byte stand-in. A reply's header is
 ``version, layout id, element count, skipped, payload bytes, generation, joining`` and its body the
 weights (version -1: refused, no body; skipped 2: the step was not applied, do it again with the members of
-``generation``, :mod:`scaletrain.parallel.ps.membership`; joining 1: the first owner's, in an elastic sharded
+``generation``, :mod:`scaletrain.parallel.strategies.ps.membership`; joining 1: the first owner's, in an elastic sharded
 run, says a worker waits to join at this step's end). Both sides put the bytes of a gradient
 message of their codec in every header, so a worker and an owner that encode gradients differently
 stop, naming both, before a gradient travels."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from scaletrain.parallel.ps.bound import StalenessBound
-from scaletrain.parallel.ps.membership import Members
-from scaletrain.parallel.ps.records import ServerStats
-from scaletrain.parallel.ps.staleness import Compensation
 from scaletrain.parallel.strategies.base import Layout
+from scaletrain.parallel.strategies.ps.bound import StalenessBound
+from scaletrain.parallel.strategies.ps.membership import Members
+from scaletrain.parallel.strategies.ps.options import ps_options
+from scaletrain.parallel.strategies.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.staleness import Compensation
 from scaletrain.train.state import Prepared
 
 __all__ = ["server_extra"]
@@ -28,17 +29,18 @@ def server_extra(
     """``steps``: the updates the run made in all (an elastic central server's last membership ends there);
     ``bound``: the server's ``--max-staleness`` (for a sharded run rank 0's owner, whose holds stand for all:
     every owner holds a fast worker until the same slow push reaches it)."""
+    options = ps_options(prepared.config)
     extra: dict[str, Any] = {
         "server_updates": stats.updates,
         "server_skipped_updates": stats.skipped,
-        "ps_admission": prepared.config.ps_admission,
+        "ps_admission": options["admission"],
     }
     if layout.sync == "async":
         extra["staleness"] = stats.staleness_summary()
         extra["async_compensation"] = compensation.summary() if compensation else None
-        extra["async_batches"] = prepared.config.async_batches
+        extra["async_batches"] = options["async_batches"]
         extra["update_batch_size"] = prepared.update_batch  # --batch-size // N under split
-        extra["max_staleness"] = prepared.config.max_staleness
+        extra["max_staleness"] = options["max_staleness"]
         extra["staleness_wait"] = bound.summary() if bound is not None else None
     if members is not None:  # the survivors did the lost workers' batches: the changes say who left when
         segments = members.segments(layout.workers, steps)

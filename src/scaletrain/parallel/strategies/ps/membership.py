@@ -35,7 +35,7 @@ from scaletrain.data.sampler import Part
 from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.failures import Dropped
 from scaletrain.parallel.heartbeat import FROZEN_SECONDS, SilenceWatch
-from scaletrain.parallel.ps.records import ServerObserver
+from scaletrain.parallel.strategies.ps.records import ServerObserver
 from scaletrain.train.membership import membership_segments
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Membership, Regrouped

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.parallel.ps.membership import REDO
-from scaletrain.parallel.ps.protocol import (
+from scaletrain.parallel.strategies.ps.membership import REDO
+from scaletrain.parallel.strategies.ps.protocol import (
     DONE,
     GRADIENT,
     GRANT,
@@ -23,7 +23,7 @@ from scaletrain.parallel.ps.protocol import (
     post_message,
     send_message,
 )
-from scaletrain.parallel.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.device import synchronize
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of

@@ -35,15 +35,16 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.failures import connection_closed
-from scaletrain.parallel.ps.exchange import PSExchange
-from scaletrain.parallel.ps.protocol import REQUEST, pair_groups
-from scaletrain.parallel.ps.protocol import PeerLost as ServerPeerLost
-from scaletrain.parallel.ps.records import ServerStats
-from scaletrain.parallel.ps.server import ShardServer
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.elastic import StoreMembership, store_membership
 from scaletrain.parallel.strategies.elastic_waits import ABANDONED, WATCH_SECONDS, HeardOfLoss
-from scaletrain.parallel.strategies.ps_shards import Shards, tensor_bytes
+from scaletrain.parallel.strategies.ps.exchange import PSExchange
+from scaletrain.parallel.strategies.ps.options import ps_options
+from scaletrain.parallel.strategies.ps.protocol import REQUEST, pair_groups
+from scaletrain.parallel.strategies.ps.protocol import PeerLost as ServerPeerLost
+from scaletrain.parallel.strategies.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.server import ShardServer
+from scaletrain.parallel.strategies.ps.shards import Shards, tensor_bytes
 from scaletrain.tensors.codec import wire_codec
 from scaletrain.tensors.flat import views_of
 from scaletrain.train.exchange import ExchangeTimes, PeerLost
@@ -303,7 +304,7 @@ def elastic_sharded(setup: Any, rank: int) -> tuple[ElasticShardExchange, StoreM
         before=before,
         momentum=config.momentum > 0,
         learning_rate=setup.options["learning_rate"],
-        exclusive=config.ps_admission == "exclusive",
+        exclusive=ps_options(config)["admission"] == "exclusive",
         codec=wire_codec(config),
     )
     return exchange, membership, regrouped

@@ -1,6 +1,6 @@
 """The parameter server's estimator terms (:mod:`~scaletrain.parallel.strategies.terms`), declared by
-:class:`~scaletrain.parallel.strategies.ps.ParameterServer`; a module of their own only because
-``ps.py`` is long already.
+:class:`~scaletrain.parallel.strategies.ps.strategy.ParameterServer`: what the speedup estimators
+predict of each of its layouts.
 
 - **Central server, synchronised workers**: they finish their gradients together, so N pushes share
   the server's downlink and N replies its uplink (the thesis's worst case is the usual one).

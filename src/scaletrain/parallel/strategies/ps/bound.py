@@ -24,8 +24,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from scaletrain.parallel.ps.protocol import PeerLost
-from scaletrain.parallel.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.protocol import PeerLost
+from scaletrain.parallel.strategies.ps.records import ServerStats
 from scaletrain.train.meter import now
 
 __all__ = ["StalenessBound", "StalenessTimeout", "allowed", "slowest", "staleness_guarantee"]

@@ -1,7 +1,7 @@
 """What a parameter server does when a peer is lost: an elastic central server drops it and the survivors go
-on (:mod:`scaletrain.parallel.ps.membership`); an elastic sharded owner gives up its own worker's wait as soon as
+on (:mod:`.membership`); an elastic sharded owner gives up its own worker's wait as soon as
 a peer was lost, is closed when the survivors regroup, and keeps the momentum its last update started from
-(the survivors undo a step a lost peer took part in). A part of :class:`~scaletrain.parallel.ps.server.ShardServer`."""
+(the survivors undo a step a lost peer took part in). A part of :class:`~.server.ShardServer`."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.parallel.heartbeat import SILENCE_SECONDS
-from scaletrain.parallel.ps.membership import Members
-from scaletrain.parallel.ps.protocol import PROBE, PeerLost
-from scaletrain.parallel.ps.records import ServerStats
+from scaletrain.parallel.strategies.ps.membership import Members
+from scaletrain.parallel.strategies.ps.protocol import PROBE, PeerLost
+from scaletrain.parallel.strategies.ps.records import ServerStats
 from scaletrain.tensors.flat import flatten
 from scaletrain.train.meter import now
 

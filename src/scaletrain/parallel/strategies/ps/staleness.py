@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scaletrain.config import ASYNC_COMPENSATIONS
-
 __all__ = [
     "COMPENSATIONS",
     "Compensation",
@@ -45,7 +43,7 @@ __all__ = [
 DELAY_LAMBDA0, DELAY_DECAY = 2.0, 0.95
 
 #: The values of ``--async-compensation``.
-COMPENSATIONS = ASYNC_COMPENSATIONS
+COMPENSATIONS = ("momentum", "lr", "delay", "none")
 
 
 def implicit_momentum(staleness: float) -> float:
@@ -116,7 +114,7 @@ class Compensation:
     ``mode`` is one of :data:`COMPENSATIONS`; ``momentum`` the user's requested momentum (not the
     optimizer's current value, which a resumed checkpoint may hold lowered); ``share`` a factor on every
     update's rate, its batch's share of ``--batch-size`` (``--async-batches split``,
-    :mod:`scaletrain.parallel.strategies.async_batches`; 1 otherwise).
+    :mod:`scaletrain.parallel.strategies.ps.async_batches`; 1 otherwise).
 
     >>> compensation = Compensation("momentum", momentum=0.9, workers=2)
     >>> [tuple(round(v, 3) for v in compensation.step(s)) for s in (0, 1, 1)]
