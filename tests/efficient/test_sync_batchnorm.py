@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tests.efficient import sync_batchnorm_job as job
 from tests.helpers import REPO, run_cli
+from tests.jobs import sync_batchnorm_job as job
 from torch import nn
 
 from scaletrain.config import TrainConfig
@@ -33,7 +33,7 @@ CASES = list(job.cases())
 
 @pytest.fixture(scope="module")
 def computed(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """What each of the two processes computed (sync_batchnorm_job.py)."""
+    """What each of the two processes computed (tests/jobs/sync_batchnorm_job.py)."""
     out = tmp_path_factory.mktemp("sync-batchnorm")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -2,7 +2,7 @@
 ``DataLoader`` with worker processes, for the loader tests (tests/parallel/test_loader_workers.py).
 
 Two ways to the same data and network: :func:`workload`, a ``ClassificationWorkload.from_datasets`` object
-(trained by processes started with the torchrun variables, tests/parallel/datasets_job.py), and
+(trained by processes started with the torchrun variables, tests/jobs/datasets_job.py), and
 ``lazy-fashion``, a :class:`~scaletrain.workloads.classification.DatasetClassification` class that the local
 launcher's processes build when ``SCALETRAIN_PLUGINS`` names :mod:`tests.parallel.lazy_fashion_plugin`, which
 registers it. When ``LAZY_FASHION_READERS``

@@ -4,7 +4,7 @@ under all-reduce and both parameter servers, and with PruneTrain to the same pru
 workers train to one process's weights over their joined batch. Without it, the split run ends elsewhere,
 and says so in one line at its start.
 
-The multi-process trainings run in jobs started with the torchrun variables (tests/parallel/batch_norm_job.py,
+The multi-process trainings run in jobs started with the torchrun variables (tests/jobs/batch_norm_job.py,
 which defines the network), all 2-process trainings in one job; the one-process references run here.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import torch
 from tests import helpers
 from tests.helpers import REPO, free_ports, run_cli
-from tests.parallel import batch_norm_job
+from tests.jobs import batch_norm_job
 
 import scaletrain
 
@@ -123,7 +123,7 @@ def test_through_the_api_and_the_command_line_too(runs, tmp_path: Path) -> None:
     settings = {**batch_norm_job.SETTINGS, **batch_norm_job.TRAININGS["allreduce-split-prunetrain"]}
     scaletrain.train(batch_norm_job.workload(), out=tmp_path / "api", **settings)
     result = run_cli(
-        "train", "tests.parallel.batch_norm_job:workload", "--workers", "2", "--strategy", "allreduce-split",
+        "train", "tests.jobs.batch_norm_job:workload", "--workers", "2", "--strategy", "allreduce-split",
         "--sync-batchnorm", "--technique", "prunetrain", "--lasso-ratio", "0.5", "--prune-threshold", "0.12",
         "--reconfigure-every", "1", "--epochs", "2", "--lr", "0.05", "--momentum", "0.9", "--threads", "1",
         "--seed", "7", "--timeout", "60", "--no-tensorboard", "--progress", "off", "--out", str(tmp_path / "cli"),

@@ -2,7 +2,7 @@
 {a network without batch norm, one with} × {stopped by --steps inside an epoch, by --epochs} ×
 {uninterrupted, resumed from a mid-epoch checkpoint}.
 
-Each strategy's job (tests/parallel/buffers_job.py) trains both networks of its own, each with a buffer
+Each strategy's job (tests/jobs/buffers_job.py) trains both networks of its own, each with a buffer
 of the user's own (a running average of the input and a mask), in real processes started with the
 torchrun variables. What the saved model must hold:
 
@@ -30,7 +30,7 @@ import pytest
 import torch
 from tests import helpers
 from tests.helpers import free_ports, run_cli
-from tests.parallel import buffers_job
+from tests.jobs import buffers_job
 
 from scaletrain.parallel.strategies import all_specs
 

@@ -11,7 +11,7 @@ process, on 2 workers under every strategy (issue 25 item 4):
 - the local launcher's processes train it as a registered workload (``SCALETRAIN_PLUGINS``), and Ctrl-C
   stops them and every loader worker.
 
-Each job's processes train all their legs one after the other (tests/parallel/datasets_job.py), so that
+Each job's processes train all their legs one after the other (tests/jobs/datasets_job.py), so that
 torch is imported once per process, not once per run.
 """
 
@@ -31,7 +31,7 @@ import torch
 from tests import helpers
 from tests.helpers import REPO, assert_same_weights, free_ports, make_fashion_mnist
 from tests.helpers import model_weights as weights
-from tests.parallel import datasets_job
+from tests.jobs import datasets_job
 from tests.parallel.lazy_fashion import BATCH, ENV_READERS, LOADER_WORKERS, PLUGIN_MODULE, workload
 
 import scaletrain

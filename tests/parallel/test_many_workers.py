@@ -1,6 +1,6 @@
 """8 and 16 worker processes under every strategy, on however few cores (issue 24: what breaks only at N > 3).
 
-The network has four tensors (:mod:`tests.parallel.many_workers`), so a sharded server of 8 or 16
+The network has four tensors (:mod:`tests.jobs.many_workers`), so a sharded server of 8 or 16
 owners has owners that own nothing: they must train, reconfigure, checkpoint and resume like the
 others. Synchronous runs must end weight for weight where one process ends (``split`` = the same
 batch, ``join`` = N× the batch); asynchronous runs must account for every batch, including the
@@ -19,8 +19,8 @@ import pytest
 import torch
 from tests.helpers import assert_same_weights
 from tests.helpers import model_weights as weights
-from tests.parallel import many_workers
-from tests.parallel.many_workers import SAMPLES, TENSORS, started, tiny_workload
+from tests.jobs import many_workers
+from tests.jobs.many_workers import SAMPLES, TENSORS, started, tiny_workload
 
 import scaletrain
 from scaletrain.parallel.strategies import all_specs

@@ -1,6 +1,6 @@
 """Every codec's collectives are watched in an elastic all-reduce: a survivor blocked in PowerSGD's
 all-reduces or top-k's all-gathers on a frozen peer gives up as soon as another member reports the loss,
-instead of waiting out the group's timeout (real 3-process gloo groups, watched_codec_job.py)."""
+instead of waiting out the group's timeout (real 3-process gloo groups, tests/jobs/watched_codec_job.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.helpers import REPO
-from tests.parallel import watched_codec_job as job
+from tests.jobs import watched_codec_job as job
 
 from scaletrain.parallel.launch import free_port
 

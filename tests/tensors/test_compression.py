@@ -1,5 +1,5 @@
 """PowerSGD and top-k (scaletrain.tensors.powersgd, scaletrain.tensors.topk) through their own collectives
-on a real 2-process gloo group (compression_job.py), then in 2-worker training runs: full rank and ratio 1
+on a real 2-process gloo group (tests/jobs/compression_job.py), then in 2-worker training runs: full rank and ratio 1
 equal the dense all-reduce, error feedback keeps the accumulated sent sum within what is still carried of
 the accumulated true sum, every worker gets the same sum, and bad options are one line before any process
 starts."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.helpers import REPO
-from tests.tensors import compression_job as job
+from tests.jobs import compression_job as job
 
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 

@@ -29,9 +29,7 @@ from scaletrain import ClassificationWorkload
 
 CONTEXT = multiprocessing.get_context("forkserver")
 # torch._dynamo: the first optimizer imports it (1.5 s of CPU), once per process unless preloaded
-CONTEXT.set_forkserver_preload(
-    ["torch._dynamo", "scaletrain", "scaletrain.parallel.worker", "tests.parallel.many_workers"]
-)
+CONTEXT.set_forkserver_preload(["torch._dynamo", "scaletrain", "scaletrain.parallel.worker", "tests.jobs.many_workers"])
 
 #: Samples of the tiny data set, inputs per sample, classes.
 SAMPLES, INPUTS, CLASSES = 256, 8, 3

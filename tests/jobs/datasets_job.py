@@ -19,9 +19,8 @@ import os
 import sys
 from pathlib import Path
 
-from tests.parallel.lazy_fashion import ENV_READERS, workload
-
 import scaletrain
+from tests.parallel.lazy_fashion import ENV_READERS, workload
 
 STEPS_INSIDE = 5  # of the 8 split steps of an epoch
 SETTINGS = dict(epochs=1, momentum=0.9, threads=1, seed=3, tensorboard=False, progress="off", warmup_steps=1)
