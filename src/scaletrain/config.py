@@ -35,6 +35,9 @@ PROGRESS_MODES = ("auto", "bar", "plain", "off")
 FLOAT32_MAX = 3.4028234663852886e38
 #: ``divergence``'s default: a loss ten thousand times its first values has left training behind.
 DIVERGENCE_FACTOR = 1e4
+#: How the rate moves over the run (``--lr-schedule``): ``step``, the per-epoch decay of ``lr_decay``
+#: (constant at its default 1), or per update ``constant``, ``cosine`` (to 0) and ``linear`` (to 0).
+LR_SCHEDULES = ("step", "constant", "cosine", "linear")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,12 @@ class TrainConfig:
     TOML files too). ``strategy_options``: the strategy's own options (``-S name=value``), which the strategy
     declares and checks (:class:`scaletrain.parallel.strategies.StrategyOption`), as it checks the wire and
     ``overlap`` it can carry: :func:`scaletrain.make_config` and every run do, this class cannot see strategies.
+
+    Optimization: ``optimizer`` (``sgd``, any ``torch.optim`` class by name such as ``adamw``, or
+    ``module:attribute``) with ``optimizer_options`` (``-O betas=0.9,0.95``; :mod:`scaletrain.tensors.optimizers`);
+    ``lr_schedule`` (``step``: ``lr_decay`` per epoch from ``lr_decay_start``; ``constant``; ``cosine`` and
+    ``linear`` to 0 over the run) after ``lr_warmup`` updates that raise the rate linearly to ``lr``;
+    ``accumulate``: micro-batches of ``batch_size`` whose gradients add up to one update (exchanged once).
 
     ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
     its first steps' loss (:mod:`scaletrain.train.divergence` says exactly how that is taken); ``"off"``
@@ -109,6 +118,11 @@ class TrainConfig:
     divergence: float | str = DIVERGENCE_FACTOR
     lr_decay: float = 1.0
     lr_decay_start: int = 0
+    lr_schedule: str = "step"
+    lr_warmup: int = 0
+    optimizer: str = "sgd"
+    optimizer_options: dict[str, Any] = field(default_factory=dict)
+    accumulate: int = 1
     seed: int = 0
     threads: int | None = None
     data_dir: Path | None = None
@@ -156,7 +170,16 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
-        positive = ("epochs", "steps", "batch_size", "threads", "log_every", "checkpoint_every", "workers")
+        positive = (
+            "epochs",
+            "steps",
+            "batch_size",
+            "threads",
+            "log_every",
+            "checkpoint_every",
+            "workers",
+            "accumulate",
+        )
         for name in positive:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -186,6 +209,7 @@ class TrainConfig:
                 f"lr_decay_start {self.lr_decay_start} says when --lr-decay starts, and the rate does not decay "
                 "(lr_decay 1); add --lr-decay FACTOR (e.g. 0.5), or drop --lr-decay-start"
             )
+        self._check_schedule()
         object.__setattr__(self, "divergence", _divergence_factor(self.divergence))
         if self.warmup_steps < 0:
             raise ConfigError(f"warmup_steps must be ≥ 0, got {self.warmup_steps!r}")
@@ -227,12 +251,31 @@ class TrainConfig:
             raise ConfigError('technique_options must be a table, e.g. [technique_options] layer = "classifier.1"')
         self._check_devices_and_techniques()
 
+    def _check_schedule(self) -> None:
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.lr_schedule != "step" and (self.lr_decay != 1.0 or self.lr_decay_start):
+            raise ConfigError(
+                f"--lr-decay decays the rate per epoch (--lr-schedule step), not --lr-schedule {self.lr_schedule}; "
+                "drop --lr-decay and --lr-decay-start, or use --lr-schedule step"
+            )
+        warmup = self.lr_warmup
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ConfigError(f"lr_warmup must be a whole number of updates ≥ 0, got {warmup!r}")
+        if not isinstance(self.optimizer_options, dict):
+            raise ConfigError("optimizer_options must be a table, e.g. [optimizer_options] betas = [0.9, 0.95]")
+        if not isinstance(self.optimizer, str):
+            raise ConfigError(f"optimizer must be a name (sgd, adamw, …) or module:attribute, got {self.optimizer!r}")
+
     def _check_devices_and_techniques(self) -> None:
         from scaletrain.efficient import check_techniques
         from scaletrain.tensors.codec import CODECS
         from scaletrain.tensors.device import check_device
+        from scaletrain.tensors.optimizers import check_optimizer
 
         check_device(self.device)
+        settings = {"momentum": self.momentum, "weight_decay": self.weight_decay, "lr": self.lr}
+        check_optimizer(self.optimizer, self.optimizer_options, **settings)
         # the --technique choice and its options, then every standing technique's settings (its class says
         # which fields it reads and what it refuses): nothing is built here
         check_techniques(vars(self))
@@ -333,7 +376,7 @@ def merge(*layers: dict[str, Any]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
     for layer in layers:
         for key, value in layer.items():
-            if key in ("options", "strategy_options", "technique_options", "wire_options"):
+            if key in ("options", "strategy_options", "technique_options", "wire_options", "optimizer_options"):
                 merged[key] = {**merged.get(key, {}), **value}
             else:
                 merged[key] = value

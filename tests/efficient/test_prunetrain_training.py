@@ -187,3 +187,30 @@ def test_a_technique_flag_without_its_technique_is_one_clear_line(tmp_path: Path
     assert result.returncode == 2
     assert "--lasso-ratio is an option of --technique prunetrain; add --technique prunetrain" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+ADAMW = {**LENET, "lr": 1e-3, "momentum": None, "optimizer": "adamw"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("spec", ["allreduce-split", "ps-sharded-split"])
+def test_two_workers_prune_with_adamw_as_one_process_and_its_moments_take_the_pruned_shapes(
+    data: Path, tmp_path: Path, spec: str
+) -> None:
+    """Every per-parameter state goes through the surgery (Adam's two moments and its step count), and a sharded
+    server's owners hand all of it to the workers at the reconfiguration."""
+    local = lenet_train(data, tmp_path / "local", **ADAMW)
+    assert local["optimizer"] == "AdamW" and local["parameters"] < local["parameters_initial"]
+    summary = lenet_train(data, tmp_path / "run", workers=2, strategy=spec, **ADAMW)
+    assert summary["architecture"] == local["architecture"]
+    assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "local"))
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    parameters = [value for name, value in checkpoint["model"].items() if "running" not in name]
+    states = checkpoint["optimizer"]["state"]
+    # a sharded run's owners step (their shard files hold their state); a worker's optimizer holds what the owners
+    # handed on at the reconfiguration after the first epoch
+    stepped = summary["steps"] if spec.startswith("allreduce") else summary["steps"] // 2
+    assert len(states) == len(parameters) > 0
+    for index, parameter in enumerate(parameters):
+        assert states[index]["exp_avg"].shape == states[index]["exp_avg_sq"].shape == parameter.shape
+        assert float(states[index]["step"]) == stepped

@@ -19,7 +19,7 @@ from scaletrain.cli.registry_flags import (
     technique_settings,
 )
 from scaletrain.cli.supervise import run_supervised
-from scaletrain.config import PROGRESS_MODES, TrainConfig
+from scaletrain.config import LR_SCHEDULES, PROGRESS_MODES, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.rendezvous import ENV_RANK
 from scaletrain.parallel.strategies import STRATEGIES, all_specs
@@ -69,6 +69,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--divergence",
         metavar="FACTOR|off",
         help="stop the run when its loss stays past FACTOR × its first steps' loss (docs/training.md); off: never",
+    )
+    parser.add_argument(
+        "--optimizer",
+        metavar="NAME",
+        help="sgd (default), any torch.optim class by name (adamw, adam, rmsprop, …) or module:attribute of your own",
+    )
+    parser.add_argument(
+        "-O",
+        "--optimizer-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of --optimizer, e.g. -O betas=0.9,0.95 -O eps=1e-8 (--lr, --momentum, --weight-decay apart)",
+    )
+    parser.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        help="step (default): --lr-decay per epoch; per update: constant, cosine or linear decay to 0 over the run",
+    )
+    parser.add_argument("--lr-warmup", type=int, metavar="N", help="raise the rate linearly to --lr over N updates")
+    parser.add_argument(
+        "--accumulate",
+        type=int,
+        metavar="K",
+        help="K micro-batches of --batch-size per update, their gradients summed and exchanged once (default: 1)",
     )
     parser.add_argument("--lr-decay", type=float, help="multiply the rate by this every epoch after --lr-decay-start")
     parser.add_argument("--lr-decay-start", type=int, help="epochs trained at the full rate before decaying")
@@ -263,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
     }
     wire_options = parse_options(getattr(args, "wire_option", []), what="wire option", example="-W rank=2")
     settings["wire_options"] = wire_options or None
+    optimizer_options = parse_options(args.optimizer_option, what="optimizer option", example="-O betas=0.9,0.95")
+    settings["optimizer_options"] = optimizer_options or None
     options = workload_options(args)
     given = {"options": options or None, **settings, **strategy_settings(args), **technique_settings(args)}
     elsewhere = args.join or args.nodefile is not None or ENV_RANK in os.environ  # watched by their own launcher

@@ -63,7 +63,8 @@ def prepare(
     workload.set_loading(Loading(config.loader_workers, pin_memory=device.type == "cuda", timeout=config.timeout))
     data = workload.load_data(config.data_dir, download=config.download)
     check_async_split(config.batch_size, async_split)
-    steps_per_epoch = count_steps_per_epoch(workload, data, config.batch_size // async_split * global_batch_factor)
+    update = config.batch_size * config.accumulate // async_split  # an update's samples on one worker
+    steps_per_epoch = count_steps_per_epoch(workload, data, update * global_batch_factor)
     schedule = Schedule.starting(
         steps_per_epoch=steps_per_epoch, batch_size=config.batch_size, epochs=config.epochs, step_limit=config.steps
     )

@@ -24,6 +24,7 @@ from torch import nn
 from scaletrain.efficient import EpochEnd, Reconfiguration, stacked
 from scaletrain.errors import ScaletrainError
 from scaletrain.tensors.device import synchronize, to_device
+from scaletrain.train.accumulate import micro_batches
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import loss_bound
 from scaletrain.train.exchange import PeerLost
@@ -151,17 +152,10 @@ class Trainer:
     def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> bool:
         config, position, device = self.config, self.position, self.prepared.device
         for number, (begin, fetched, batch) in zip(numbers, batches, strict=True):
-            if self.schedule.warming_up(position.step):  # the rate moves every update of a warm-up
-                for group in self.optimizer.param_groups:
-                    group["lr"] = learning_rate_at_step(self.prepared, position.step)
-            batch = to_device(batch, device)
-            with self._forward_context():
-                objective, loss, self.state = self.workload.training_loss(self.model, batch, self.state)
-            self._check_finite(loss)
-            if self.technique is not None:
-                objective = self.technique.objective(objective, self.model)
-            self.optimizer.zero_grad(set_to_none=True)
-            objective.backward()
+            rate = learning_rate_at_step(self.prepared, position.step)  # per update: schedules, warm-ups
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
+            loss = self._gradient(to_device(batch, device))
             if self.technique is not None:
                 self.technique.after_backward(self.model)
             if checkpoint_due(self.prepared, position.step + 1):  # the model may leave a process after it
@@ -200,6 +194,21 @@ class Trainer:
                 admit(self)  # a worker joins at this step boundary: the rest of the batches are cut anew
                 return False
         return True
+
+    def _gradient(self, batch: Any) -> torch.Tensor:
+        """Forward and backward over ``batch`` (as ``--accumulate`` micro-batches, each objective weighted by its
+        share of the rows, so that their gradients sum to the whole batch's); its loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total = None
+        for part, share in micro_batches(batch, self.config.accumulate):
+            with self._forward_context():
+                objective, loss, self.state = self.workload.training_loss(self.model, part, self.state)
+            self._check_finite(loss)
+            if self.technique is not None:
+                objective = self.technique.objective(objective, self.model)
+            (objective * share if share != 1.0 else objective).backward()
+            total = loss * share if total is None else total + loss * share
+        return total
 
     def _step_peak(self, model: nn.Module, rows: int) -> int | None:
         return step_peak(self.prepared, self.role.plan, model, rows, self._forward_context)

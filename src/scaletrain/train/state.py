@@ -5,6 +5,7 @@ applies alike (learning rate, when a checkpoint is due, the optimizer).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ from scaletrain.efficient import Context, Reconfiguration, Technique
 from scaletrain.efficient.surgery import Architecture
 from scaletrain.errors import ConfigError
 from scaletrain.tensors.device import to_device
+from scaletrain.tensors.optimizers import build_optimizer
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings
@@ -174,8 +176,9 @@ class Prepared:
 
     @property
     def update_batch(self) -> int:
-        """The samples of one update's batch, before a join's factor: ``--batch-size``, or its part under split."""
-        return self.batch_size // self.async_split
+        """The samples of one update's batch, before a join's factor: ``--batch-size`` (times ``--accumulate``), or
+        its part under split."""
+        return self.batch_size * self.config.accumulate // self.async_split
 
     @property
     def steps_per_epoch(self) -> int:
@@ -222,10 +225,33 @@ def learning_rate(config: TrainConfig, epoch: int) -> float:
 
 
 def learning_rate_at_step(prepared: Prepared, step: int) -> float:
-    """The rate for update number ``step`` (0-based): the schedule of :func:`learning_rate` in updates,
-    as a parameter server counts them."""
-    schedule = prepared.schedule
-    return learning_rate(prepared.config, schedule.position(step).epoch) * schedule.lr_scale_at(step)
+    """The rate for update number ``step`` (0-based), as the loop and a parameter server count updates: the
+    ``--lr-schedule`` (per epoch, or per update over the fraction of the run done after the warm-up), times the
+    ``--lr-warmup`` ramp, times the factor of a batch change (:meth:`Schedule.lr_scale_at`)."""
+    config, schedule = prepared.config, prepared.schedule
+    if config.lr_schedule == "step":
+        rate = learning_rate(config, schedule.position(step).epoch)
+    else:
+        begun = run_fraction(schedule, config.lr_warmup)
+        done = min(max((run_fraction(schedule, step) - begun) / max(1.0 - begun, 1e-12), 0.0), 1.0)
+        rate = (
+            config.lr
+            * {"constant": 1.0, "cosine": 0.5 * (1 + math.cos(math.pi * done)), "linear": 1 - done}[config.lr_schedule]
+        )
+    ramp = min(1.0, (step + 1) / config.lr_warmup) if config.lr_warmup else 1.0
+    return rate * ramp * schedule.lr_scale_at(step)
+
+
+def run_fraction(schedule: Schedule, step: int) -> float:
+    """How much of the run ``step`` updates are: of ``--steps`` where it ends the run, else of the epochs (so
+    that a batch change, which changes the steps of later epochs, moves no rate).
+
+    >>> run_fraction(Schedule.starting(steps_per_epoch=10, batch_size=8, epochs=4), 15)
+    0.375
+    """
+    if schedule.step_limit is not None and schedule.step_limit == schedule.total_steps:
+        return step / schedule.step_limit
+    return schedule.epochs_done(step) / schedule.epochs
 
 
 def checkpoint_due(prepared: Prepared, step: int) -> bool:
@@ -258,9 +284,13 @@ def check_async_split(batch_size: int, workers: int) -> None:
 
 
 def make_optimizer(config: TrainConfig, parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """SGD with the run's rate, momentum and weight decay; fused (one pass over each tensor for the weight
-    decay, momentum and update: 3x faster than the per-op step on large tensors here), everywhere alike, so
-    that a server's step and a local one stay equal bit for bit."""
-    return torch.optim.SGD(
-        parameters, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, fused=True
+    """The run's optimizer (:mod:`scaletrain.tensors.optimizers`) with its rate, momentum and weight decay, made
+    the same way everywhere, so that a server's step and a local one stay equal bit for bit."""
+    return build_optimizer(
+        config.optimizer,
+        config.optimizer_options,
+        parameters,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
     )

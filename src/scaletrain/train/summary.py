@@ -69,8 +69,9 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | None]:
-    """Batches and samples per second over all workers, the mean per-step time split (compute,
+def throughput(stats: list[WorkerStats], batch_size: int, per_step: int = 1) -> dict[str, float | None]:
+    """Batches of ``batch_size`` (``per_step`` in each step: ``--accumulate``) and samples per second over all
+    workers, the mean per-step time split (compute,
     communication, waiting for other processes, waiting for data), and the median over workers of their
     minor page faults per step.
 
@@ -92,7 +93,7 @@ def throughput(stats: list[WorkerStats], batch_size: int) -> dict[str, float | N
                 "minor_faults_per_step",
             )
         }
-    batches = sum(s.measured_steps * s.batch_fraction for s in measured)
+    batches = sum(s.measured_steps * s.batch_fraction for s in measured) * per_step
     duration = max(s.measured_seconds for s in measured)
     per_step = {
         name: sum(value(s) / s.measured_steps for s in measured) / len(measured)
@@ -147,6 +148,11 @@ def write_summary(
         # a reconfiguration changed the batch: each stretch of epochs (throughput counts batches of each)
         "batch_schedule": prepared.schedule.to_list() if len(prepared.schedule.segments) > 1 else None,
         "lr": config.lr,
+        "optimizer": type(prepared.optimizer).__name__,
+        "optimizer_options": config.optimizer_options,
+        "lr_schedule": config.lr_schedule,
+        "lr_warmup": config.lr_warmup,
+        "accumulate": config.accumulate,
         "momentum": config.momentum,
         "weight_decay": config.weight_decay,
         "clip_norm": config.clip_norm,
@@ -173,7 +179,7 @@ def write_summary(
         "quality_warning": quality_warning(workload, prepared.data, quality, stats),
         "final_train_loss": losses[0] if losses else None,
         "wall_seconds": time.time() - prepared.started,
-        **throughput(stats, config.batch_size),
+        **throughput(stats, config.batch_size, config.accumulate),
         "warmup_steps_excluded": config.warmup_steps,
         "throughput_note": THROUGHPUT_NOTE,
         "per_worker": [asdict(s) for s in stats],

@@ -1,5 +1,5 @@
 """A sharded parameter server's shards (Šlampa 2017 Algorithm 3.7): who owns which tensors, each worker's own
-server over its share, and moving every owner's master tensors (and momentum) to the workers at a
+server over its share, and moving every owner's master tensors (and optimizer state) to the workers at a
 reconfiguration and to rank 0 at the end."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from scaletrain.parallel.strategies.ps.protocol import FINAL_SHARD
 from scaletrain.parallel.strategies.ps.records import ServerStats, ShardCheckpointer, restore_shard
 from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.tensors.flat import flatten, unflatten_into, views_of
+from scaletrain.tensors.optimizers import state_layout
 from scaletrain.train.state import make_optimizer
 
 __all__ = ["Shards", "send_final_shards", "share_shards", "technique_step", "tensor_bytes"]
@@ -99,7 +100,8 @@ class Shards:
         return server
 
     def gather(self, exchange: PSExchange, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Every owner's master weights (into ``model``) and momentum (into ``optimizer``), on every worker."""
+        """Every owner's master weights (into ``model``) and optimizer state (into ``optimizer``), on every
+        worker."""
         old = exchange.local_server
         if old is not None:
             self.stats = old.join()  # every peer said it reached the boundary
@@ -108,8 +110,7 @@ class Shards:
         if not single:
             dist.all_reduce(version, op=dist.ReduceOp.MAX)
         self.version = int(version)
-        momentum = optimizer if self.setup.prepared.config.momentum > 0 else None
-        share_shards(exchange, self.rank, single=single, momentum_into=momentum)
+        share_shards(exchange, self.rank, single=single, state_into=optimizer)
 
 
 def send_final_shards(exchange: PSExchange, rank: int, peers: dict[int, dist.ProcessGroup]) -> None:
@@ -140,24 +141,40 @@ def send_final_shards(exchange: PSExchange, rank: int, peers: dict[int, dist.Pro
 
 
 def share_shards(
-    exchange: PSExchange, rank: int, *, single: bool, momentum_into: torch.optim.Optimizer | None = None
+    exchange: PSExchange, rank: int, *, single: bool, state_into: torch.optim.Optimizer | None = None
 ) -> None:
-    """Each owner broadcasts its master tensors into every worker's model (their views in ``exchange``),
-    and, with ``momentum_into``, its momentum buffers into that optimizer's state (every worker, owner of
-    a shard or not, takes part: a reconfiguration's step boundary is agreed by all of them)."""
+    """Each owner broadcasts its master tensors into every worker's model (their views in ``exchange``), and, with
+    ``state_into``, every per-parameter state of its optimizer (SGD's momentum, Adam's moments and step count)
+    into that optimizer's state (every worker, owner of a shard or not, takes part: a reconfiguration's step
+    boundary is agreed by all of them)."""
     server = exchange.local_server
+    whole, scalars = state_layout(state_into) if state_into is not None else ([], {})
     for owner in exchange.owners:
         shard = exchange.owned(owner)
         mine = owner == rank
         size = sum(p.numel() for p in shard)
         weights = flatten([p.detach() for p in server.master]) if mine else torch.empty(size)
-        buffers = server.momentum_at(server.version) if mine and momentum_into is not None else torch.empty(size)
+        state = server.optimizer.state if mine else {}
+        buffers = {
+            key: flatten([state.get(p, {}).get(key, torch.zeros_like(p)) for p in server.master])
+            if mine
+            else torch.empty(size)
+            for key in whole
+        }
+        counts = {
+            key: torch.tensor([float(state.get(p, {}).get(key, 0)) for p in server.master], dtype=torch.float64)
+            if mine
+            else torch.empty(len(shard), dtype=torch.float64)
+            for key in scalars
+        }
         if not single:
-            dist.broadcast(weights, src=owner)
-            if momentum_into is not None:
-                dist.broadcast(buffers, src=owner)
+            for tensor in (weights, *buffers.values(), *counts.values()):
+                dist.broadcast(tensor, src=owner)
         with torch.no_grad():
             unflatten_into(weights, shard)
-        if momentum_into is not None:
-            for parameter, view in zip(shard, views_of(buffers, shard), strict=True):
-                momentum_into.state[parameter]["momentum_buffer"] = view.to(parameter.device, copy=True)
+        for key, buffer in buffers.items():
+            for parameter, view in zip(shard, views_of(buffer, shard), strict=True):
+                state_into.state[parameter][key] = view.to(parameter.device, copy=True)
+        for key, count in counts.items():
+            for parameter, value in zip(shard, count.tolist(), strict=True):
+                state_into.state[parameter][key] = torch.tensor(value, dtype=scalars[key])
