@@ -1,8 +1,10 @@
+import re
 from pathlib import Path
 
 import pytest
 
 from scaletrain.api import make_config
+from scaletrain.api import train as scaletrain_train
 from scaletrain.config import TrainConfig, load_toml, merge
 from scaletrain.errors import ConfigError
 from scaletrain.train.defaults import resolve
@@ -212,3 +214,36 @@ def test_train_help_offers_the_parameter_servers_options_from_its_declaration(ca
 def test_the_parameter_server_judges_its_own_options(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         make_config("lenet", **settings)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--optimizer", "lion"], "unknown optimizer 'lion'; give a torch.optim class"),
+        (["--optimizer", "adamw", "--momentum", "0.9"], "--momentum is not a setting of AdamW; its first-moment rate"),
+        (["--optimizer", "adamw", "-O", "lr=0.1"], "-O lr=… is --lr; give it as --lr"),
+        (["--optimizer", "adamw", "-O", "betas=1.5,0.9"], "--optimizer adamw refuses its settings .*beta"),
+        (["--optimizer", "adamw", "-O", "weight_decay=0.1", "--weight-decay", "0.2"], "say the same; give one"),
+        (["--optimizer", "no_such_module:Thing"], "--optimizer no_such_module:Thing: cannot import it"),
+        (["--lr-schedule", "cosine", "--lr-decay", "0.5"], "--lr-decay decays the rate per epoch"),
+        (["--lr-warmup", "-1"], "lr_warmup must be a whole number of updates"),
+        (["--accumulate", "0"], "accumulate must be a whole number ≥ 1"),
+        (["--accumulate", "2", "--overlap", "--workers", "2"], "--overlap reduces gradients during each backward"),
+    ],
+)
+def test_optimizer_and_schedule_refusals_are_one_line_exit_2_and_write_nothing(
+    flags: list[str], message: str, tmp_path: Path
+) -> None:
+    from tests.helpers import run_cli
+
+    done = run_cli("train", "lenet", "--out", str(tmp_path / "run"), "--steps", "1", *flags, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_accumulating_a_stateful_workload_is_refused_before_any_process(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="ptb-lstm carries a state from batch to batch"):
+        scaletrain_train("ptb-lstm", accumulate=2, out=tmp_path / "run", data_dir=tmp_path)
+    assert not (tmp_path / "run").exists()

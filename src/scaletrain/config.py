@@ -302,6 +302,11 @@ class TrainConfig:
             return
         if self.min_workers is not None:
             raise ConfigError("--overlap is not available to an elastic run (--min-workers): drop one of the two")
+        if self.accumulate > 1:
+            raise ConfigError(
+                f"--overlap reduces gradients during each backward pass, and --accumulate {self.accumulate} makes "
+                f"{self.accumulate} backward passes per exchange; drop one of the two"
+            )
         if parse_loss_scale(self.loss_scale, self.precision) is not None:
             raise ConfigError(
                 "--overlap sends gradients before dynamic loss scaling can unscale them; use --precision bf16 or "

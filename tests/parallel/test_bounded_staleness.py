@@ -104,9 +104,12 @@ def test_a_bounded_run_resumes(data: Path, tmp_path: Path) -> None:
     ("flags", "says"),
     [
         (["--workers", "2", "--strategy", "ps"], r"this run's updates are synchronous \(--sync join\)"),
-        (["--workers", "2"], r"synchronous \(allreduce has no servers\)"),
+        (["--workers", "2"], r"--max-staleness is an option of --strategy ps; add --strategy ps"),
         (["--workers", "2", "--strategy", "ps", "--sync", "async", "--max-staleness", "-1"], "whole number ≥ 0"),
-        (["--workers", "2", "--strategy", "ps-central-async", "--technique", "rebatch"], "does not work with"),
+        (
+            ["--workers", "2", "--strategy", "ps-central-async", "--technique", "rebatch", "-T", "batch_size=8"],
+            "does not work with",
+        ),
     ],
 )
 def test_refused_in_one_line_before_anything_starts(

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from tests.helpers import REPO, assert_same_weights, make_fashion_mnist, model_weights, run_cli
 
 import scaletrain
@@ -63,8 +64,7 @@ def train_with_fault(
         progress="plain",
         log_every=4,
         tensorboard=False,
-        **COMMON,
-        **{"batch_size": BATCH, "strategy": "allreduce", **settings},
+        **{**COMMON, "batch_size": BATCH, "strategy": "allreduce", **settings},
     )
     return summary, samples
 
@@ -465,3 +465,24 @@ def test_the_deciding_member_refuses_joins_beyond_max_workers_and_never_admits_a
     member.maximum = 3
     assert not member.join_requested()  # the late one withdrew: nobody waits
     assert not member._answer(2, {"admitted": 0})  # and it can never be admitted
+
+
+def test_a_sharded_adamw_run_that_loses_an_owner_finishes_with_every_tensors_state(
+    data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost owner's shard cannot be rebuilt for Adam (its moments are not in the weights): the survivors start
+    that shard's moments and step count again from zero (``momentum_reset``), and every surviving owner hands its
+    whole state on; at the end the owners' shard files hold Adam's state for every tensor."""
+    settings = {**SHARDED, "sync": "split", "min_workers": 2, "timeout": 5, "optimizer": "adamw", "lr": 1e-3}
+    summary, _ = train_with_fault(data, tmp_path, monkeypatch, f"2:{STEP}:SIGKILL", **{**settings, "momentum": None})
+    [change] = summary["membership"]
+    assert (change["momentum_rebuilt"], change["momentum_reset"]) == ([], [2])
+    assert summary["steps"] == TRAIN // BATCH and summary["optimizer"] == "AdamW"
+    files = sorted((tmp_path / "run" / "shards").glob("rank-*.pt"))
+    held = [torch.load(path, weights_only=False) for path in files]
+    states = [state for shard in held for state in shard["optimizer"]["state"].values()]
+    tensors = [tensor for shard in held for tensor in shard["master"]]
+    assert len(files) == 2 and len(states) == len(tensors) == len(model_weights(tmp_path / "run"))
+    for state, tensor in zip(states, tensors, strict=True):
+        assert state["exp_avg"].shape == state["exp_avg_sq"].shape == tensor.shape
+        assert 0 < float(state["step"]) <= summary["steps"]

@@ -43,6 +43,11 @@ def check_before_start(config: TrainConfig, layout: Layout, workload: Workload |
     """
     workload = workload or create_workload(config.workload, config.options)
     resolved = resolve(config, workload.defaults)
+    if config.accumulate > 1 and type(workload).initial_state is not Workload.initial_state:
+        raise ConfigError(
+            f"--accumulate {config.accumulate} cuts each batch into micro-batches, and {workload.name} carries a "
+            "state from batch to batch (an LSTM's hidden state) that they cannot share; drop --accumulate"
+        )
     workload.set_loading(Loading(resolved.loader_workers))  # a workload without a loader refuses its workers
     batch = resolved.batch_size
     if layout.sync == "split" and batch % layout.workers:

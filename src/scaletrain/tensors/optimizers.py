@@ -24,6 +24,8 @@ __all__ = [
     "optimizer_class",
     "optimizer_label",
     "parse_optimizer_options",
+    "requested_momentum",
+    "set_momentum",
     "state_layout",
 ]
 
@@ -173,3 +175,20 @@ def state_layout(optimizer: torch.optim.Optimizer) -> tuple[list[str], dict[str,
         if torch.is_tensor(value) and value.shape != stand_in.shape and value.numel() == 1
     }
     return whole, scalars
+
+
+def requested_momentum(optimizer: torch.optim.Optimizer) -> float:
+    """The momentum ``optimizer`` was made with: SGD's ``momentum``, or the first-moment rate (``betas[0]``) of
+    Adam and its kin; 0 for one with neither. Asynchronous compensation lowers it (:func:`set_momentum`)."""
+    defaults = optimizer.defaults
+    if "momentum" in defaults:
+        return float(defaults["momentum"])
+    return float(defaults["betas"][0]) if "betas" in defaults else 0.0
+
+
+def set_momentum(group: dict[str, Any], momentum: float) -> None:
+    """Use ``momentum`` in a parameter group: SGD's ``momentum``, or the ``betas[0]`` of Adam and its kin."""
+    if "momentum" in group:
+        group["momentum"] = momentum
+    elif "betas" in group:
+        group["betas"] = (momentum, *tuple(group["betas"])[1:])

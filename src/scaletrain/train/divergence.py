@@ -22,11 +22,16 @@ for users.
 
 from __future__ import annotations
 
+import math
 import statistics
 
-from scaletrain.config import TrainConfig
+import torch
 
-__all__ = ["FLOOR", "PATIENCE", "REFERENCE_STEPS", "LossBound", "loss_bound"]
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ScaletrainError
+from scaletrain.train.schedule import Position
+
+__all__ = ["FLOOR", "PATIENCE", "REFERENCE_STEPS", "Diverged", "LossBound", "check_loss", "loss_bound"]
 
 #: How many first losses make the reference.
 REFERENCE_STEPS = 5
@@ -103,3 +108,22 @@ class LossBound:
 def loss_bound(config: TrainConfig, first_losses: list[float]) -> LossBound:
     """The bound ``config.divergence`` asks for, continuing from ``first_losses`` (kept by a checkpoint)."""
     return LossBound(None if config.divergence == "off" else float(config.divergence), first_losses)
+
+
+class Diverged(ScaletrainError):
+    """The training loss became nan or infinite, or grew past the divergence bound: the settings make the run
+    diverge."""
+
+
+def check_loss(loss: torch.Tensor, bound: LossBound, position: Position, lr: float) -> None:
+    """Raise :class:`Diverged` for a nan or infinite loss, or one that stayed past ``bound``, naming the step and
+    the rate. One read of a scalar per step: free on the CPU; on a GPU it waits for the step's forward pass."""
+    value = float(loss)
+    became, why = (f"{value}", "") if not math.isfinite(value) else (f"{value:.4g}", f", {bound.describe()},")
+    if math.isfinite(value) and not bound.exceeded(value):
+        return
+    raise Diverged(
+        f"training diverged: the loss became {became} at step {position.step + 1} "
+        f"(epoch {position.epoch + 1}){why} with learning rate {lr:g}; start again with a lower --lr "
+        f"(e.g. {lr / 10:g}) or with --clip-norm"
+    )

@@ -11,7 +11,6 @@ The run is built by :mod:`scaletrain.train.build`; its parts and contracts are i
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict
@@ -22,11 +21,10 @@ import torch
 from torch import nn
 
 from scaletrain.efficient import EpochEnd, Reconfiguration, stacked
-from scaletrain.errors import ScaletrainError
 from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.accumulate import micro_batches
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
-from scaletrain.train.divergence import loss_bound
+from scaletrain.train.divergence import Diverged, check_loss, loss_bound
 from scaletrain.train.exchange import PeerLost
 from scaletrain.train.membership import MembershipLog, admit, regroup
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
@@ -39,11 +37,6 @@ from scaletrain.train.state import Prepared, Role, checkpoint_due, learning_rate
 from scaletrain.train.summary import WorkerStats, weights_digest
 
 __all__ = ["Diverged", "Trainer"]
-
-
-class Diverged(ScaletrainError):
-    """The training loss became nan or infinite, or grew past the divergence bound
-    (:mod:`scaletrain.train.divergence`): the settings make the run diverge."""
 
 
 class Trainer:
@@ -221,24 +214,8 @@ class Trainer:
 
     def _check_finite(self, loss: torch.Tensor) -> None:
         """Stop before a nan or infinite loss turns into gradients that reach the other processes, and when a
-        finite loss has stayed past the divergence bound (:mod:`scaletrain.train.divergence`).
-
-        One read of a scalar per step: free on the CPU; on a GPU it waits for the step's forward pass. The
-        bound then costs a comparison.
-        """
-        value = float(loss)
-        if not math.isfinite(value):
-            self._diverged(f"{value}", "")
-        if self.bound.exceeded(value):
-            self._diverged(f"{value:.4g}", f", {self.bound.describe()},")
-
-    def _diverged(self, became: str, why: str) -> None:
-        lr = self.optimizer.param_groups[0]["lr"]
-        raise Diverged(
-            f"training diverged: the loss became {became} at step {self.position.step + 1} "
-            f"(epoch {self.position.epoch + 1}){why} with learning rate {lr:g}; start again with a lower --lr "
-            f"(e.g. {lr / 10:g}) or with --clip-norm"
-        )
+        finite loss has stayed past the divergence bound (:func:`~scaletrain.train.divergence.check_loss`)."""
+        check_loss(loss, self.bound, self.position, self.optimizer.param_groups[0]["lr"])
 
     def _after_step(self, loss: torch.Tensor) -> None:
         config, step = self.config, self.position.step

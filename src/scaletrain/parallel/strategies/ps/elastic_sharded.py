@@ -3,10 +3,11 @@ worker that dies or stops answering is dropped and the survivors go on; a worker
 is admitted at a step boundary.
 
 Every worker owns a shard (Šlampa 2017 Algorithm 3.7), so a lost worker is a lost owner too. Its weights lose
-nothing, since after each step every worker holds all of them. Its momentum is rebuilt by the survivor the members
-go on from, from its weights at the start of the last two steps (``momentum_rebuilt``; equal up to float32
+nothing, since after each step every worker holds all of them. Its SGD momentum is rebuilt by the survivor the
+members go on from, from its weights at the start of the last two steps (``momentum_rebuilt``; equal up to float32
 rounding, no traffic during training), or is zero (``momentum_reset``) where that survivor does not know the step
-before. Every other owner hands its shard's momentum on.
+before; another optimizer's state (Adam's moments and step count) starts again from zero. Every other owner hands
+its shard's whole optimizer state on.
 
 The survivors agree on the membership as an elastic all-reduce run does
 (:class:`~scaletrain.parallel.strategies.elastic.StoreMembership`). A worker sees a loss when a send or a reply
@@ -14,7 +15,7 @@ fails (``died``), when a thread serving the lost peer fails while its own server
 waiting for every gradient of its shard, when a heartbeat stood still (``stopped answering``). Every model then
 goes back to the weights the step began from, since one owner may have applied that step and another not, and
 the survivors do it again from those weights and momentum (each owner keeps the momentum from before its last
-update: :meth:`ShardServer.momentum_at`), unless one of them had completed it (then all take its weights).
+update: :meth:`ShardServer.state_at`), unless one of them had completed it (then all take its weights).
 
 Then each survivor rebuilds (:meth:`ElasticShardExchange.resize`): the owners still members broadcast their
 shard's momentum at the agreed step, pairs are made anew among the members (rank 0 stays 0), ownership is planned
@@ -47,6 +48,7 @@ from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.parallel.strategies.ps.shards import Shards, tensor_bytes
 from scaletrain.tensors.codec import wire_codec
 from scaletrain.tensors.flat import views_of
+from scaletrain.tensors.optimizers import state_layout
 from scaletrain.train.exchange import ExchangeTimes, PeerLost
 from scaletrain.train.membership import take_live_state
 from scaletrain.train.state import Regrouped
@@ -70,7 +72,6 @@ class ElasticShardExchange(PSExchange):
         shards: Shards,
         membership: StoreMembership,
         before: list[int] | None = None,
-        momentum: bool = True,
         learning_rate: Callable[[int], float] | None = None,
         **options: Any,
     ) -> None:
@@ -78,7 +79,6 @@ class ElasticShardExchange(PSExchange):
         self.shards, self.membership = shards, membership
         self._members = list(before if before is not None else membership.members)  # whom this exchange's ranks index
         self._joined = before is not None
-        self._momentum = momentum  # whether the optimizer keeps momentum (--momentum above 0)
         self._learning_rate = learning_rate  # the servers' rate at each update (of the step it is numbered by)
         self._began: dict[int, torch.Tensor] = {}  # each owner's weights as the step began
         self._previous: dict[int, torch.Tensor] = {}  # and as the step before began (when _previous_known)
@@ -220,19 +220,22 @@ class ElasticShardExchange(PSExchange):
             raise PeerLost(_why(error), in_flight=False) from error
         self.versions = {owner: step for owner in self.owners}
         self._members = list(members)
-        if self.membership.record is not None and self._momentum:  # the change's record: how each lost shard's went on
+        if self.membership.record is not None and reset:  # the change's record: how each lost shard's state went on
             self.membership.record |= reset
         self._retired = None
         self._keep_began()
 
     def _share_momentum(self, members: list[int], index: int, step: int) -> dict[str, list[int]]:
-        """Every shard's momentum at ``step`` into this worker's optimizer (the new servers start from it), in the old
-        owners' order: an owner still a member broadcasts its own; a lost owner's is rebuilt by the survivor the
-        members go on from, out of its weights at the start of this step and the step before: SGD moved them by
-        the rate times the momentum (``momentum_rebuilt``); where it does not know the step before (the first
-        step after a start or a change) the momentum is zero (``momentum_reset``). Both name the owners' launch
-        ranks."""
-        if not self._momentum:
+        """Every shard's optimizer state at ``step`` into this worker's optimizer (the new servers start from it), in
+        the old owners' order: an owner still a member broadcasts its own (every key: SGD's momentum, Adam's
+        moments and step count); a lost owner's SGD momentum is rebuilt by the survivor the members go on from,
+        out of its weights at the start of this step and the step before: SGD moved them by the rate times the
+        momentum (``momentum_rebuilt``); where it does not know the step before (the first step after a start or
+        a change), and for every other optimizer's state, it starts again from zero (``momentum_reset``: Adam's
+        moments and step count 0, whose bias correction then treats the shard as fresh). Both name the owners'
+        launch ranks."""
+        whole, scalars = state_layout(self._optimizer)
+        if not whole and not scalars:
             return {}
         parameters = list(self._model.parameters())
         before = self._members
@@ -242,32 +245,42 @@ class ElasticShardExchange(PSExchange):
         known = torch.tensor([int(self._previous_known)])
         if lost:  # whether the survivor the members go on from knows the step before
             dist.broadcast(known, src=source)
-        rebuilt = bool(known.item())
+        rebuilt = bool(known.item()) and whole == ["momentum_buffer"] and not scalars
         record: dict[str, list[int]] = {"momentum_rebuilt": [], "momentum_reset": []}
         for old in sorted(set(owner_of)):
             shard = [p for p, owner in zip(parameters, owner_of, strict=True) if owner == old]
-            buffer = torch.zeros(sum(p.numel() for p in shard))
+            size = sum(p.numel() for p in shard)
+            state = {key: torch.zeros(size) for key in whole} | {
+                key: torch.zeros(len(shard), dtype=torch.float64) for key in scalars
+            }
             if before[old] in members:  # its owner hands it on
                 if members.index(before[old]) == index:
-                    buffer = self._own_momentum(step, buffer)
-                dist.broadcast(buffer, src=members.index(before[old]))
+                    state = self._own_state(step, state)
+                for key in state:
+                    dist.broadcast(state[key], src=members.index(before[old]))
             elif step > 0:
                 record["momentum_rebuilt" if rebuilt else "momentum_reset"].append(before[old])
                 if index == source and rebuilt:
+                    buffer = state["momentum_buffer"]
                     torch.sub(self._previous[old], self._began[old], out=buffer)
                     buffer /= self._learning_rate(step - 1)
-                dist.broadcast(buffer, src=source)
-            for parameter, view in zip(shard, views_of(buffer, shard), strict=True):
-                self._optimizer.state[parameter]["momentum_buffer"] = view.to(parameter.device, copy=True)
+                for key in state:
+                    dist.broadcast(state[key], src=source)
+            for key in whole:
+                for parameter, view in zip(shard, views_of(state[key], shard), strict=True):
+                    self._optimizer.state[parameter][key] = view.to(parameter.device, copy=True)
+            for key, kind in scalars.items():
+                for parameter, value in zip(shard, state[key].tolist(), strict=True):
+                    self._optimizer.state[parameter][key] = torch.tensor(value, dtype=kind)
         return record
 
-    def _own_momentum(self, step: int, zeros: torch.Tensor) -> torch.Tensor:
+    def _own_state(self, step: int, zeros: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         server = self._retired
-        momentum = server.momentum_at(step) if server is not None else None
-        if momentum is None:  # cannot happen by the rule in the module's text; said in the log if it does
-            print(f"worker rank {self.membership.rank}: no momentum of its shard at step {step}: zero", flush=True)
+        state = server.state_at(step) if server is not None else None
+        if state is None:  # cannot happen by the rule in the module's text; said in the log if it does
+            print(f"worker rank {self.membership.rank}: no state of its shard at step {step}: zero", flush=True)
             return zeros
-        return momentum
+        return state
 
 
 def _why(error: BaseException) -> str | None:
@@ -302,7 +315,6 @@ def elastic_sharded(setup: Any, rank: int) -> tuple[ElasticShardExchange, StoreM
         shards=shards,
         membership=membership,
         before=before,
-        momentum=config.momentum > 0,
         learning_rate=setup.options["learning_rate"],
         exclusive=ps_options(config)["admission"] == "exclusive",
         codec=wire_codec(config),

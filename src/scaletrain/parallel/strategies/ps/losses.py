@@ -17,6 +17,7 @@ from scaletrain.parallel.strategies.ps.membership import Members
 from scaletrain.parallel.strategies.ps.protocol import PROBE, PeerLost
 from scaletrain.parallel.strategies.ps.records import ServerStats
 from scaletrain.tensors.flat import flatten
+from scaletrain.tensors.optimizers import state_layout
 from scaletrain.train.meter import now
 
 __all__ = ["Closed", "LossHandling", "Redo"]
@@ -35,7 +36,7 @@ class LossHandling:
     version: int
     contributors: int
     closed: bool
-    _before: tuple[int, torch.Tensor] | None
+    _before: tuple[int, dict[str, torch.Tensor]] | None
     _condition: threading.Condition
     _failure: tuple[int, str] | None
     _arrived: int
@@ -104,19 +105,27 @@ class LossHandling:
             self.closed = True
             self._condition.notify_all()
 
-    def momentum_at(self, version: int) -> torch.Tensor | None:
-        """The master tensors' momentum (one flat buffer) after ``version`` updates: the current one, or the one
-        before the last update (a step the survivors of a lost peer undo); None when neither is that version."""
+    def state_at(self, version: int) -> dict[str, torch.Tensor] | None:
+        """The master tensors' optimizer state after ``version`` updates, each key one flat buffer (a scalar per
+        tensor for a scalar key such as Adam's ``step``): the current one, or the one before the last update (a
+        step the survivors of a lost peer undo); None when neither is that version."""
         with self._condition:
             if version == self.version:
-                return self._momentum()
+                return self._state()
             if self._before is not None and self._before[0] == version:
                 return self._before[1]
             return None
 
-    def _momentum(self) -> torch.Tensor:
+    def _state(self) -> dict[str, torch.Tensor]:
+        if getattr(self, "_layout", None) is None:  # learned once: a step of a like optimizer
+            self._layout = state_layout(self.optimizer)
+        whole, scalars = self._layout
         state = self.optimizer.state
-        return flatten([state.get(p, {}).get("momentum_buffer", torch.zeros_like(p)) for p in self.master])
+        flat = {key: flatten([state.get(p, {}).get(key, torch.zeros_like(p)) for p in self.master]) for key in whole}
+        return flat | {
+            key: torch.tensor([float(state.get(p, {}).get(key, 0)) for p in self.master], dtype=torch.float64)
+            for key in scalars
+        }
 
     def _generation(self) -> int:
         return self.members.generation if self.members is not None else 0

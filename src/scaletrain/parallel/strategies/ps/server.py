@@ -32,6 +32,7 @@ from scaletrain.parallel.strategies.ps.records import ServerStats
 from scaletrain.parallel.strategies.ps.staleness import Compensation
 from scaletrain.tensors.codec import LayoutMismatch, TensorLayout, WireCodec, WireMismatch
 from scaletrain.tensors.flat import finite, flatten, views_of
+from scaletrain.tensors.optimizers import set_momentum
 from scaletrain.train.meter import now
 
 __all__ = ["ShardServer"]
@@ -95,7 +96,7 @@ class ShardServer(LossHandling):
         # elastic sharded (--min-workers): ``lost()`` says a peer was lost while the owner's own worker waits for
         # an update; the owner's momentum before the last update is kept, as a step of a lost peer is undone
         self.lost = lost
-        self._before: tuple[int, torch.Tensor] | None = None
+        self._before: tuple[int, dict[str, torch.Tensor]] | None = None
         self.closed = False  # the survivors regrouped: nothing more is applied, the threads end quietly
         self.closed_peers: set[int] = set()  # whose connection closed (they died), as the serving threads saw
         #: Set by the owner's worker before it contributes (the first owner, elastic): a worker waits to join;
@@ -361,12 +362,12 @@ class ShardServer(LossHandling):
         if self.clip_norm:
             nn.utils.clip_grad_norm_(self.master, self.clip_norm)
         rate = self.learning_rate(self.version) if self.learning_rate else self._base_rate
-        if self.lost is not None:  # elastic sharded: the momentum this update starts from (see momentum_at)
-            self._before = (self.version, self._momentum())
+        if self.lost is not None:  # elastic sharded: the state this update starts from (see state_at)
+            self._before = (self.version, self._state())
         for group in self.optimizer.param_groups:
             group["lr"] = rate * scale
             if momentum is not None:
-                group["momentum"] = momentum
+                set_momentum(group, momentum)
         self.optimizer.step()
         if self.after_step is not None:  # a technique's change of the new weights (PruneTrain's shrinking)
             self.after_step(self.master, rate * scale)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from scaletrain.config import TrainConfig
@@ -37,9 +38,10 @@ from scaletrain.parallel.strategies.ps.summary import server_extra
 from scaletrain.parallel.strategies.ps.terms import CENTRAL, SHARDED
 from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.tensors.codec import wire_codec
+from scaletrain.tensors.optimizers import requested_momentum
 from scaletrain.train.membership import elastic_fields
 from scaletrain.train.reconfigure import apply_decision, describe_decision
-from scaletrain.train.state import Prepared, Role, learning_rate_at_step
+from scaletrain.train.state import Prepared, Role, learning_rate_at_step, make_optimizer
 from scaletrain.train.summary import write_summary
 
 __all__ = ["ParameterServer"]
@@ -134,7 +136,9 @@ class _Setup:
         config = self.prepared.config
         share = batch_share(config, self.layout, config.batch_size)
         mode, workers = ps_options(config)["compensation"], self.layout.workers
-        return Compensation(mode, momentum=config.momentum, workers=workers, share=share)
+        # the momentum asked for (SGD's, or Adam's first-moment rate): a fresh optimizer's, not one a resume lowered
+        requested = requested_momentum(make_optimizer(config, [torch.zeros(1, requires_grad=True)]))
+        return Compensation(mode, momentum=requested, workers=workers, share=share)
 
     def bound(self, workers: list[int], stats: ServerStats) -> StalenessBound | None:
         """One per owner, over the clocks in ``stats`` of the ``workers`` that push to it (``--max-staleness``).
