@@ -21,6 +21,7 @@ from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
+from scaletrain.cli.registry_flags import parse_options
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
@@ -139,6 +140,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     advice.add_argument(
         "--momentum", type=float, metavar="M", help="with --validate: momentum of the runs (default: the workload's)"
     )
+
     advice.add_argument(
         "--cases",
         metavar="WHICH",
@@ -295,7 +297,11 @@ def _validate(args: argparse.Namespace) -> int:
     wire = f"-{args.wire}" if args.wire != "fp32" else ""
     wire += "".join(f"-{name}" for name in args.framework if name != "scaletrain")
     out = args.out or Path("validation") / f"{args.workload}-{args.network or 'loopback'}{wire}"
-    settings = {key: value for key, value in (("lr", args.lr), ("momentum", args.momentum)) if value is not None}
+    given = (("lr", args.lr), ("momentum", args.momentum), ("optimizer", args.optimizer))
+    settings = {key: value for key, value in given if value is not None}
+    optimizer_options = parse_options(args.optimizer_option, what="optimizer option", example="-O betas=0.9,0.95")
+    if optimizer_options:
+        settings["optimizer_options"] = optimizer_options
     validate(
         args.workload,
         out=out,
@@ -332,6 +338,8 @@ CASE_FLAGS = (
     "run_repeats",
     "lr",
     "momentum",
+    "optimizer",
+    "optimizer_option",
     "network",
     "batch_size",
     "wire_option",

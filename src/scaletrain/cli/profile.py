@@ -109,6 +109,14 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--device", default="cpu", metavar="cpu|cuda|cuda:K|auto", help="where t_grad is timed (default: cpu)"
     )
     group.add_argument(
+        "--optimizer",
+        metavar="NAME",
+        help="whose step t_update times, as train takes it (default: sgd); with estimate --validate also the runs'",
+    )
+    group.add_argument(
+        "-O", "--optimizer-option", action="append", default=[], metavar="KEY=VALUE", help="an option of --optimizer"
+    )
+    group.add_argument(
         "--memory-format",
         choices=MEMORY_FORMATS,
         default="auto",
@@ -142,6 +150,8 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "device": args.device,
         "memory_format": args.memory_format,
         "overlap_bucket_mb": args.bucket_mb if args.overlap else None,
+        "optimizer": args.optimizer or "sgd",
+        "optimizer_options": parse_options(args.optimizer_option, what="optimizer option", example="-O eps=1e-8"),
     }
 
 

@@ -54,6 +54,7 @@ from scaletrain.parallel.strategies.ps.shards import tensor_bytes
 from scaletrain.plugins import load_plugins
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device, synchronize, to_device
+from scaletrain.tensors.optimizers import build_optimizer
 from scaletrain.train.meter import now
 from scaletrain.train.runtime import configure_process
 from scaletrain.workloads import Part, create_workload
@@ -80,7 +81,10 @@ def time_gradient(job: dict[str, Any], barrier: Any = None) -> dict[str, Any]:
     device = resolve_device(job.get("device", "cpu"))
     model = network(workload, job.get("architecture") or {}).to(device)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"], fused=True)
+    # t_update is the step of the run's optimizer (Adam's reads and writes two moments more than SGD's momentum)
+    kind, options = job.get("optimizer", "sgd"), job.get("optimizer_options") or {}
+    momentum = job["momentum"] if kind.lower() == "sgd" else None
+    optimizer = build_optimizer(kind, options, model.parameters(), lr=job["lr"], momentum=momentum, weight_decay=0.0)
     autocast = _forward_context(job, device)
     batch_size = job["batch_size"]
     grads: dict[str, list[float]] = {}

@@ -53,6 +53,9 @@ __all__ = [
     "run_validation",
 ]
 
+#: The training settings ``estimate --validate`` passes to its runs (and its profile's t_update).
+RUN_SETTINGS = ("lr", "momentum", "optimizer", "optimizer_options")
+
 DEFAULT_STRATEGIES = (
     "allreduce-join",
     "ps-central-join",
@@ -77,7 +80,7 @@ class ValidationConfig:
     repeats: int = 3
     network: str | None = None
     options: dict[str, str] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)  # lr, momentum for the runs
+    settings: dict[str, Any] = field(default_factory=dict)  # RUN_SETTINGS for the runs
     data_dir: Path | None = None
     threads_per_worker: int = 1
     launches: int = 3  # fresh processes the profile pools each timing over
@@ -108,7 +111,7 @@ class ValidationConfig:
                     batch_size=self.batch_size,
                     threads=self.threads_per_worker,
                     **self.run_settings(),
-                    **{key: value for key, value in self.settings.items() if key in ("lr", "momentum")},
+                    **{key: value for key, value in self.settings.items() if key in RUN_SETTINGS},
                 )
             )
         if self.steps <= self.warmup_steps:
@@ -176,6 +179,8 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             launches=config.launches,
             lr=config.settings.get("lr"),
             momentum=config.settings.get("momentum"),
+            optimizer=config.settings.get("optimizer", "sgd"),
+            optimizer_options=dict(config.settings.get("optimizer_options") or {}),
             data_dir=config.data_dir,
             wire=config.wire,
             wire_options=dict(config.wire_options),
