@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -97,20 +95,19 @@ def make_image_folder(root: Path, *, per_class: int = 4) -> Path:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` ports free now, below the kernel's range for outgoing connections, so that no other
-    process's connection takes one before the job's later trainings bind it."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    """``count`` different ports free now, below the kernel's range for outgoing connections (the launcher's own
+    :func:`~scaletrain.parallel.launch.free_port`), so that no other process's connection takes one before the
+    job's later trainings bind it."""
+    from scaletrain.parallel.launch import free_port
+
     ports: list[int] = []
-    for port in random.sample(range(max(low - 12000, 1024), low), 200):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
+    for _ in range(50 * count):
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
         if len(ports) == count:
             return ports
-    raise RuntimeError(f"fewer than {count} free ports below {low}")
+    raise RuntimeError(f"fewer than {count} different free ports")
 
 
 #: The torchrun variables: a job's processes get only those its test gives them.
