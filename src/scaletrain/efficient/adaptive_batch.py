@@ -195,10 +195,16 @@ def _status_kilobytes(path: str, key: str) -> int:
 
 
 def trial_step(
-    model: nn.Module, workload: Any, batch: Any, rows: int, forward_context: Callable[[], Any], momentum: float
+    model: nn.Module,
+    workload: Any,
+    batch: Any,
+    rows: int,
+    forward_context: Callable[[], Any],
+    optimizer_of: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
 ) -> Callable[[], None]:
     """One training step of ``model`` on ``batch`` as the loop takes it: forward under the technique's
-    context, backward, and an SGD step that creates the momentum buffers."""
+    context, backward, and a step of the run's optimizer (``optimizer_of``, at rate 0) that creates its state
+    (SGD's momentum, Adam's two moments)."""
 
     def step() -> None:
         model.train()
@@ -207,7 +213,7 @@ def trial_step(
             objective, _, _ = workload.training_loss(model, batch, state)
         model.zero_grad(set_to_none=True)
         objective.backward()
-        torch.optim.SGD(model.parameters(), lr=0.0, momentum=momentum, fused=True).step()
+        optimizer_of(list(model.parameters())).step()
 
     return step
 

@@ -12,7 +12,7 @@ from scaletrain.efficient.adaptive_batch import cuda_peak, forked_peak_rss, tria
 from scaletrain.efficient.sync_batchnorm import synchronised
 from scaletrain.tensors.device import to_device
 from scaletrain.train.plan import WorkerPlan
-from scaletrain.train.state import Prepared
+from scaletrain.train.state import Prepared, make_optimizer
 
 __all__ = ["step_peak"]
 
@@ -32,12 +32,13 @@ def step_peak(
         return None  # the epoch has no batch that large
     batch = next(iter(workload.train_batches(data, epoch=0, batch_size=rows, seed=prepared.config.seed)))
     batch = to_device(batch, device)
-    momentum = prepared.config.momentum or 0.0
+    # the run's optimizer: its step runs on a forked copy (CPU) or a copy of the network (GPU), never the run's own
+    optimizer_of = lambda parameters: make_optimizer(prepared.config, parameters)  # noqa: E731
     forward_context = _alone(forward_context)
     if device.type == "cpu":
-        return forked_peak_rss(trial_step(model, workload, batch, rows, forward_context, momentum))
+        return forked_peak_rss(trial_step(model, workload, batch, rows, forward_context, optimizer_of))
     copy_on_device = copy.deepcopy(model)
-    return cuda_peak(trial_step(copy_on_device, workload, batch, rows, forward_context, momentum), device)
+    return cuda_peak(trial_step(copy_on_device, workload, batch, rows, forward_context, optimizer_of), device)
 
 
 def _alone(forward_context: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], contextlib.ExitStack]:
