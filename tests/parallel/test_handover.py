@@ -118,20 +118,26 @@ def test_an_object_that_can_be_neither_imported_nor_pickled_is_one_line(tmp_path
 
 
 @pytest.mark.multiprocess
-def test_a_module_the_workers_cannot_import_is_one_line_naming_the_fix(
+def test_a_module_the_script_put_on_sys_path_reaches_the_workers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What a script does (``sys.path.insert(0, folder)``, then an import from it): the workers get the launching
+    process's sys.path, as multiprocessing's spawn gives its children; once the module is gone from there, the
+    refusal is one line naming the fix."""
     (tmp_path / "private_blobs.py").write_text(
         "from tests.workloads.own_workload import make_workload\n\n\nclass Private(type(make_workload())):\n    pass\n",
         encoding="utf-8",
     )
-    monkeypatch.syspath_prepend(str(tmp_path))  # this process imports it; the workers are not told where it is
+    monkeypatch.syspath_prepend(str(tmp_path))  # this process imports it; nothing else says where it is
     import private_blobs
 
     workload = make_workload()
     workload.__class__ = private_blobs.Private
+    summary = scaletrain.train(workload, out=tmp_path / "run", **SETTINGS)
+    assert summary["workers"] == 2 and summary["steps"] > 0
+    (tmp_path / "private_blobs.py").unlink()
     with pytest.raises(RunFailed) as failed:
-        scaletrain.train(workload, out=tmp_path / "run", **SETTINGS)
+        scaletrain.train(workload, out=tmp_path / "again", **SETTINGS)
     assert failed.value.exit_code == 2 and "\n" not in str(failed.value)
     assert "the workload object needs module 'private_blobs', which this process cannot import; put its folder on " \
         "PYTHONPATH" in str(failed.value)  # fmt: skip

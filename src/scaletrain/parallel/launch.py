@@ -33,7 +33,7 @@ from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
-from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, start_module
+from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, interpreter_path, start_module
 from scaletrain.parallel.process import ADDRESS_NAME, joined_workers, write_address
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
@@ -186,8 +186,9 @@ def spawn_rank(
         ENV_LOCAL_RANK: str(rank),
         ENV_LOCAL_WORLD_SIZE: str(world_size),
         ENV_LAUNCHER: "local",
-        # The children import the same scaletrain as this process, installed or not.
-        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+        # The children import the same scaletrain as this process, installed or not, and what this process's
+        # sys.path reaches (a script's sys.path.insert), as multiprocessing's spawn hands its children.
+        "PYTHONPATH": os.pathsep.join(_search_path(package_root)),
         **(network.environment(rank) if network else {}),
     }
     if network is None:
@@ -393,6 +394,16 @@ def stop_processes(processes: list[Process]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def _search_path(package_root: str) -> list[str]:
+    """The children's ``PYTHONPATH``: scaletrain's folder, this process's ``sys.path`` beyond the interpreter's own
+    (a script's folder, what it inserted, ``PYTHONPATH``), then ``PYTHONPATH`` as given; each folder once."""
+    own = set(interpreter_path())
+    launcher = [os.path.abspath(entry or os.curdir) for entry in sys.path if os.path.abspath(entry or os.curdir)]
+    given = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    entries = [package_root, *(entry for entry in launcher if entry not in own and os.path.isdir(entry)), *given]
+    return list(dict.fromkeys(entries))
 
 
 def free_port() -> int:

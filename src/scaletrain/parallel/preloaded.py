@@ -40,6 +40,7 @@ __all__ = [
     "PreloadedProcess",
     "can_fork",
     "die_with_parent",
+    "interpreter_path",
     "start_forked",
     "start_fresh",
     "start_module",
@@ -136,7 +137,7 @@ def start_forked(
             module_args,
             environment,
             cwd,
-            [*search_path, *_interpreter_path()],
+            [*search_path, *interpreter_path()],
             _Descriptor(out_fd),
             _Descriptor(err_fd),
         ),
@@ -298,7 +299,7 @@ def _python_path(environment: dict[str, str]) -> list[str]:
 
 
 @functools.cache
-def _interpreter_path() -> tuple[str, ...]:
+def interpreter_path() -> tuple[str, ...]:
     """This interpreter's ``sys.path`` without ``PYTHONPATH`` and the script's folder (asked once, of a new one)."""
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     found = subprocess.run(
