@@ -96,9 +96,9 @@ def make_image_folder(root: Path, *, per_class: int = 4) -> Path:
 
 def free_ports(count: int) -> list[int]:
     """``count`` different ports free now, below the kernel's range for outgoing connections (the launcher's own
-    :func:`~scaletrain.parallel.launch.free_port`), so that no other process's connection takes one before the
+    :func:`~scaletrain.parallel.ports.free_port`), so that no other process's connection takes one before the
     job's later trainings bind it."""
-    from scaletrain.parallel.launch import free_port
+    from scaletrain.parallel.ports import free_port
 
     ports: list[int] = []
     for _ in range(50 * count):

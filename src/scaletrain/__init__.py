@@ -27,12 +27,14 @@ from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError, DataError, ScaletrainError
 from scaletrain.workloads import WORKLOADS, Workload, create_workload
 from scaletrain.workloads.classification import ClassificationWorkload
+from scaletrain.workloads.functions import FunctionsWorkload, from_functions
 
 __all__ = [
     "WORKLOADS",
     "ClassificationWorkload",
     "ConfigError",
     "DataError",
+    "FunctionsWorkload",
     "ScaletrainError",
     "TrainConfig",
     "Workload",
@@ -43,6 +45,7 @@ __all__ = [
     "deploy_kubernetes_bench",
     "estimate",
     "exit_now",
+    "from_functions",
     "list_workloads",
     "load_model",
     "make_config",

@@ -29,6 +29,7 @@ from scaletrain.train.summary import write_summary
 from scaletrain.workloads import WORKLOADS
 from scaletrain.workloads.base import Workload, WorkloadDefaults
 from scaletrain.workloads.classification import ClassificationData, ClassificationWorkload
+from scaletrain.workloads.functions import FunctionsWorkload, from_functions
 
 __all__ = [
     "CODECS",
@@ -44,6 +45,7 @@ __all__ = [
     "EpochEnd",
     "EstimatorTerms",
     "ExchangeTimes",
+    "FunctionsWorkload",
     "GradientExchange",
     "Layout",
     "Prepared",
@@ -62,6 +64,7 @@ __all__ = [
     "clip_and_step",
     "collect_stats",
     "flatten",
+    "from_functions",
     "layout_fields",
     "now",
     "option",

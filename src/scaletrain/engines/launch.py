@@ -28,7 +28,8 @@ from scaletrain.engines.install import engine_named, installed, python_of, requi
 from scaletrain.engines.prepare import EngineRun, prepare
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.launch import free_port, is_stopped, stop_processes
+from scaletrain.parallel.launch import is_stopped, stop_processes
+from scaletrain.parallel.ports import free_port
 from scaletrain.parallel.preloaded import die_with_parent
 from scaletrain.train.summary import SUMMARY_NAME, THROUGHPUT_NOTE, WorkerStats, throughput
 

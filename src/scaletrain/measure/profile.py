@@ -46,7 +46,8 @@ from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.launch import Process, free_port, spawn_rank, stop_processes
+from scaletrain.parallel.launch import Process, spawn_rank, stop_processes
+from scaletrain.parallel.ports import free_port
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload

@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +31,8 @@ from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.failures import DROPPED_EXIT_CODE
 from scaletrain.parallel.handover import remove_handover, send_workload
-from scaletrain.parallel.preloaded import PreloadedProcess, die_with_parent, interpreter_path, start_module
+from scaletrain.parallel.ports import free_port
+from scaletrain.parallel.preloaded import PreloadedProcess, child_search_path, die_with_parent, start_module
 from scaletrain.parallel.process import ADDRESS_NAME, joined_workers, write_address
 from scaletrain.parallel.rendezvous import (
     ENV_LOCAL_RANK,
@@ -48,7 +47,7 @@ from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_ad
 from scaletrain.train.summary import SUMMARY_NAME
 from scaletrain.workloads import Workload
 
-__all__ = ["ENV_LAUNCHER", "Process", "RunFailed", "free_port", "launch_local", "spawn_rank", "stop_processes"]
+__all__ = ["ENV_LAUNCHER", "Process", "RunFailed", "launch_local", "spawn_rank", "stop_processes"]
 
 POLL_SECONDS = 0.05
 GRACE_SECONDS = 5.0
@@ -188,7 +187,7 @@ def spawn_rank(
         ENV_LAUNCHER: "local",
         # The children import the same scaletrain as this process, installed or not, and what this process's
         # sys.path reaches (a script's sys.path.insert), as multiprocessing's spawn hands its children.
-        "PYTHONPATH": os.pathsep.join(_search_path(package_root)),
+        "PYTHONPATH": os.pathsep.join(child_search_path(package_root)),
         **(network.environment(rank) if network else {}),
     }
     if network is None:
@@ -394,38 +393,3 @@ def stop_processes(processes: list[Process]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _search_path(package_root: str) -> list[str]:
-    """The children's ``PYTHONPATH``: scaletrain's folder, this process's ``sys.path`` beyond the interpreter's own
-    (a script's folder, what it inserted, ``PYTHONPATH``), then ``PYTHONPATH`` as given; each folder once."""
-    own = set(interpreter_path())
-    launcher = [os.path.abspath(entry or os.curdir) for entry in sys.path if os.path.abspath(entry or os.curdir)]
-    given = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
-    entries = [package_root, *(entry for entry in launcher if entry not in own and os.path.isdir(entry)), *given]
-    return list(dict.fromkeys(entries))
-
-
-def free_port() -> int:
-    """A port free now for rank 0's store, taken below the kernel's ephemeral range where one is known: a port
-    the kernel hands out (bind to 0) can be handed again to an outgoing connection (gloo's, another run's) before
-    the store listens on it, which fails the run with EADDRINUSE."""
-    low = _ephemeral_low()
-    for port in random.sample(range(max(1024, low - 12000), low), 64) if low > 2048 else []:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux; 0 where it cannot be read)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0

@@ -39,6 +39,7 @@ __all__ = [
     "ENV_WORKER_START",
     "PreloadedProcess",
     "can_fork",
+    "child_search_path",
     "die_with_parent",
     "interpreter_path",
     "start_forked",
@@ -317,3 +318,13 @@ def _startup(environment: dict[str, str]) -> dict[str, str]:
     """The variables a fork cannot take over from ``environment`` (``PYTHONPATH`` it can: it sets ``sys.path``)."""
     read_at_start = {key: value for key, value in environment.items() if key.startswith(STARTUP_PREFIXES)}
     return {**read_at_start, "PYTHONPATH": "", "executable": sys.executable}
+
+
+def child_search_path(package_root: str) -> list[str]:
+    """The children's ``PYTHONPATH``: scaletrain's folder, this process's ``sys.path`` beyond the interpreter's own
+    (a script's folder, what it inserted, ``PYTHONPATH``), then ``PYTHONPATH`` as given; each folder once."""
+    own = set(interpreter_path())
+    launcher = [os.path.abspath(entry or os.curdir) for entry in sys.path if os.path.abspath(entry or os.curdir)]
+    given = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    entries = [package_root, *(entry for entry in launcher if entry not in own and os.path.isdir(entry)), *given]
+    return list(dict.fromkeys(entries))

@@ -202,7 +202,7 @@ def quality_warning(workload: Any, data: Any, quality: dict[str, float], stats: 
     statistics lost, say) looks like. ``None`` otherwise, or when the workload knows no chance level.
 
     >>> class Coin:
-    ...     metric = "test_accuracy"
+    ...     metric, lower_is_better = "test_accuracy", False
     ...     def chance_quality(self, data): return 0.5
     >>> fell = [WorkerStats(0, 9, 9, 1.0, first_step_loss=0.7, last_step_loss=0.2)]
     >>> quality_warning(Coin(), None, {"test_accuracy": 0.51}, fell)[:40]
@@ -219,8 +219,7 @@ def quality_warning(workload: Any, data: Any, quality: dict[str, float], stats: 
     begun, ended = statistics.fmean(first), statistics.fmean(last)
     if not ended <= 0.8 * begun:
         return None
-    lower_is_better = "perplexity" in workload.metric or "loss" in workload.metric
-    at_chance = value >= 0.9 * chance if lower_is_better else value <= chance + max(0.02, 0.1 * chance)
+    at_chance = value >= 0.9 * chance if workload.lower_is_better else value <= chance + max(0.02, 0.1 * chance)
     if not at_chance:
         return None
     return (

@@ -101,6 +101,8 @@ class Workload(ABC):
     name: str
     dataset: str
     metric: str  # key written to summary.json, e.g. "test_accuracy"
+    #: Whether a larger :attr:`metric` is better; None: told by its name (a loss or a perplexity is lower-better).
+    higher_is_better: bool | None = None
     defaults: WorkloadDefaults
     options_type: type = NoOptions
     #: What :func:`~scaletrain.workloads.create_workload` made it from; ``None`` for an object made otherwise,
@@ -174,6 +176,13 @@ class Workload(ABC):
         """The :attr:`metric` of a model that learned nothing (guessing), or ``None`` if unknown: a run whose
         quality stays there while its loss falls is flagged (:func:`scaletrain.train.summary.quality_warning`)."""
         return None
+
+    @property
+    def lower_is_better(self) -> bool:
+        """Whether a smaller :attr:`metric` is better (a loss, a perplexity, or as the workload says)."""
+        if self.higher_is_better is not None:
+            return not self.higher_is_better
+        return "perplexity" in self.metric or "loss" in self.metric
 
     def describe(self) -> dict[str, Any]:
         """Name, dataset, metric and parameter count, for ``scaletrain workloads``."""
