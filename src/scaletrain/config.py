@@ -67,10 +67,11 @@ class TrainConfig:
     declares and checks (:class:`scaletrain.parallel.strategies.StrategyOption`), as it checks the wire and
     ``overlap`` it can carry: :func:`scaletrain.make_config` and every run do, this class cannot see strategies.
 
-    Optimization: ``optimizer`` (``sgd``, any ``torch.optim`` class by name such as ``adamw``, or
-    ``module:attribute``) with ``optimizer_options`` (``-O betas=0.9,0.95``; :mod:`scaletrain.tensors.optimizers`);
-    ``lr_schedule`` (``step``: ``lr_decay`` per epoch from ``lr_decay_start``; ``constant``; ``cosine`` and
-    ``linear`` to 0 over the run) after ``lr_warmup`` updates that raise the rate linearly to ``lr``;
+    Optimization (unset: the workload's, SGD and ``step`` for the seeds' workloads): ``optimizer`` (``sgd``, any
+    ``torch.optim`` class by name such as ``adamw``, or ``module:attribute``) with ``optimizer_options``
+    (``-O betas=0.9,0.95``; :mod:`scaletrain.tensors.optimizers`); ``lr_schedule`` (``step``: ``lr_decay`` per
+    epoch from ``lr_decay_start``; ``constant``; ``cosine`` and ``linear`` to 0 over the run) after ``lr_warmup``
+    updates that raise the rate linearly to ``lr``;
     ``accumulate``: micro-batches of ``batch_size`` whose gradients add up to one update (exchanged once).
 
     ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
@@ -118,9 +119,9 @@ class TrainConfig:
     divergence: float | str = DIVERGENCE_FACTOR
     lr_decay: float = 1.0
     lr_decay_start: int = 0
-    lr_schedule: str = "step"
-    lr_warmup: int = 0
-    optimizer: str = "sgd"
+    lr_schedule: str | None = None
+    lr_warmup: int | None = None
+    optimizer: str | None = None
     optimizer_options: dict[str, Any] = field(default_factory=dict)
     accumulate: int = 1
     seed: int = 0
@@ -252,19 +253,19 @@ class TrainConfig:
         self._check_devices_and_techniques()
 
     def _check_schedule(self) -> None:
-        if self.lr_schedule not in LR_SCHEDULES:
+        if self.lr_schedule is not None and self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
-        if self.lr_schedule != "step" and (self.lr_decay != 1.0 or self.lr_decay_start):
+        if self.lr_schedule not in (None, "step") and (self.lr_decay != 1.0 or self.lr_decay_start):
             raise ConfigError(
                 f"--lr-decay decays the rate per epoch (--lr-schedule step), not --lr-schedule {self.lr_schedule}; "
                 "drop --lr-decay and --lr-decay-start, or use --lr-schedule step"
             )
         warmup = self.lr_warmup
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
             raise ConfigError(f"lr_warmup must be a whole number of updates ≥ 0, got {warmup!r}")
         if not isinstance(self.optimizer_options, dict):
             raise ConfigError("optimizer_options must be a table, e.g. [optimizer_options] betas = [0.9, 0.95]")
-        if not isinstance(self.optimizer, str):
+        if self.optimizer is not None and not isinstance(self.optimizer, str):
             raise ConfigError(f"optimizer must be a name (sgd, adamw, …) or module:attribute, got {self.optimizer!r}")
 
     def _check_devices_and_techniques(self) -> None:
@@ -275,7 +276,7 @@ class TrainConfig:
 
         check_device(self.device)
         settings = {"momentum": self.momentum, "weight_decay": self.weight_decay, "lr": self.lr}
-        check_optimizer(self.optimizer, self.optimizer_options, **settings)
+        check_optimizer(self.optimizer or "sgd", self.optimizer_options, **settings)  # unset: SGD or the workload's
         # the --technique choice and its options, then every standing technique's settings (its class says
         # which fields it reads and what it refuses): nothing is built here
         check_techniques(vars(self))

@@ -150,7 +150,7 @@ def profile_settings(args: argparse.Namespace) -> dict:
         "device": args.device,
         "memory_format": args.memory_format,
         "overlap_bucket_mb": args.bucket_mb if args.overlap else None,
-        "optimizer": args.optimizer or "sgd",
+        "optimizer": args.optimizer,
         "optimizer_options": parse_options(args.optimizer_option, what="optimizer option", example="-O eps=1e-8"),
     }
 

@@ -90,7 +90,7 @@ class ProfileConfig:
     launches: int = 3  # fresh processes each timing is pooled over
     lr: float | None = None
     momentum: float | None = None
-    optimizer: str = "sgd"  # whose step t_update times (--optimizer, as train takes it)
+    optimizer: str | None = None  # whose step t_update times (--optimizer, as train takes it; unset: the workload's)
     optimizer_options: dict[str, object] = field(default_factory=dict)
     data_dir: Path | None = None
     download: bool = True
@@ -180,7 +180,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         "warmup": config.warmup,
         "lr": config.lr if config.lr is not None else defaults.lr,
         "momentum": config.momentum if config.momentum is not None else defaults.momentum,
-        "optimizer": config.optimizer,
+        "optimizer": config.optimizer or defaults.optimizer,
         "optimizer_options": dict(config.optimizer_options),
         "data_dir": str(config.data_dir) if config.data_dir else None,
         "download": config.download,

@@ -179,7 +179,7 @@ def run_validation(config: ValidationConfig) -> dict[str, Any]:
             launches=config.launches,
             lr=config.settings.get("lr"),
             momentum=config.settings.get("momentum"),
-            optimizer=config.settings.get("optimizer", "sgd"),
+            optimizer=config.settings.get("optimizer"),
             optimizer_options=dict(config.settings.get("optimizer_options") or {}),
             data_dir=config.data_dir,
             wire=config.wire,

@@ -15,6 +15,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.plugins import installed_workloads
 from scaletrain.workloads.base import Origin, Workload
 from scaletrain.workloads.googlenet import GoogLeNetWorkload
+from scaletrain.workloads.gpt import GPTWorkload
 from scaletrain.workloads.lenet import LeNetWorkload
 from scaletrain.workloads.ptb_lstm import PTBLSTMWorkload
 from scaletrain.workloads.reference import EXAMPLE, is_reference, make_from_reference, workload_label
@@ -46,6 +47,7 @@ WORKLOADS: dict[str, type[Workload]] = {
     ResNet20Workload.name: ResNet20Workload,
     ResNet32Workload.name: ResNet32Workload,
     ResNet56Workload.name: ResNet56Workload,
+    GPTWorkload.name: GPTWorkload,
 }
 
 

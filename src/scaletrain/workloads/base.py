@@ -36,6 +36,9 @@ class WorkloadDefaults:
     momentum: float = 0.0
     clip_norm: float | None = None
     loader_workers: int = 0
+    optimizer: str = "sgd"
+    lr_schedule: str = "step"
+    lr_warmup: int = 0
 
 
 def count_parameters(model: nn.Module) -> int:
