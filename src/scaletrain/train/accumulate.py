@@ -16,7 +16,7 @@ def micro_batches(batch: Any, parts: int) -> list[tuple[Any, float]]:
     """``batch`` cut into ``parts`` slices (fewer when it has fewer rows), each with its share of the rows.
 
     >>> [(part.tolist(), share) for part, share in micro_batches(torch.arange(5), 2)]
-    [([0, 1, 2], 0.6), ([3, 4], 0.4)]
+    [([0, 1], 0.4), ([2, 3, 4], 0.6)]
     >>> [share for _, share in micro_batches((torch.zeros(4, 3), torch.zeros(4)), 1)]
     [1.0]
     """
