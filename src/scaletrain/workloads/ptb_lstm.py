@@ -18,15 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from scaletrain.data.ptb import PennTreebank, find_ptb, load_ptb
+from scaletrain.data.ptb import PennTreebank
 from scaletrain.data.sampler import Part
-from scaletrain.workloads.base import Workload, WorkloadDefaults
+from scaletrain.workloads.base import WorkloadDefaults
+from scaletrain.workloads.language import PennTreebankWorkload
 
 __all__ = ["LSTMLanguageModel", "PTBLSTMWorkload", "PTBOptions"]
 
@@ -84,21 +84,16 @@ def _rows(stream: torch.Tensor, rows: int) -> torch.Tensor:
     return stream[: rows * length].view(rows, length)
 
 
-class PTBLSTMWorkload(Workload):
+class PTBLSTMWorkload(PennTreebankWorkload):
     """2×200 LSTM language model on Penn Treebank; metric: test perplexity."""
 
     name = "ptb-lstm"
-    dataset = "Penn Treebank, Mikolov's version (10,000 words; ~930k train / 74k valid / 82k test words)"
-    metric = "test_perplexity"
     defaults = WorkloadDefaults(epochs=4, batch_size=20, lr=1.0, momentum=0.0, clip_norm=5.0)
     options_type = PTBOptions
 
     def build_model(self) -> LSTMLanguageModel:
         o = self.options
         return LSTMLanguageModel(o.vocab_size, o.hidden_size, o.layers, o.dropout)
-
-    def load_data(self, data_dir: Path | None, *, download: bool = True) -> PennTreebank:
-        return load_ptb(find_ptb(data_dir), train_split=self.options.train_split, vocab_size=self.options.vocab_size)
 
     def batches_per_epoch(self, data: PennTreebank, batch_size: int) -> int:
         return (len(data.train) // batch_size - 1) // self.options.num_steps
@@ -136,17 +131,6 @@ class PTBLSTMWorkload(Workload):
         # Truncated back-propagation: the next window starts from the values, not the graph.
         next_state = (state[0].detach(), state[1].detach())
         return per_word * inputs.shape[1], per_word.detach(), next_state
-
-    def chance_quality(self, data: PennTreebank) -> float:
-        """The perplexity of guessing every word of the vocabulary alike."""
-        return float(self.options.vocab_size)
-
-    @torch.no_grad()
-    def evaluate(self, model: nn.Module, data: PennTreebank) -> dict[str, float]:
-        results = {"test_perplexity": self.perplexity(model, data.test)}
-        if data.valid is not None and self.options.train_split != "valid":
-            results["valid_perplexity"] = self.perplexity(model, data.valid)
-        return results
 
     @torch.no_grad()
     def perplexity(self, model: nn.Module, stream: torch.Tensor) -> float:
