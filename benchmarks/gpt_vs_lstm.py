@@ -5,7 +5,7 @@ offline) with the same threads, one run after the other, ``--repeats`` times alt
 Read from each run's ``summary.json`` and its wall clock: test perplexity, ``train_seconds`` (the timed steps)
 and the run's wall seconds (data, evaluation and start included).
 
-Run: ``PYTHONPATH=src .venv/bin/python benchmarks/gpt_vs_lstm.py [--repeats 1 --threads 2 --data-dir ...]``.
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/gpt_vs_lstm.py [--repeats 1 --threads 1 --data-dir ...]``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ RUNS = {"ptb-lstm": ["--epochs", "2"], "gpt": []}
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[2] / "shared/datasets/ptb")
     args = parser.parse_args()
     if not (args.data_dir / "ptb.valid.txt").is_file():
