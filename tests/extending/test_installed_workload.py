@@ -65,7 +65,7 @@ def test_its_workload_is_listed_and_offered(on_path: Path, capsys: pytest.Captur
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     offered = " ".join(capsys.readouterr().out.split())
-    assert "resnet34, resnet, resnet20, resnet32, resnet56, blobs, or module:attribute" in offered, offered
+    assert "resnet34, resnet, resnet20, resnet32, resnet56, gpt, blobs, or module:attribute" in offered, offered
 
 
 @pytest.mark.multiprocess

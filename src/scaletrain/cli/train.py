@@ -73,7 +73,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--optimizer",
         metavar="NAME",
-        help="sgd (default), any torch.optim class by name (adamw, adam, rmsprop, …) or module:attribute of your own",
+        help="sgd, any torch.optim class by name (adamw, adam, rmsprop, …) or module:attribute of your own "
+        "(default: the workload's: sgd, adamw for gpt)",
     )
     parser.add_argument(
         "-O",
@@ -86,7 +87,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--lr-schedule",
         choices=LR_SCHEDULES,
-        help="step (default): --lr-decay per epoch; per update: constant, cosine or linear decay to 0 over the run",
+        help="step: --lr-decay per epoch; per update: constant, cosine or linear decay to 0 over the run "
+        "(default: the workload's: step, cosine for gpt)",
     )
     parser.add_argument("--lr-warmup", type=int, metavar="N", help="raise the rate linearly to --lr over N updates")
     parser.add_argument(

@@ -28,6 +28,7 @@ from scaletrain.parallel.strategies.base import (
     get_strategy,
     run_label,
 )
+from scaletrain.parallel.strategies.diloco import DiLoCo
 from scaletrain.parallel.strategies.local import Local
 from scaletrain.parallel.strategies.ps.strategy import ParameterServer
 from scaletrain.tensors.codec import CODECS
@@ -56,6 +57,7 @@ STRATEGIES.update(
         Local(),
         AllReduce(),
         ParameterServer(),
+        DiLoCo(),
     )
 )
 

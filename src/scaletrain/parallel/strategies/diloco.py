@@ -1,0 +1,183 @@
+"""``diloco``: each worker takes ``--sync-every H`` steps of its own optimizer (``--optimizer``, the inner one) on its
+share of the batches, then the workers average how far they moved since the last outer step (the pseudo-gradient,
+through the run's wire codec) and an outer optimizer steps the shared weights with it (Douillard et al. 2023,
+"DiLoCo": inner AdamW, outer Nesterov SGD at rate 0.7, momentum 0.9, the defaults here). The workers talk once
+every H steps. Local SGD (averaging the replicas every H steps) is the outer step at rate 1 without momentum
+(``-S outer_lr=1 -S outer_momentum=0``); with ``--sync-every 1`` and plain or momentum SGD inside, that is the
+synchronous all-reduce exactly (the average of the workers' SGD steps is the step of their average gradient).
+
+The shared weights (the anchor), the outer optimizer's state and the steps since the last outer step are saved
+beside every checkpoint with the codec's state, so that a resumed run goes on exactly. Not built yet: ``--min-workers``,
+techniques that change the network, ``--overlap`` (each refused in one line), and its prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scaletrain.config import TrainConfig
+from scaletrain.errors import ConfigError
+from scaletrain.parallel.agreement import StoreAgreement
+from scaletrain.parallel.strategies.allreduce import AllReduceExchange
+from scaletrain.parallel.strategies.base import (
+    Layout,
+    Strategy,
+    StrategyOption,
+    collect_stats,
+    layout_fields,
+    train_worker,
+)
+from scaletrain.parallel.strategies.batch_norm import batch_group
+from scaletrain.tensors.codec import TensorLayout, WireCodec, wire_codec
+from scaletrain.tensors.flat import unflatten_into
+from scaletrain.tensors.optimizers import build_optimizer
+from scaletrain.train.exchange import ExchangeTimes, clip_and_step
+from scaletrain.train.meter import now
+from scaletrain.train.state import Prepared, Role
+from scaletrain.train.summary import write_summary
+
+__all__ = ["DiLoCo", "DiLoCoExchange"]
+
+
+class DiLoCo(Strategy):
+    name = "diloco"
+    description = "H inner steps on each worker, then an outer step with the averaged change (DiLoCo, local SGD)"
+    syncs = ("join", "split")
+    all_reduce_codecs = True
+    predicted = False
+    options = (
+        StrategyOption("sync_every", "inner steps between two outer steps (H)", 10, type=int, flag="sync_every"),
+        StrategyOption("outer_optimizer", "the outer step's optimizer, as --optimizer takes it", "sgd"),
+        StrategyOption("outer_lr", "the outer step's rate", 0.7, type=float),
+        StrategyOption("outer_momentum", "the outer SGD's momentum", 0.9, type=float),
+        StrategyOption("outer_nesterov", "the outer SGD's Nesterov momentum", True, type=bool),
+    )
+
+    def check_options(self, values: Mapping[str, Any], layout: Layout, config: TrainConfig) -> None:
+        if values["sync_every"] < 1:
+            raise ConfigError(f"--sync-every must be 1 or more inner steps, got {values['sync_every']}")
+        if not values["outer_lr"] > 0 or not 0 <= values["outer_momentum"] < 1:
+            raise ConfigError("--strategy diloco: -S outer_lr must be > 0 and -S outer_momentum in [0, 1)")
+        for given, flag in ((config.min_workers, "--min-workers"), (config.technique, "--technique")):
+            if given is not None:
+                raise ConfigError(f"--strategy diloco does not work with {flag} yet; drop {flag}")
+        outer_optimizer(values, [torch.zeros(1, requires_grad=True)])  # refuses an outer optimizer it cannot make
+
+    def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
+        config = prepared.config
+        values = self.option_values(config.strategy_options)
+        agreement = StoreAgreement(
+            store, deciding=rank == 0, timeout=config.timeout, rank=rank, workers=tuple(layout.worker_ranks())
+        )
+        exchange = DiLoCoExchange(layout.workers, wire_codec(config), values)
+        role = Role(
+            rank=rank,
+            plan=layout.worker_plan(rank),
+            exchange=exchange,
+            coordinator=rank == 0,
+            checkpoints=rank == 0,
+            evaluate_each_epoch=False,
+            agreement=agreement,
+            batch_group=batch_group(config, layout),
+        )
+        trainer = train_worker(prepared, role, store)
+        if rank != 0:
+            return None
+        stats = collect_stats(store, layout.worker_ranks(), set(), config.timeout)
+        fields = layout_fields(layout, config) | {"outer_steps": exchange.outer_steps}
+        return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
+
+
+def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """The outer optimizer over ``parameters`` (the anchor) as the options say."""
+    name = values["outer_optimizer"]
+    options = {"nesterov": values["outer_nesterov"] and values["outer_momentum"] > 0} if name == "sgd" else {}
+    momentum = values["outer_momentum"] if name == "sgd" else None
+    return build_optimizer(name, options, parameters, lr=values["outer_lr"], momentum=momentum, weight_decay=0.0)
+
+
+class DiLoCoExchange(AllReduceExchange):
+    """Inner steps here; every ``sync_every`` steps the averaged change since the anchor through the codec's
+    all-reduce, and the outer optimizer's step on the anchor, which every worker then takes as its weights."""
+
+    def __init__(self, workers: int, codec: WireCodec, values: Mapping[str, Any]) -> None:
+        super().__init__(workers, codec)
+        self.values, self.every = values, values["sync_every"]
+        self.inner_steps = self.outer_steps = 0
+        self._anchor: list[nn.Parameter] = []
+        self._outer: torch.optim.Optimizer | None = None
+        self._model: nn.Module | None = None
+        self._inner: torch.optim.Optimizer | None = None
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().start(model, optimizer)  # every worker from rank 0's weights
+        self._model, self._inner = model, optimizer
+        self._anchor = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
+        self._outer = outer_optimizer(self.values, self._anchor)
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
+        skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
+        self.inner_steps += 1
+        if self.inner_steps % self.every:
+            return ExchangeTimes(skipped=skipped)
+        return self._outer_step(model, skipped)
+
+    def finish(self, model: nn.Module) -> None:
+        """The inner steps since the last outer step go into one more outer step: every worker ends with the
+        shared weights, which rank 0 evaluates and saves."""
+        if self.inner_steps % self.every:
+            self._outer_step(model, False)
+
+    def _outer_step(self, model: nn.Module, skipped: bool) -> ExchangeTimes:
+        parameters = list(model.parameters())
+        begin = now()
+        changes = [anchor.detach() - p.detach() for anchor, p in zip(self._anchor, parameters, strict=True)]
+        layout = TensorLayout.of(changes)
+        if self.workers > 1:
+            arrived, total = self._reduce(changes, layout)
+            total /= self.workers
+        else:
+            arrived, total = begin, torch.cat([change.reshape(-1) for change in changes])
+        for anchor in self._anchor:
+            anchor.grad = torch.empty_like(anchor)
+        unflatten_into(total, [anchor.grad for anchor in self._anchor])
+        self._outer.step()
+        with torch.no_grad():
+            for anchor, parameter in zip(self._anchor, parameters, strict=True):
+                parameter.copy_(anchor)
+        self.outer_steps += 1
+        sent = self.codec.payload_bytes(layout) if self.workers > 1 else 0
+        return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
+
+    def state_dict(self) -> dict | None:
+        """Beside each checkpoint, per worker: the codec's state, the anchor and the outer optimizer's state, and
+        this worker's own weights and inner optimizer state since the last outer step (the checkpoint holds rank
+        0's only)."""
+        return {
+            "codec": super().state_dict(),
+            "anchor": [anchor.detach().clone() for anchor in self._anchor],
+            "outer": self._outer.state_dict(),
+            "weights": [p.detach().clone() for p in self._model.parameters()],
+            "inner": self._inner.state_dict(),
+            "inner_steps": self.inner_steps,
+            "outer_steps": self.outer_steps,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("codec"):
+            super().load_state_dict(state["codec"])
+        if state.get("anchor") is None:
+            return
+        with torch.no_grad():
+            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
+                anchor.copy_(value)
+            for parameter, value in zip(self._model.parameters(), state["weights"], strict=True):
+                parameter.copy_(value)
+        self._outer.load_state_dict(state["outer"])
+        self._inner.load_state_dict(state["inner"])
+        self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]

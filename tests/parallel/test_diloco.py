@@ -1,0 +1,85 @@
+"""``--strategy diloco``: H inner steps on each worker, then an outer step with the averaged change. With H = 1 and
+an outer SGD step at rate 1 without momentum it is the synchronous all-reduce; a run stopped between two outer
+steps resumes to the uninterrupted weights; the change travels through any codec (PowerSGD here); what is not
+built is refused in one line. Real processes on loopback, LeNet on generated Fashion-MNIST files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import make_fashion_mnist, run_cli
+from tests.helpers import model_weights as weights
+
+import scaletrain
+from scaletrain.errors import ConfigError
+
+pytestmark = pytest.mark.multiprocess
+
+COMMON = {"epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "seed": 4, "threads": 1}
+COMMON |= {"progress": "off", "tensorboard": False}
+LOCAL_SGD = {"outer_lr": 1, "outer_momentum": 0}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fashion_mnist(tmp_path_factory.mktemp("diloco") / "fmnist", train=192, test=32)
+
+
+def test_one_inner_step_and_a_plain_outer_step_is_the_synchronous_all_reduce(data: Path, tmp_path: Path) -> None:
+    scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "allreduce", workers=2, strategy="allreduce-split", **COMMON
+    )
+    summary = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "diloco", workers=2, strategy="diloco-split", sync_every=1,
+        strategy_options=LOCAL_SGD, **COMMON,
+    )  # fmt: skip
+    assert summary["outer_steps"] == summary["steps"] == 12
+    reference = weights(tmp_path / "allreduce")
+    for name, tensor in weights(tmp_path / "diloco").items():
+        torch.testing.assert_close(tensor, reference[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_run_stopped_between_outer_steps_resumes_to_the_uninterrupted_weights(data: Path, tmp_path: Path) -> None:
+    settings = {"workers": 2, "strategy": "diloco", "sync_every": 3, "epochs": 2, **COMMON} | {"epochs": 2}
+    whole = scaletrain.train("lenet", data_dir=data, out=tmp_path / "whole", **settings)
+    assert whole["outer_steps"] == 4 and whole["steps"] == 12  # join: 2 × 16 a step, 6 steps an epoch
+    scaletrain.train("lenet", data_dir=data, out=tmp_path / "cut", steps=5, **settings)  # two inner steps past one
+    resumed = scaletrain.train("lenet", data_dir=data, out=tmp_path / "cut", resume=True, **settings)
+    assert resumed["resumed_from_step"] == 5 and resumed["outer_steps"] == 4
+    reference = weights(tmp_path / "whole")
+    for name, tensor in weights(tmp_path / "cut").items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_change_travels_through_powersgd(data: Path, tmp_path: Path) -> None:
+    summary = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "run", workers=2, strategy="diloco", sync_every=2, wire="powersgd",
+        **COMMON,
+    )  # fmt: skip
+    assert summary["wire"] == "powersgd" and summary["outer_steps"] == 3 and summary["steps"] == 6
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--sync-every", "0"], "--sync-every must be 1 or more"),
+        (["--min-workers", "1"], "--strategy diloco does not work with --min-workers yet"),
+        (["--overlap"], "--overlap reduces gradients during backward under all-reduce, not --strategy diloco"),
+        (["-S", "outer_optimizer=lion"], "unknown optimizer 'lion'"),
+        (["--strategy", "allreduce", "--sync-every", "4"], "--sync-every is an option of --strategy diloco"),
+    ],
+)
+def test_refusals_are_one_line_exit_2_and_write_nothing(flags: list[str], message: str, tmp_path: Path) -> None:
+    done = run_cli("train", "lenet", "--workers", "2", "--strategy", "diloco", "--out", str(tmp_path / "run"), *flags)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_technique_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not work with --technique yet"):
+        scaletrain.train(
+            "lenet", workers=2, strategy="diloco", technique="rebatch", technique_options={"batch_size": 8}
+        )
