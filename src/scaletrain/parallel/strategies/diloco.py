@@ -22,7 +22,6 @@ from torch import nn
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.agreement import StoreAgreement
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange
 from scaletrain.parallel.strategies.base import (
     Layout,
@@ -32,13 +31,13 @@ from scaletrain.parallel.strategies.base import (
     layout_fields,
     train_worker,
 )
-from scaletrain.parallel.strategies.batch_norm import batch_group
+from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.tensors.codec import TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import unflatten_into
 from scaletrain.tensors.optimizers import build_optimizer
 from scaletrain.train.exchange import ExchangeTimes, clip_and_step
 from scaletrain.train.meter import now
-from scaletrain.train.state import Prepared, Role
+from scaletrain.train.state import Prepared
 from scaletrain.train.summary import write_summary
 
 __all__ = ["DiLoCo", "DiLoCoExchange"]
@@ -71,20 +70,8 @@ class DiLoCo(Strategy):
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
         values = self.option_values(config.strategy_options)
-        agreement = StoreAgreement(
-            store, deciding=rank == 0, timeout=config.timeout, rank=rank, workers=tuple(layout.worker_ranks())
-        )
         exchange = DiLoCoExchange(layout.workers, wire_codec(config), values)
-        role = Role(
-            rank=rank,
-            plan=layout.worker_plan(rank),
-            exchange=exchange,
-            coordinator=rank == 0,
-            checkpoints=rank == 0,
-            evaluate_each_epoch=False,
-            agreement=agreement,
-            batch_group=batch_group(config, layout),
-        )
+        role = worker_role(prepared, layout, rank, store, exchange)
         trainer = train_worker(prepared, role, store)
         if rank != 0:
             return None
