@@ -96,6 +96,9 @@ class TrainConfig:
     (``"600MB"``): after the first epoch and every reconfiguration, the largest batch whose step fits that
     memory, the rate scaled as ``batch_scaling`` says over ``batch_warmup`` updates
     (:mod:`scaletrain.efficient.adaptive_batch`).
+
+    ``compile``: the training forward pass (and its backward) runs under ``torch.compile``, compiled again after
+    a reconfiguration; evaluation stays eager (:mod:`scaletrain.train.compiled`).
     """
 
     workload: str
@@ -150,6 +153,7 @@ class TrainConfig:
     batch_budget: str | None = None
     batch_scaling: str = "linear"
     batch_warmup: int = 0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -246,6 +250,7 @@ class TrainConfig:
         if not isinstance(self.strategy_options, dict):
             raise ConfigError("strategy_options must be a table of the strategy's options, e.g. [strategy_options]")
         self._check_overlap()
+        self._check_compile()
 
     def _check_overlap(self) -> None:
         from scaletrain.efficient.precision import parse_loss_scale
@@ -264,6 +269,27 @@ class TrainConfig:
                 "--overlap sends gradients before dynamic loss scaling can unscale them; use --precision bf16 or "
                 "--loss-scale off with --overlap, or drop --overlap"
             )
+
+    def _check_compile(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"compile must be true or false, got {self.compile!r}")
+        if not self.compile or not self._computes_on_cpu():
+            return
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+
+        try:  # the search inductor makes at its first compilation: $CXX, else g++
+            get_cpp_compiler()
+        except InvalidCxxCompiler:
+            raise ConfigError(
+                "--compile: torch.compile finds no C++ compiler here ($CXX, else g++) to build the CPU code it "
+                "generates; install one (e.g. apt-get install g++), point CXX at one, or drop --compile"
+            ) from None
+
+    def _computes_on_cpu(self) -> bool:
+        import torch
+
+        return self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available())
 
 
 def _divergence_factor(value: Any) -> float | str:
