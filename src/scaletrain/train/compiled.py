@@ -4,16 +4,21 @@ The training forward calls ``torch.compile(model)``, a wrapper around the run's 
 the plain module, so its ``state_dict`` (checkpoints, ``model.pt``, a parameter server's flat buffers, surgery)
 is the eager one. Not ``model.compile()``: it compiles the module's ``_call_impl``, which dynamo skips as torch
 code, so a model whose top module is a torch container (an ``nn.Sequential``) came out not compiled at all; and
-every call of the module would be compiled, the techniques' eval-mode passes with their layer hooks included,
-which dynamo does not guard on. Evaluation, those passes and the memory probe call the plain module: eager.
+every call of the module would be compiled, the techniques' eval-mode passes with their layer hooks included
+(dynamo does not guard on a module's hooks: one added after compiling was never called). Evaluation, those
+passes and the memory probe call the plain module: eager. Dynamo's RNN support is turned on (without it a
+network with an LSTM ran wholly eager); inductor lays out the convolutions as ``--memory-format`` says
+(:func:`~scaletrain.efficient.channels_last.inductor_layout_optimization`), the channels-last hooks stay off.
 
 A reconfiguration rebuilds modules inside the model: :meth:`TrainingForward.reconfigured` drops the compiled
-code (``torch.compiler.reset``) and wraps the new network, compiled on its first step. A compiled run starts
-with a reset too, so that an earlier run in the process leaves neither its code nor its recompilations.
+code (``torch.compiler.reset``; dynamo's guards see the new parameters' sizes too and compile again, but keep
+the old network's code and count each change towards their limit of 8 recompilations, past which the forward
+runs eager) and wraps the new network, compiled on its first step. A compiled run starts with a reset too: an
+earlier run in the process leaves neither code nor recompilations.
 
 Compile time is measured directly: the seconds between the start and end of each of dynamo's compilations
-(``torch._dynamo.callback``: tracing, inductor's code generation and the C compiler's, and a backward compiled
-on its first use), summed over the run.
+(``torch._dynamo.callback``: tracing, inductor's code generation and the C++ compiler's, a backward compiled on
+its first use), summed over the run.
 """
 
 from __future__ import annotations
