@@ -42,70 +42,23 @@ LR_SCHEDULES = ("step", "constant", "cosine", "linear")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything one training run needs; ``None`` fields take the workload's default.
+    """Everything one training run needs; ``None`` fields take the workload's default. Each field is the
+    ``scaletrain train`` flag of its name (``batch_size`` is ``--batch-size``; ``scaletrain train --help`` and
+    docs/training.md say what each does), a key of a ``--config`` file and a keyword of :func:`scaletrain.train`.
 
-    ``steps`` stops the run after that many optimizer steps in total (a resumed run counts the
-    steps it had done before). ``clip_norm`` 0 turns gradient clipping off. ``options`` are
-    workload options such as ``num_steps`` for ``ptb-lstm``; values may be strings (from the
-    command line) and the workload converts them.
+    The groups: what is trained and for how long (``workload``, ``options``, ``epochs``, ``steps``); the
+    optimization (``optimizer`` with ``optimizer_options``, ``lr``, ``momentum``, ``weight_decay``,
+    ``clip_norm``, ``lr_schedule``, ``lr_warmup``, ``lr_decay``, ``accumulate``, ``divergence``); the processes
+    (``workers``, ``strategy`` with its ``strategy_options``, ``server``, ``sync``, ``timeout``, the elastic
+    ``min_workers``/``max_workers``/``join``, ``nodefile``/``index``, ``network``); the techniques
+    (``technique`` with ``technique_options``, and the standing ones whose classes declare their own fields:
+    ``precision``, ``loss_scale``, ``memory_format``, ``ghost_batch``, ``sync_batchnorm``, ``batch_budget`` …);
+    the wire (``wire``, ``wire_options``, ``error_feedback``, ``overlap``, ``bucket_mb``); ``device`` and
+    ``compile``; and the records (``out``, ``log_every``, ``checkpoint_every``, ``progress``, ``tensorboard``).
 
-    Distribution (see :mod:`scaletrain.parallel`): ``workers``, ``strategy`` (``local``,
-    ``allreduce``, ``ps``; default ``local`` for one worker, else ``allreduce``), ``server``
-    (``central``/``sharded``), ``sync`` (``join``/``split``/``async``; a strategy's own settings are its
-    ``strategy_options``),
-    ``timeout`` (seconds any wait for another process may take, a batch from the loader's workers included),
-    ``min_workers`` (an all-reduce or synchronous central-server run that loses a worker goes on with the
-    survivors while at least this many remain; see :mod:`scaletrain.parallel.strategies.elastic` and
-    :mod:`scaletrain.parallel.strategies.ps.membership`; ``None``: a lost worker stops the run),
-    ``max_workers`` (the most workers such a run admits, started later with ``join``; default ``workers``),
-    ``join`` (this process joins the running elastic run of ``out``, or of ``MASTER_ADDR``:``MASTER_PORT``), and
-    ``nodefile`` + ``index`` for runs across machines; ``network`` (e.g. ``100mbit``) runs each
-    local process in its own network namespace behind links of that rate (root only). ``strategy``
-    is a strategy's name; a whole spec as the bench writes it (``ps-central-async``) is split into
-    ``strategy``, ``server`` and ``sync`` by :func:`scaletrain.make_config` (so by the command line and
-    TOML files too). ``strategy_options``: the strategy's own options (``-S name=value``), which the strategy
-    declares and checks (:class:`scaletrain.parallel.strategies.StrategyOption`), as it checks the wire and
-    ``overlap`` it can carry: :func:`scaletrain.make_config` and every run do, this class cannot see strategies.
-
-    Optimization (unset: the workload's, SGD and ``step`` for the seeds' workloads): ``optimizer`` (``sgd``, any
-    ``torch.optim`` class by name such as ``adamw``, or ``module:attribute``) with ``optimizer_options``
-    (``-O betas=0.9,0.95``; :mod:`scaletrain.tensors.optimizers`); ``lr_schedule`` (``step``: ``lr_decay`` per
-    epoch from ``lr_decay_start``; ``constant``; ``cosine`` and ``linear`` to 0 over the run) after ``lr_warmup``
-    updates that raise the rate linearly to ``lr``;
-    ``accumulate``: micro-batches of ``batch_size`` whose gradients add up to one update (exchanged once).
-
-    ``divergence``: the run stops, as on a nan or infinite loss, when its loss grows past this factor ×
-    its first steps' loss (:mod:`scaletrain.train.divergence` says exactly how that is taken); ``"off"``
-    turns the bound off.
-
-    ``loader_workers``: the worker processes of the ``DataLoader`` through which a workload made from torch
-    datasets reads (:mod:`scaletrain.data.loading`; 0 reads in the training process; default: the workload's).
-
-    ``technique`` (a name from :data:`scaletrain.efficient.TECHNIQUES`) with ``technique_options``
-    changes the model, batch or precision while training (see :mod:`scaletrain.efficient`). The
-    techniques below are turned on by fields of their own; their classes
-    (:data:`scaletrain.efficient.STANDING`) declare these fields with flag and help, check them here
-    (building nothing), build themselves from them and report them in ``summary.json``.
-
-    Precision (:mod:`scaletrain.efficient.precision`): ``precision`` (``fp32``, ``bf16``, ``fp16``)
-    is the forward pass's type under autocast, master weights staying float32; ``loss_scale``
-    (``off``, ``dynamic`` or a starting scale; unset: dynamic for fp16 only). ``wire`` (``fp32``,
-    ``bf16``, ``fp16`` or a codec of one's own) is what gradients, and a parameter server's weights,
-    travel as (:mod:`scaletrain.tensors.codec`; ``powersgd``, ``topk`` compress gradients), with the codec's
-    ``wire_options`` (``-W rank=2``); ``error_feedback`` carries what each message lost
-    into the next gradient; ``overlap`` all-reduces buckets of about ``bucket_mb`` MiB of gradient while
-    backward computes the rest (:mod:`scaletrain.parallel.strategies.overlap`). ``device`` (``auto``, ``cpu``,
-    ``cuda``, ``cuda:K``; :mod:`scaletrain.tensors.device`)
-    is where a worker computes. ``memory_format`` (``auto``: channels-last on a CPU; ``contiguous``,
-    ``channels_last``): the layout of the convolutions' activations in the training forward pass
-    (:mod:`scaletrain.efficient.channels_last`).
-    ``ghost_batch``: every batch norm normalises over ghost batches of this many samples
-    (:mod:`scaletrain.efficient.ghost`). ``sync_batchnorm``: every batch norm normalises over the whole
-    global batch of the synchronous workers, so that a split run equals one process
-    (:mod:`scaletrain.efficient.sync_batchnorm`; refused with ``sync="async"``). ``batch_budget``
-    (``"600MB"``): after the first epoch and every reconfiguration, the largest batch whose step fits that
-    memory, the rate scaled as ``batch_scaling`` says over ``batch_warmup`` updates
-    (:mod:`scaletrain.efficient.adaptive_batch`).
+    A whole strategy spec (``ps-central-async``) is split into ``strategy``, ``server`` and ``sync`` by
+    :func:`scaletrain.make_config`, which also lets the strategy judge its options, the wire and ``overlap``:
+    this class cannot see strategies. The checks here build nothing.
     """
 
     workload: str
@@ -165,6 +118,7 @@ class TrainConfig:
     batch_budget: str | None = None
     batch_scaling: str = "linear"
     batch_warmup: int = 0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         for name in ("data_dir", "out", "nodefile"):
@@ -290,6 +244,7 @@ class TrainConfig:
         if not isinstance(self.strategy_options, dict):
             raise ConfigError("strategy_options must be a table of the strategy's options, e.g. [strategy_options]")
         self._check_overlap()
+        self._check_compile()
 
     def _check_overlap(self) -> None:
         from scaletrain.efficient.precision import parse_loss_scale
@@ -313,6 +268,27 @@ class TrainConfig:
                 "--overlap sends gradients before dynamic loss scaling can unscale them; use --precision bf16 or "
                 "--loss-scale off with --overlap, or drop --overlap"
             )
+
+    def _check_compile(self) -> None:
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"compile must be true or false, got {self.compile!r}")
+        if not self.compile or not self._computes_on_cpu():
+            return
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor.exc import InvalidCxxCompiler
+
+        try:  # the search inductor makes at its first compilation: $CXX, else g++
+            get_cpp_compiler()
+        except InvalidCxxCompiler:
+            raise ConfigError(
+                "--compile: torch.compile finds no C++ compiler here ($CXX, else g++) to build the CPU code it "
+                "generates; install one (e.g. apt-get install g++), point CXX at one, or drop --compile"
+            ) from None
+
+    def _computes_on_cpu(self) -> bool:
+        import torch
+
+        return self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available())
 
 
 def _divergence_factor(value: Any) -> float | str:

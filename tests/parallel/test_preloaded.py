@@ -89,6 +89,7 @@ def test_a_changed_startup_setting_or_exec_starts_python_m(probe, monkeypatch: p
     monkeypatch.setattr(preloaded, "_server_environment", preloaded._startup(probe))
     assert can_fork({**probe, "PROBE_SETTING": "another rank"})  # read at run time: the fork sets it
     assert can_fork({**probe, "PYTHONPATH": "/elsewhere"})  # the fork sets sys.path from it
+    assert can_fork({**probe, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"})  # inductor sets it at its first compile
     assert not can_fork({**probe, "OMP_NUM_THREADS": "7"})  # read when OpenMP loads: a fresh process
     assert not can_fork({**probe, "PYTHONHASHSEED": "3"})
     assert not can_fork({**probe, ENV_WORKER_START: "exec"})

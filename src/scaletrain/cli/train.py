@@ -127,6 +127,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="worker processes that read the data of a workload made from torch datasets (0: the training "
         "process reads)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="run the training forward and backward under torch.compile (inductor; compiled again after a "
+        "reconfiguration; evaluation stays eager)",
+    )
     group = parser.add_argument_group("distributed training")
     group.add_argument("--workers", type=int, help="worker processes")
     group.add_argument(

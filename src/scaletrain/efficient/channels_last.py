@@ -6,7 +6,9 @@ a reorder of its input and output on every call; keeping the activations channel
 forward pass: global module hooks hand each ``nn.Conv2d`` its input channels-last and pass its output on
 channels-last. Parameters keep their layout (a parameter server's workers keep them as views of the
 received buffer), a network a technique rebuilds needs nothing redone, and evaluation sees NCHW.
-``--memory-format auto`` (the default) is channels-last on a CPU, channels-first on a GPU.
+``--memory-format auto`` (the default) is channels-last on a CPU, channels-first on a GPU. Under ``--compile``
+the hooks stay off (new ones each step would make dynamo compile again each step): inductor lays the compiled
+convolutions out itself, as :func:`inductor_layout_optimization` tells it.
 
 **A library defect worked around.** Where oneDNN runs below AVX-512, its 1x1 backward-weights kernel
 (``jit_1x1:avx2``) writes past its workspace for a strided NHWC input of fewer than 8 channels (oneDNN
@@ -45,6 +47,7 @@ __all__ = [
     "ChannelsLast",
     "channels_last_activations",
     "hits_onednn_1x1_defect",
+    "inductor_layout_optimization",
     "memory_format_technique",
     "onednn_below_avx512",
     "resolved_memory_format",
@@ -88,6 +91,23 @@ def hits_onednn_1x1_defect(module: nn.Module, inputs: torch.Tensor, below_avx512
     if module.in_channels // module.groups >= _AVX2_CHANNEL_BLOCK:
         return False
     return onednn_below_avx512() if below_avx512 is None else below_avx512
+
+
+def inductor_layout_optimization(model: nn.Module, memory_format: str, device_type: str = "cpu") -> bool:
+    """Whether inductor may lay out ``model``'s compiled convolutions channels-last (its ``layout_optimization``,
+    which on a CPU makes every convolution NHWC): as ``--memory-format`` resolves, except below AVX-512 for a
+    network with a convolution the oneDNN 1x1 defect hits (the module's card), which then runs channels-first.
+
+    >>> shortcut = nn.Sequential(nn.Conv2d(16, 32, 1, stride=2))  # 16 channels: the defect's kernel never runs
+    >>> inductor_layout_optimization(shortcut, "auto"), inductor_layout_optimization(shortcut, "contiguous")
+    (True, False)
+    """
+    if resolved_memory_format(memory_format, device_type) != "channels_last":
+        return False
+    if device_type != "cpu" or not onednn_below_avx512():
+        return True
+    probe = torch.empty(0)  # a CPU tensor: the defect's test asks only where the inputs are
+    return not any(hits_onednn_1x1_defect(module, probe, True) for module in model.modules())
 
 
 def _as_channels_last(tensor: Any) -> Any:
@@ -167,6 +187,8 @@ class ChannelsLast(Technique):
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any], device_type: str = "cpu") -> ChannelsLast | None:
+        if settings.get("compile"):  # inductor lays the convolutions out (inductor_layout_optimization)
+            return None
         return cls() if resolved_memory_format(settings["memory_format"], device_type) == "channels_last" else None
 
     @classmethod

@@ -33,20 +33,25 @@ class Dropped(ScaletrainError):
     exit_code = DROPPED_EXIT_CODE
 
 
-def describe(exc: BaseException, timeout: float, peer: str = "another process") -> str:
-    """``exc`` in words a user can act on; ``peer`` names the other end when it is known.
+def describe(exc: BaseException, timeout: float, peer: str = "another process", *, compiled: bool = False) -> str:
+    """``exc`` in words a user can act on; ``peer`` names the other end when it is known. In a ``compiled`` run
+    (``--compile``) a worker's first step, and its first after a reconfiguration, include compiling, which the
+    others wait for as for any step: a wait that timed out says so.
 
     >>> describe(RuntimeError("[gloo] Timed out waiting 60000ms for recv operation to complete"), 60)
     'no answer from another process within 60 s: it stopped answering (frozen, or its machine is unreachable)'
     >>> describe(RuntimeError("Connection closed by peer [127.0.0.1]:1234"), 60)
     'lost the connection to another process: it died or its machine went away'
+    >>> describe(RuntimeError("Timed out"), 20, compiled=True).partition("; ")[2]
+    'or it was still compiling (--compile): give --timeout more than its compile time'
     """
     text = str(exc)
     lowered = text.lower()
     if "timed out" in lowered or "timeout" in lowered:
+        compiling = "; or it was still compiling (--compile): give --timeout more than its compile time"
         return (
             f"no answer from {peer} within {timeout:.0f} s: it stopped answering "
-            "(frozen, or its machine is unreachable)"
+            "(frozen, or its machine is unreachable)" + (compiling if compiled else "")
         )
     if connection_closed(exc):
         return f"lost the connection to {peer}: it died or its machine went away"

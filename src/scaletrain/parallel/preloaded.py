@@ -53,6 +53,9 @@ ENV_WORKER_START = "SCALETRAIN_WORKER_START"
 PRELOAD = ["torch", "torch._dynamo", "scaletrain.parallel.worker"]
 #: Environment variables read when Python, glibc, OpenMP or torch start: a change needs a fresh process.
 STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "MALLOC_", "TORCH", "PYTORCH", "CUDA")
+#: Of those, the variables read later after all, which a fork takes over: inductor sets its cache folder in the
+#: environment at its first compilation (``--compile``) and reads it at each.
+READ_LATER = ("TORCHINDUCTOR_CACHE_DIR",)
 
 PR_SET_PDEATHSIG = 1
 
@@ -316,7 +319,9 @@ def interpreter_path() -> tuple[str, ...]:
 
 def _startup(environment: dict[str, str]) -> dict[str, str]:
     """The variables a fork cannot take over from ``environment`` (``PYTHONPATH`` it can: it sets ``sys.path``)."""
-    read_at_start = {key: value for key, value in environment.items() if key.startswith(STARTUP_PREFIXES)}
+    read_at_start = {
+        key: value for key, value in environment.items() if key.startswith(STARTUP_PREFIXES) and key not in READ_LATER
+    }
     return {**read_at_start, "PYTHONPATH": "", "executable": sys.executable}
 
 

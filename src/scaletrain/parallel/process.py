@@ -126,7 +126,7 @@ def run_process(config: TrainConfig, rendezvous: Rendezvous, workload: Workload 
                 f"{layout.role(rank)} rank {rank}: {names} finished and left while this process still exchanged "
                 f"with them; a defect in scaletrain, not a failure of the processes or machines{where}"
             ) from exc
-        message = describe(exc, config.timeout, names or "another process")
+        message = describe(exc, config.timeout, names or "another process", compiled=config.compile)
         raise ProcessFailed(f"{layout.role(rank)} rank {rank}: {message}{where}") from exc
     finally:
         if heartbeat is not None:
@@ -186,7 +186,9 @@ def join_process(config: TrainConfig, workload: Workload | None = None) -> dict[
     except Exception as exc:  # c10d/gloo errors once it trains with the others: one line, the traceback to a file
         path = write_traceback(config.out, rank)
         where = f"; traceback in {path}" if path else ""
-        raise ProcessFailed(f"joining worker rank {rank}: {describe(exc, config.timeout)}{where}") from exc
+        raise ProcessFailed(
+            f"joining worker rank {rank}: {describe(exc, config.timeout, compiled=config.compile)}{where}"
+        ) from exc
     finally:
         heartbeat.stop(finished=finished)
         if dist.is_initialized():

@@ -18,6 +18,7 @@ from scaletrain.train.checkpoint import (
     make_folder,
     refuse_overwrite,
 )
+from scaletrain.train.compiled import TrainingForward
 from scaletrain.train.defaults import resolve
 from scaletrain.train.runtime import ProcessSettings
 from scaletrain.train.schedule import Position, Schedule
@@ -122,4 +123,7 @@ def prepare(
         label_of(config.strategy, config.server, config.sync, config.workers),
         first_losses,
         async_split,
+        TrainingForward(
+            model, compiled=config.compile, memory_format=config.memory_format, device_type=workers_device.type
+        ),
     )

@@ -46,8 +46,7 @@ class Trainer:
         self.prepared, self.role = prepared, role
         config = prepared.config
         self.config, self.workload, self.model = config, prepared.workload, prepared.model
-        self.optimizer, self.data = prepared.optimizer, prepared.data
-        self.schedule = prepared.schedule
+        self.optimizer, self.data, self.schedule = prepared.optimizer, prepared.data, prepared.schedule
         self.position = Position(**asdict(prepared.position))
         self._first_step = self.position.step  # of a resumed run, or of a worker that joined one mid-run
         self.state = prepared.state
@@ -55,9 +54,8 @@ class Trainer:
         # entered around each training forward pass: the activations' layout, then the technique's (autocast)
         self._forward = stacked(prepared.layout, self.technique)
         self.meter = ThroughputMeter(config.warmup_steps)
-        self.communication = self.wait = self.batch_wait = 0.0  # batch_wait: the steps' data part
+        self.communication = self.wait = self.batch_wait = self.host_copy = 0.0  # batch_wait: the steps' data part
         self.skipped_steps = self.gradient_bytes_sent = 0
-        self.host_copy = 0.0
         self.records = RunRecords(prepared, writes=role.coordinator)
         self.last_loss: float | None = None
         self.first_loss: float | None = None  # this process's first and last training loss: did it fall?
@@ -143,7 +141,8 @@ class Trainer:
             return self._steps(numbers, timed)
 
     def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> bool:
-        config, position, device = self.config, self.position, self.prepared.device
+        prepared, config, position = self.prepared, self.config, self.position
+        device = prepared.device
         for number, (begin, fetched, batch) in zip(numbers, batches, strict=True):
             rate = learning_rate_at_step(self.prepared, position.step)  # per update: schedules, warm-ups
             for group in self.optimizer.param_groups:
@@ -192,10 +191,11 @@ class Trainer:
         """Forward and backward over ``batch`` (as ``--accumulate`` micro-batches, each objective weighted by its
         share of the rows, so that their gradients sum to the whole batch's); its loss."""
         self.optimizer.zero_grad(set_to_none=True)
+        trained = self.prepared.forward.module  # the model, or its compiled wrapper (--compile)
         total = None
         for part, share in micro_batches(batch, self.config.accumulate):
             with self._forward_context():
-                objective, loss, self.state = self.workload.training_loss(self.model, part, self.state)
+                objective, loss, self.state = self.workload.training_loss(trained, part, self.state)
             self._check_finite(loss)
             if self.technique is not None:
                 objective = self.technique.objective(objective, self.model)
@@ -362,6 +362,7 @@ class Trainer:
             gradient_bytes_sent=self.gradient_bytes_sent,
             loss_scale=self.technique.loss_scale if self.technique is not None else None,
             weights_digest=weights_digest(self.model),
+            compile_seconds=self.prepared.forward.compile_seconds,
         )
 
     def close(self) -> None:

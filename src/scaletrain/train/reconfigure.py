@@ -18,6 +18,7 @@ def apply_decision(prepared: Prepared, decision: Reconfiguration, epoch: int) ->
             prepared.model, prepared.optimizer, decision, lambda parameters: make_optimizer(config, parameters)
         )
         prepared.architecture = resized_architecture(prepared.architecture, decision)
+        prepared.forward.reconfigured(prepared.model)  # a compiled forward compiles the new network
     change_batch(prepared, decision, epoch)
 
 

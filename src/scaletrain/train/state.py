@@ -20,6 +20,7 @@ from scaletrain.efficient.surgery import Architecture
 from scaletrain.errors import ConfigError
 from scaletrain.tensors.device import to_device
 from scaletrain.tensors.optimizers import build_optimizer
+from scaletrain.train.compiled import TrainingForward
 from scaletrain.train.exchange import GradientExchange, LocalExchange
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.runtime import ProcessSettings
@@ -173,6 +174,13 @@ class Prepared:
     #: Asynchronous workers that divide each ``--batch-size`` (``--async-batches split``): an update is a batch of
     #: ``batch_size // async_split`` (:mod:`scaletrain.parallel.strategies.ps.async_batches`); 1 otherwise.
     async_split: int = 1
+    #: What the training forward pass calls: the model, or its compiled wrapper (``--compile``), remade after a
+    #: reconfiguration (:mod:`scaletrain.train.compiled`).
+    forward: TrainingForward | None = None
+
+    def __post_init__(self) -> None:
+        if self.forward is None:
+            self.forward = TrainingForward(self.model, compiled=False)
 
     @property
     def update_batch(self) -> int:

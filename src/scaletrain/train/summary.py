@@ -54,6 +54,7 @@ class WorkerStats:
     first_step_loss: float | None = None  # the training loss of this worker's first and last step here
     last_step_loss: float | None = None
     gradient_bytes_sent: int = 0  # over all its steps, as its wire codec sent them (see ExchangeTimes)
+    compile_seconds: float | None = None  # spent compiling (--compile; scaletrain.train.compiled), None: eager
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -166,6 +167,9 @@ def write_summary(
         "error_feedback": config.error_feedback or CODECS[config.wire].feedback_by_default,
         "overlap": config.overlap,
         "bucket_mb": config.bucket_mb if config.overlap else None,
+        "compile": config.compile,
+        # the slowest worker's seconds in torch.compile's compilations (scaletrain.train.compiled); None: eager
+        "compile_seconds": max((s.compile_seconds or 0.0 for s in stats), default=0.0) if config.compile else None,
         "skipped_steps": max((s.skipped_steps for s in stats), default=0),
         "seed": config.seed,
         "threads": prepared.process.threads,

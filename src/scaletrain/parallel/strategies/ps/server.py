@@ -70,6 +70,7 @@ class ShardServer(LossHandling):
         on_update: Callable[[int], None] | None = None,
         after_step: Callable[[list[nn.Parameter], float], None] | None = None,
         timeout: float = 60.0,
+        compiled: bool = False,
         stats: ServerStats | None = None,
         codec: WireCodec | None = None,
         skip_nonfinite: bool = False,
@@ -81,6 +82,7 @@ class ShardServer(LossHandling):
         self.peers, self.contributors, self.synchronous = peers, contributors, synchronous
         self.clip_norm, self.learning_rate, self.compensation = clip_norm, learning_rate, compensation
         self.on_update, self.after_step, self.timeout = on_update, after_step, timeout
+        self.compiled = compiled  # the workers compile their first steps (--compile): a timeout may be that
         self.version = version
         # without a schedule the optimizer's rate as given: the group's own is overwritten by each scaled update
         self._base_rate = optimizer.param_groups[0]["lr"]
@@ -237,7 +239,7 @@ class ShardServer(LossHandling):
         except Exception as exc:  # the peer died or timed out: gloo raises RuntimeError
             if self.closed:  # a group the survivors left behind
                 return
-            reason = describe(exc, self.timeout, peer=f"worker rank {peer}")
+            reason = describe(exc, self.timeout, peer=f"worker rank {peer}", compiled=self.compiled)
             with self._condition:
                 self.stats.lost[peer] = reason
                 if connection_closed(exc):

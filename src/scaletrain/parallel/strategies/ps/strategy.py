@@ -114,6 +114,7 @@ class _Setup:
             clip_norm=config.clip_norm,
             learning_rate=lambda version: learning_rate_at_step(prepared, version),
             timeout=config.timeout,
+            compiled=config.compile,
             codec=wire_codec(config),  # weights out, gradients in: no error feedback on a server
             skip_nonfinite=prepared.technique is not None and prepared.technique.skips_nonfinite,
         )
