@@ -5,7 +5,7 @@
   again; ``model.pt`` has the eager model's keys.
 - Two compiled workers (all-reduce, split) end where one eager process does, through the same reconfiguration.
 - Below AVX-512 inductor keeps a network with a convolution oneDNN's 1x1 defect hits channels-first: exact
-  gradients on the AVX2 kernels (with inductor's channels-last layout they were 0.5 off).
+  gradients on the AVX2 kernels (with inductor's channels-last layout some calls' were 0.5-0.8 off).
 - Refused in one line, exit 2, nothing written: ``--compile`` where inductor finds no C++ compiler.
 """
 
@@ -105,15 +105,20 @@ from scaletrain.efficient.channels_last import onednn_below_avx512
 from scaletrain.train.compiled import TrainingForward
 assert onednn_below_avx512(), "the AVX2 kernels were asked for"
 torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 16, 1, stride=2)).double()
-inputs = torch.randn(4, 4, 8, 8, dtype=torch.float64)
-grad = torch.randn(4, 16, 4, 4, dtype=torch.float64)
-model(inputs).backward(grad)
-exact = [p.grad.clone() for p in model.parameters()]
-model.zero_grad()
-compiled = TrainingForward(model.float(), compiled=True).module
-compiled(inputs.float()).backward(grad.float())
-print(max(float((p.grad.double() - e).abs().max() / e.abs().max()) for p, e in zip(model.parameters(), exact)))
+model = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 16, 1, stride=2))
+compiled = TrainingForward(model, compiled=True).module
+worst = 0.0
+for _ in range(10):  # the defect strikes some calls: with inductor's NHWC layout 1 to 8 of 10, in 4 processes
+    inputs, grad = torch.randn(4, 4, 8, 8, dtype=torch.float64), torch.randn(4, 16, 4, 4, dtype=torch.float64)
+    model.double()(inputs).backward(grad)
+    exact = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.float()
+    compiled(inputs.float()).backward(grad.float())
+    errors = [float((p.grad.double() - e).abs().max() / e.abs().max()) for p, e in zip(model.parameters(), exact)]
+    worst = max(worst, *errors)
+    model.zero_grad()
+print(worst)
 """
 
 
