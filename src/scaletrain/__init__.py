@@ -1,8 +1,9 @@
 """scaletrain: data-parallel training on many workers, scaling measurements and speedup prediction.
 
 >>> import scaletrain
->>> sorted(scaletrain.WORKLOADS)
-['googlenet', 'lenet', 'ptb-lstm', 'resnet', 'resnet20', 'resnet32', 'resnet34', 'resnet56', 'squeezenet', 'vgg16e']
+>>> sorted(scaletrain.WORKLOADS)  # doctest: +NORMALIZE_WHITESPACE
+['googlenet', 'gpt', 'lenet', 'ptb-lstm', 'resnet', 'resnet20', 'resnet32', 'resnet34', 'resnet56', 'squeezenet',
+ 'vgg16e']
 """
 
 # ``train`` the function, not the ``scaletrain.train`` subpackage: importing the API first loads the

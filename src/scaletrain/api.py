@@ -182,7 +182,7 @@ def list_workloads() -> list[dict[str, Any]]:
 
     >>> [w["name"] for w in list_workloads()]  # doctest: +NORMALIZE_WHITESPACE
     ['lenet', 'ptb-lstm', 'vgg16e', 'googlenet', 'squeezenet', 'resnet34', 'resnet', 'resnet20', 'resnet32',
-     'resnet56']
+     'resnet56', 'gpt']
     """
     return [create_workload(name).describe() for name in workload_names()]
 

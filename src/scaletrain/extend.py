@@ -6,8 +6,8 @@ A plug-in is one module with one class and one registry line (``STRATEGIES[name]
 may move between scaletrain's modules, these imports stay.
 
 >>> from scaletrain.extend import STRATEGIES, Strategy, StrategyOption, worker_role
->>> sorted(STRATEGIES)[:2]
-['allreduce', 'local']
+>>> sorted(STRATEGIES)[:3]
+['allreduce', 'diloco', 'local']
 """
 
 from __future__ import annotations
