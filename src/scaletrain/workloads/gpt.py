@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from scaletrain.data.ptb import PennTreebank
 from scaletrain.data.sampler import EpochBatches, Part
 from scaletrain.workloads.base import WorkloadDefaults
-from scaletrain.workloads.language import PennTreebankWorkload
+from scaletrain.workloads.language import PennTreebankWorkload, check_options
 
 __all__ = ["GPT", "GPTOptions", "GPTWorkload"]
 
@@ -45,15 +45,9 @@ class GPTOptions:
     train_split: str = "train"
 
     def __post_init__(self) -> None:
-        for name in ("layers", "heads", "width", "context", "vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"workload option {name} must be ≥ 1, got {getattr(self, name)}")
+        check_options(self, ("layers", "heads", "width", "context", "vocab_size"))
         if self.width % self.heads:
             raise ValueError(f"workload option width ({self.width}) must be a multiple of heads ({self.heads})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"workload option dropout must be in [0, 1), got {self.dropout}")
-        if self.train_split not in ("train", "valid"):
-            raise ValueError(f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}")
 
 
 class Block(nn.Module):

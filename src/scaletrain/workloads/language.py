@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,7 +14,19 @@ from torch import nn
 from scaletrain.data.ptb import PennTreebank, find_ptb, load_ptb
 from scaletrain.workloads.base import Workload
 
-__all__ = ["PennTreebankWorkload"]
+__all__ = ["PennTreebankWorkload", "check_options"]
+
+
+def check_options(options: Any, whole: tuple[str, ...]) -> None:
+    """Refuse a language model's options: the ``whole`` ones below 1, ``dropout`` outside [0, 1), a
+    ``train_split`` other than ``train`` or ``valid``."""
+    for name in whole:
+        if getattr(options, name) < 1:
+            raise ValueError(f"workload option {name} must be ≥ 1, got {getattr(options, name)}")
+    if not 0.0 <= options.dropout < 1.0:
+        raise ValueError(f"workload option dropout must be in [0, 1), got {options.dropout}")
+    if options.train_split not in ("train", "valid"):
+        raise ValueError(f"workload option train_split must be 'train' or 'valid', got {options.train_split!r}")
 
 
 class PennTreebankWorkload(Workload):

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 from scaletrain.data.ptb import PennTreebank
 from scaletrain.data.sampler import Part
 from scaletrain.workloads.base import WorkloadDefaults
-from scaletrain.workloads.language import PennTreebankWorkload
+from scaletrain.workloads.language import PennTreebankWorkload, check_options
 
 __all__ = ["LSTMLanguageModel", "PTBLSTMWorkload", "PTBOptions"]
 
@@ -47,13 +47,7 @@ class PTBOptions:
     eval_batch_size: int = 10
 
     def __post_init__(self) -> None:
-        for name in ("num_steps", "hidden_size", "layers", "vocab_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"workload option {name} must be ≥ 1, got {getattr(self, name)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"workload option dropout must be in [0, 1), got {self.dropout}")
-        if self.train_split not in ("train", "valid"):
-            raise ValueError(f"workload option train_split must be 'train' or 'valid', got {self.train_split!r}")
+        check_options(self, ("num_steps", "hidden_size", "layers", "vocab_size", "eval_batch_size"))
 
 
 class LSTMLanguageModel(nn.Module):
