@@ -52,8 +52,10 @@ def test_adamw_with_a_cosine_schedule_on_four_split_workers_equals_one_process(
         "lenet", data_dir=data, out=tmp_path / "run", batch_size=16, workers=4, strategy=spec, **COMMON
     )
     assert summary["steps"] == 12 and summary["optimizer"] == "AdamW"
-    assert_same_weights(weights(tmp_path / "run"), alone[16])
-    assert len(alone[16]) > 0  # the comparison saw tensors
+    run = weights(tmp_path / "run")
+    assert run.keys() == alone[16].keys() and len(run) > 0
+    for name, tensor in run.items():  # within 1e-5 absolute, as the issue asks
+        torch.testing.assert_close(tensor, alone[16][name], rtol=0, atol=1e-5, msg=name)
 
 
 RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
@@ -70,16 +72,16 @@ def resnet_alone(data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 def test_the_parametric_resnet_with_adamw_on_four_split_workers_equals_one_process(
     spec: str, data: Path, resnet_alone: dict, tmp_path: Path
 ) -> None:
-    """Batch norm over the whole global batch (``--sync-batchnorm``), as one process computes it. Measured: at most
-    3.9e-5 apart after 12 updates (SGD at lr 0.05 on the same run: 7.6e-6): Adam divides each element's step by its
-    own gradient scale, so the reordered sums of the synchronised statistics move small weights by more than the
-    equivalence tests' 1e-5; the bound here is 1e-4."""
+    """Batch norm over the whole global batch (``--sync-batchnorm``), as one process computes it: every weight and
+    running statistic within 1e-5 of one process's after 12 updates (measured 4.2e-6 at most). Adam divides each
+    element's step by its own gradient scale, so it magnifies what the statistics lose to rounding: with the
+    workers' sums recovered from float32 means and variances this run ended 3.9e-5 apart (SGD: 7.6e-6)."""
     settings = {"batch_size": 16, "workers": 4, "strategy": spec, "sync_batchnorm": True, **COMMON}
     scaletrain.train("resnet", options=RESNET, data_dir=data, out=tmp_path / "run", **settings)
     run = weights(tmp_path / "run")
     assert run.keys() == resnet_alone.keys() and len(run) > 0
     for name, tensor in run.items():
-        torch.testing.assert_close(tensor, resnet_alone[name], rtol=1e-4, atol=1e-4, msg=name)
+        torch.testing.assert_close(tensor, resnet_alone[name], rtol=0, atol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("spec", ["local", "allreduce-split", "ps-central-split", "ps-sharded-split"])
