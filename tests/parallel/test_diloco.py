@@ -5,12 +5,15 @@ built is refused in one line. Real processes on loopback, LeNet on generated Fas
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import make_fashion_mnist, run_cli
+from tests import helpers
+from tests.helpers import free_ports, make_fashion_mnist, run_cli
 from tests.helpers import model_weights as weights
+from tests.jobs import diloco_buffers_job
 
 import scaletrain
 from scaletrain.errors import ConfigError
@@ -83,3 +86,22 @@ def test_a_technique_is_refused_before_anything_starts(tmp_path: Path) -> None:
         scaletrain.train(
             "lenet", workers=2, strategy="diloco", technique="rebatch", technique_options={"batch_size": 8}
         )
+
+
+def test_the_outer_step_averages_the_workers_batch_norm_statistics(tmp_path: Path) -> None:
+    """Two real processes, each with running statistics of its own (1 and 2; 10 and 20): after an outer step
+    both hold their mean, and the same weights; the buffers' bytes count among those sent."""
+    port = free_ports(1)[0]
+    variables = [
+        {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        for rank in range(2)
+    ]
+    helpers.run_job(diloco_buffers_job.__name__, [str(tmp_path)], variables, out=tmp_path / "job")
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    for record in ranks:
+        assert record["outer_steps"] == 1
+        assert record["running_mean"] == pytest.approx([1.5] * 4)
+        assert record["running_var"] == pytest.approx([15.0] * 4)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+    parameters = 3 * 4 + 4 + 4 + 4 + 4 + 1  # two linear layers and batch norm's weight and bias
+    assert ranks[0]["sent_bytes"] == 4 * parameters + 4 * (4 + 4)  # the change, then both running statistics

@@ -2,9 +2,11 @@
 share of the batches, then the workers average how far they moved since the last outer step (the pseudo-gradient,
 through the run's wire codec) and an outer optimizer steps the shared weights with it (Douillard et al. 2023,
 "DiLoCo": inner AdamW, outer Nesterov SGD at rate 0.7, momentum 0.9, the defaults here). The workers talk once
-every H steps. Local SGD (averaging the replicas every H steps) is the outer step at rate 1 without momentum
-(``-S outer_lr=1 -S outer_momentum=0``); with ``--sync-every 1`` and plain or momentum SGD inside, that is the
-synchronous all-reduce exactly (the average of the workers' SGD steps is the step of their average gradient).
+every H steps; at each outer step they also average their floating-point buffers (batch norm's running
+statistics), which every worker then holds. Local SGD (averaging the replicas every H steps) is the outer step
+at rate 1 without momentum (``-S outer_lr=1 -S outer_momentum=0``); with ``--sync-every 1`` and plain or momentum
+SGD inside, that is the synchronous all-reduce exactly (the average of the workers' SGD steps is the step of
+their average gradient).
 
 The shared weights (the anchor), the outer optimizer's state and the steps since the last outer step are saved
 beside every checkpoint with the codec's state, so that a resumed run goes on exactly. Not built yet: ``--min-workers``,
@@ -137,9 +139,23 @@ class DiLoCoExchange(AllReduceExchange):
         with torch.no_grad():
             for anchor, parameter in zip(self._anchor, parameters, strict=True):
                 parameter.copy_(anchor)
+        buffer_bytes = self._average_buffers(model)
         self.outer_steps += 1
-        sent = self.codec.payload_bytes(layout) if self.workers > 1 else 0
+        sent = self.codec.payload_bytes(layout) + buffer_bytes if self.workers > 1 else 0
         return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
+
+    def _average_buffers(self, model: nn.Module) -> int:
+        """The workers' floating-point buffers (batch norm's running statistics) averaged in float32, so that
+        every worker goes on from the same ones, as the weights do; their bytes sent (none in one process)."""
+        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+        if self.workers == 1 or not buffers:
+            return 0
+        flat = torch.cat([buffer.detach().float().reshape(-1) for buffer in buffers])
+        self.collectives.all_reduce(flat)
+        flat /= self.workers
+        with torch.no_grad():
+            unflatten_into(flat, buffers)
+        return flat.numel() * flat.element_size()
 
     def state_dict(self) -> dict | None:
         """Beside each checkpoint, per worker: the codec's state, the anchor and the outer optimizer's state, and
