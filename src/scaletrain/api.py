@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,7 @@ def estimate(
     cores: int | None = None,
     plot: Path | None = None,
     async_batches: str | None = None,
+    strategy_options: Mapping[str, Any] | None = None,
 ) -> list[float]:
     """Predicted speedups for 1..``workers`` workers (Šlampa's ``estimate.py`` interface).
 
@@ -241,7 +242,8 @@ def estimate(
     uses in full). ``strategy``: a whole spec (``ps-central-join``, ``allreduce-split`` …), or a
     strategy's name (``ps``, ``allreduce``) with the thesis's ``kind`` (async, sync-join — the
     default —, sync-split) and ``server`` (central — the default —, distributed = sharded); see
-    :func:`strategy_spec`. ``plot``: also draw the curve into this PNG.
+    :func:`strategy_spec`. ``plot``: also draw the curve into this PNG. ``strategy_options``: the strategy's own
+    options its prediction reads (``{"sync_every": 16}`` for diloco; its defaults for the rest).
 
     >>> [round(s, 3) for s in estimate(t_grad=0.758, t_comm=0.033, server="distributed", workers=3)]
     [1.0, 1.917, 2.835]
@@ -251,6 +253,7 @@ def estimate(
     # async: training's default (split) for a measured profile; the thesis's Downpour (share) for given times
     async_batches = async_batches or ("share" if profile is None else "split")
     configuration = replace(Configuration.from_flags(strategy, kind, server), async_batches=async_batches)
+    configuration = configuration.with_options(strategy_options or {})
     if profile is None:
         if t_grad is None or t_comm is None:
             raise ConfigError("give --t-grad and --t-comm, a --profile file, or a workload to profile")

@@ -160,9 +160,16 @@ def test_a_spec_sets_strategy_type_and_server(spec, model, capsys):
     strategy, server, sync = parse_spec(spec)
     thesis = ["--type", THESIS_TYPES[sync], *(["--server", server] if server else [])]
     printed = []
+    modelled = model == "refined" or STRATEGIES[strategy].estimator_terms(server).thesis_server is not None
     for flags in (["--strategy", spec], ["--strategy", strategy, *thesis], ["--strategy", spec, *thesis]):
-        assert main(["estimate", *NUMBERS, "--workers", "4", "--output", "csv", "--model", model, *flags]) == 0
+        code = main(["estimate", *NUMBERS, "--workers", "4", "--output", "csv", "--model", model, *flags])
+        if not modelled:  # diloco: the thesis has no formula for a step that talks once in H
+            assert code == 2 and "the thesis model has no formula for it" in capsys.readouterr().err
+            continue
+        assert code == 0
         printed.append(capsys.readouterr().out)
+    if not modelled:
+        return
     assert printed[0] == printed[1] == printed[2]
     assert len(printed[0].split(";")) == 4
 
@@ -260,3 +267,28 @@ def test_a_powersgd_rank_no_matrix_holds_is_refused_before_anything_is_measured(
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1, captured.err
     assert "-W rank=501: the network's widest gradient matrix allows rank 500 at most" in captured.err
+
+
+def test_a_strategys_own_option_reaches_its_prediction_by_flag_and_by_s(capsys):
+    """``--sync-every 16`` and ``-S sync_every=16`` predict the same diloco run, which talks less than the default H;
+    an option the strategy does not have is one line, exit 2."""
+    base = [
+        "estimate",
+        *NUMBERS,
+        "--workers",
+        "4",
+        "--output",
+        "csv",
+        "--model",
+        "refined",
+        "--strategy",
+        "diloco-split",
+    ]
+    printed = []
+    for extra in (["--sync-every", "16"], ["-S", "sync_every=16"], []):
+        assert main([*base, *extra]) == 0
+        printed.append(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed[0] == printed[1] != printed[2]
+    assert float(printed[0].split(";")[-1]) > float(printed[2].split(";")[-1])  # H = 16 talks less than H = 10
+    assert main([*base[:-1], "allreduce-split", "-S", "sync_every=16"]) == 2
+    assert "--strategy allreduce has no option sync_every" in capsys.readouterr().err

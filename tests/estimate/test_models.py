@@ -42,12 +42,39 @@ def test_the_configurations_to_predict_are_the_registrys_predicted_specs():
     # A strategy without servers has none, whatever the thesis's --server said.
     assert Configuration.parse("allreduce-join") == Configuration("allreduce", "", "join")
     assert Configuration.from_thesis("sync-join", "central", "allreduce") == Configuration("allreduce", "", "join")
-    # Every one of them is modelled: both models predict each (a new predicted strategy must add its formulas).
+    # Every one of them is modelled: the refined model predicts each (a new predicted strategy must add its
+    # formulas), the thesis model each that names a thesis formula, and refuses the rest in one line.
     advice = recommend(TOY, max_workers=3)
     for model in MODELS:
         for configuration in REFINED:
+            terms = STRATEGIES[configuration.strategy].estimator_terms(configuration.server)
+            if model == "thesis" and terms.thesis_server is None:
+                with pytest.raises(ConfigError, match="not modelled by the estimator: the thesis model has no formula"):
+                    predicted_speedup(model, TOY, configuration, 3, batches=128)
+                continue
             assert predicted_speedup(model, TOY, configuration, 3, batches=128) > 0
         assert advice[model]["configuration"] in {"local", *all_specs(predicted_only=True)}
+    assert "diloco-split" in [c.label for c in REFINED]  # at least one without a thesis formula was seen
+
+
+def test_diloco_talks_once_in_h_steps_and_is_weighed_for_advice_only_when_asked():
+    """Its step: the inner update, and an H-th of the change's all-reduce and of an outer update; with H = 1 that
+    is the synchronous all-reduce's step and one update more. Advice weighs it when the user gives its H."""
+    profile = Profile(
+        "toy", 32, t_grad=0.1, t_comm=0.05, t_update=0.004, latency=0.0, weight_bytes=10**6, bandwidth=1e8
+    )
+    diloco, dense = Configuration.parse("diloco-split"), Configuration.parse("allreduce-split")
+    speedups = {h: predicted_speedup("refined", profile, diloco.with_options({"sync_every": h}), 4, batches=128)
+                for h in (1, 4, 64)}  # fmt: skip
+    allreduce = predicted_speedup("refined", profile, dense, 4, batches=128)
+    batch_time = (0.1 + 0.004) / allreduce  # the all-reduce's step, from its speedup
+    assert (0.1 + 0.004) / speedups[1] == pytest.approx(batch_time + 0.004, rel=1e-9)
+    assert speedups[1] < allreduce < speedups[4] < speedups[64]
+    unasked = recommend(profile, max_workers=8, models=("refined",))["refined"]
+    asked = recommend(profile, max_workers=8, models=("refined",), strategy_options={"sync_every": 64})["refined"]
+    assert not unasked["configuration"].startswith("diloco")
+    assert asked["configuration"] in ("diloco-join, sync_every=64", "diloco-split, sync_every=64")
+    assert asked["speedup"] > unasked["speedup"] and "what they cost in quality is not" in asked["note"]
 
 
 class _Gossip(Strategy):

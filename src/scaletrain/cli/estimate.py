@@ -21,7 +21,7 @@ from scaletrain.api import estimate, profile, recommend, strategy_spec, validate
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
-from scaletrain.cli.registry_flags import parse_options
+from scaletrain.cli.registry_flags import add_strategy_flags, given_strategy_options, parse_options
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
@@ -95,6 +95,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--workers", type=number_list, default=(1,), metavar="N", help="worker count; with --validate a list, e.g. 1,2"
     )
     model.add_argument("--batches", type=float, default=128, metavar="D", help="batches to train, as in the thesis")
+    add_strategy_flags(model, skip=("async_batches",))  # -S sync_every=16, --sync-every 16 …
     model.add_argument(
         "--async-batches",
         choices=ASYNC_BATCHES,
@@ -192,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         cores=args.cores,
         plot=args.plot_file if args.output == "plot" else None,
         async_batches=_async_batches(args),
+        strategy_options=given_strategy_options(args),
     )
     if args.output == "single":
         print(f"{speedups[-1]:{DIGITS}}")
@@ -254,6 +256,7 @@ def _recommend(args: argparse.Namespace, measured: Profile) -> int:
         cores=args.cores,
         case=args.case,
         async_batches=_async_batches(args),
+        strategy_options=given_strategy_options(args),
     )
     for model, best in advice.items():
         print(

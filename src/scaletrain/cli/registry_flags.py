@@ -11,12 +11,20 @@ from scaletrain.efficient import TECHNIQUES, Setting, all_settings, with_flagged
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies import STRATEGIES, strategy_flags
 
-__all__ = ["add_strategy_flags", "add_technique_flags", "parse_options", "strategy_settings", "technique_settings"]
+__all__ = [
+    "add_strategy_flags",
+    "add_technique_flags",
+    "given_strategy_options",
+    "parse_options",
+    "strategy_settings",
+    "technique_settings",
+]
 
 
-def add_strategy_flags(group: argparse._ArgumentGroup) -> None:
+def add_strategy_flags(group: argparse._ArgumentGroup, *, skip: tuple[str, ...] = ()) -> None:
     """``-S KEY=VALUE`` and the flags of every registered strategy's options that name one, from the strategies'
-    own declarations (:class:`~scaletrain.parallel.strategies.StrategyOption`)."""
+    own declarations (:class:`~scaletrain.parallel.strategies.StrategyOption`); ``skip``: keywords of flags the
+    command has its own way of taking."""
     offered = [f"{name}: {', '.join(o.name for o in s.options)}" for name, s in STRATEGIES.items() if s.options]
     group.add_argument(
         "-S",
@@ -27,6 +35,8 @@ def add_strategy_flags(group: argparse._ArgumentGroup) -> None:
         help="an option of the --strategy chosen" + (f" ({'; '.join(offered)})" if offered else ""),
     )
     for keyword, (owner, option) in strategy_flags().items():
+        if keyword in skip:
+            continue
         described = {
             "type": None if option.type is bool else option.type,
             "choices": option.choices,
@@ -44,7 +54,17 @@ def add_strategy_flags(group: argparse._ArgumentGroup) -> None:
 def strategy_settings(args: argparse.Namespace) -> dict[str, Any]:
     """``strategy_options`` from ``-S`` and the strategies' own flags by their keywords (make_config moves them in)."""
     options = parse_options(args.strategy_option, what="strategy option", example="-S chunks=2")
-    return {"strategy_options": options or None, **{keyword: getattr(args, keyword) for keyword in strategy_flags()}}
+    flagged = {keyword: getattr(args, keyword) for keyword in strategy_flags() if hasattr(args, keyword)}
+    return {"strategy_options": options or None, **flagged}
+
+
+def given_strategy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The strategy options given by ``-S`` and by the strategies' own flags, by the options' names."""
+    options = parse_options(args.strategy_option, what="strategy option", example="-S sync_every=16")
+    for keyword, (_, option) in strategy_flags().items():
+        if getattr(args, keyword, None) is not None:
+            options[option.name] = getattr(args, keyword)
+    return options
 
 
 def add_technique_flags(parser: argparse.ArgumentParser) -> None:

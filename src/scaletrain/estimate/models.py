@@ -16,8 +16,9 @@ be predicted is in :mod:`scaletrain.parallel.strategies.terms`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -55,10 +56,28 @@ class Configuration:
     #: how asynchronous workers divide the batch (``--async-batches``): ``share``, Downpour's (the thesis's async,
     #: and the mode the validations measure), or ``split``; nothing to a synchronous one
     async_batches: str = field(default="share", repr=False)
+    #: the strategy's own options its formulas read (``-S name=value``, e.g. diloco's ``sync_every``), as sorted
+    #: pairs; the strategy's defaults for those not given
+    options: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
 
     @property
     def async_split(self) -> bool:
         return self.sync == "async" and self.async_batches == "split"
+
+    @property
+    def option_values(self) -> dict[str, Any]:
+        """Every option of the strategy: those given, its defaults for the rest.
+
+        >>> Configuration.parse("diloco-split").with_options({"sync_every": "16"}).option_values["sync_every"]
+        16
+        """
+        return get_strategy(self.strategy).option_values(dict(self.options))
+
+    def with_options(self, options: Mapping[str, Any]) -> Configuration:
+        """The same configuration with the strategy's options ``options`` (checked as training checks them)."""
+        values = get_strategy(self.strategy).option_values(dict(options))
+        given = {name: values[name] for name in options}
+        return replace(self, options=tuple(sorted(given.items())))
 
     @classmethod
     def parse(cls, spec: str) -> Configuration:
@@ -128,6 +147,15 @@ class Configuration:
     @property
     def label(self) -> str:
         return get_strategy(self.strategy).label(self.server, self.sync)
+
+    @property
+    def described(self) -> str:
+        """The label with the strategy options given, as advice names a configuration.
+
+        >>> Configuration.parse("diloco-join").with_options({"sync_every": 16}).described
+        'diloco-join, sync_every=16'
+        """
+        return ", ".join([self.label, *(f"{name}={value}" for name, value in self.options)])
 
     @property
     def thesis_type(self) -> str:
@@ -212,6 +240,7 @@ def predicted_speedup(
             batches=batches,
             cores=cores,
             async_split=configuration.async_split,
+            options=configuration.option_values,
         ).speedup
     raise ConfigError(f"unknown --model {model!r}; choose thesis or refined")
 
@@ -260,7 +289,11 @@ def predicted_speedups(
         return {
             c: (
                 refined.batches_per_second(
-                    terms[c.async_split], strategy=c.strategy, server=c.server, sync=c.sync, workers=workers
+                    terms[c.async_split].using(c.option_values),
+                    strategy=c.strategy,
+                    server=c.server,
+                    sync=c.sync,
+                    workers=workers,
                 )
                 * terms[c.async_split].sequential
             ).tolist()
@@ -291,7 +324,9 @@ def best_per_workers(
         terms = split[False]  # a synchronous configuration's terms: no asynchronous update to divide
         workers = np.arange(1, max_workers + 1)
         curves = {
-            c: refined.batches_per_second(terms, strategy=c.strategy, server=c.server, sync=c.sync, workers=workers)
+            c: refined.batches_per_second(
+                terms.using(c.option_values), strategy=c.strategy, server=c.server, sync=c.sync, workers=workers
+            )
             * terms.sequential
             for c in configurations
             if c.sync != "async"
@@ -322,12 +357,12 @@ def best_per_workers(
                 model, profile, configurations, max_workers, batches=batches, cores=cores, case=case
             ).items()
         }
-    ranked = sorted(curves, key=lambda c: c.label, reverse=True)  # argmax takes the first of equal values
+    ranked = sorted(curves, key=lambda c: c.described, reverse=True)  # argmax takes the first of equal values
     table = np.array([curves[c] for c in ranked])
     winners = np.argmax(table, axis=0)
     speedups = table[winners, np.arange(max_workers)]
     return [
-        (speedup, ranked[winner].label) for speedup, winner in zip(speedups.tolist(), winners.tolist(), strict=True)
+        (speedup, ranked[winner].described) for speedup, winner in zip(speedups.tolist(), winners.tolist(), strict=True)
     ]
 
 

@@ -15,16 +15,26 @@ per batch; the advice says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.models import MODELS, best_per_workers, predicted_configurations, thesis_configurations
+from scaletrain.estimate.models import (
+    MODELS,
+    Configuration,
+    best_per_workers,
+    predicted_configurations,
+    thesis_configurations,
+)
 from scaletrain.estimate.profile import Profile
+from scaletrain.parallel.strategies import get_strategy, parse_spec
 
 __all__ = ["recommend"]
 
 JOIN_NOTE = "join trains N batches per step (an N-times larger effective batch); check accuracy per epoch"
+#: What advice adds for a strategy that is weighed only when asked (Strategy.recommended_unasked: diloco)
+ASKED_NOTE = "its speed at these options is predicted, what they cost in quality is not: measure it"
 
 
 def recommend(
@@ -36,11 +46,15 @@ def recommend(
     case: str = "mean",
     models: tuple[str, ...] = MODELS,
     async_batches: str = "split",
+    strategy_options: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per model: the best ``workers``, ``configuration`` label and ``speedup``; ``by_workers``: the best per count.
 
     One worker alone (speedup 1 by definition) is the fallback when no configuration beats it. Asynchronous
     configurations are predicted as ``async_batches`` divides the batch (training's default: split).
+    ``strategy_options`` (``-S``): each strategy predicted with those of them that are its own; a strategy
+    that is not weighed unasked (``Strategy.recommended_unasked``: diloco) is weighed when one of its own is
+    given, and its label in the advice says them (``diloco-join, sync_every=16``).
     """
     if max_workers < 1:
         raise ConfigError(f"--max-workers must be ≥ 1, got {max_workers}")
@@ -50,7 +64,7 @@ def recommend(
         if profile.framework != "scaletrain":  # an engine's profile: only the runs that engine has
             runs = {c.label for c in predicted_configurations(profile.framework)}
             candidates = [c for c in candidates if c.label in runs]
-        candidates = [replace(c, async_batches=async_batches) for c in candidates]
+        candidates = with_options([replace(c, async_batches=async_batches) for c in candidates], strategy_options)
         best = {"workers": 1, "configuration": "local", "speedup": 1.0}
         per_workers = {}
         ranking = best_per_workers(model, profile, candidates, max_workers, batches=batches, cores=cores, case=case)
@@ -58,6 +72,28 @@ def recommend(
             per_workers[workers] = {"configuration": label, "speedup": speedup}
             if speedup > best["speedup"]:
                 best = {"workers": workers, "configuration": label, "speedup": speedup}
-        note = JOIN_NOTE if best["configuration"].endswith("-join") else ""
+        label = best["configuration"].split(", ")[0]  # the spec, without the options given
+        notes = [JOIN_NOTE if label.endswith("-join") else ""]
+        if label != "local" and not get_strategy(parse_spec(label)[0]).recommended_unasked:
+            notes.append(ASKED_NOTE)
+        note = "; ".join(note for note in notes if note)
         advice[model] = {**best, "note": note, "by_workers": per_workers}
     return advice
+
+
+def with_options(candidates: list[Configuration], options: Mapping[str, Any] | None) -> list[Configuration]:
+    """The candidates with each strategy's own ``options``, less the strategies not weighed unasked and given none.
+
+    >>> [c.label for c in with_options([Configuration.parse("diloco-join")], None)]
+    []
+    >>> [c.option_values["sync_every"] for c in with_options([Configuration.parse("diloco-join")], {"sync_every": 4})]
+    [4]
+    """
+    chosen = []
+    for candidate in candidates:
+        strategy = get_strategy(candidate.strategy)
+        names = {option.name for option in strategy.options}
+        own = {key: value for key, value in (options or {}).items() if key in names}
+        if own or strategy.recommended_unasked:
+            chosen.append(candidate.with_options(own) if own else candidate)
+    return chosen

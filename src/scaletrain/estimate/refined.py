@@ -25,7 +25,8 @@ without terms for a mode is a :class:`~scaletrain.errors.ConfigError`: the estim
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import copy
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,13 +72,15 @@ def predict(
     batches: float = 128,
     cores: int | None = None,
     async_split: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> Prediction:
     """Predict one configuration. ``cores``: the workers share this many cores (None: a machine each).
 
     ``server`` counts only for a strategy that has servers (``ps``); ``allreduce`` ignores it.
-    ``async_split``: asynchronous workers divide each batch (``--async-batches split``).
+    ``async_split``: asynchronous workers divide each batch (``--async-batches split``). ``options``: the
+    strategy's own options its formulas read (e.g. diloco's ``sync_every``; None: its defaults).
     """
-    terms = Terms(profile, cores, async_split)
+    terms = Terms(profile, cores, async_split, options)
     return predict_many(
         profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches, terms=terms
     )[0]
@@ -249,14 +252,27 @@ def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | No
 class Terms:
     """The profile's terms that depend on the worker count, each computed once however often it is asked for."""
 
-    def __init__(self, profile: Profile, cores: int | None, async_split: bool = False) -> None:
+    def __init__(
+        self, profile: Profile, cores: int | None, async_split: bool = False, options: Mapping[str, Any] | None = None
+    ) -> None:
         self.profile = profile
         self.cores = cores
+        #: the configuration's strategy options, which its formulas may read (``StepInputs.options``)
+        self.options: Mapping[str, Any] = dict(options or {})
         # --async-batches split: each asynchronous update a gradient of batch // N, a (batch // N) / batch of a batch
         self.async_split = async_split
         self._columns: dict[str, dict[int, Any]] = {}
         # The sequential reference: one worker alone, t_grad + t_update per batch.
         self.sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
+
+    def using(self, options: Mapping[str, Any]) -> Terms:
+        """These terms for a configuration with strategy options ``options``: the per-count terms computed so far
+        and later are shared (they depend on the profile alone)."""
+        if dict(options) == self.options:
+            return self
+        other = copy.copy(self)  # the same _columns: one cache
+        other.options = dict(options)
+        return other
 
     def update_share(self, workers: np.ndarray) -> np.ndarray:
         """The batches of ``--batch-size`` one asynchronous update trains among N workers: 1, or split ``(b // N) / b``.

@@ -139,6 +139,9 @@ class Strategy(ABC):
     max_workers: ClassVar[int | None] = None
     #: Whether the speedup estimators model it (a one-process strategy has nothing to predict).
     predicted: ClassVar[bool] = True
+    #: Whether ``estimate --recommend`` weighs it unasked. False where its speed hangs on an option whose cost in
+    #: quality no estimator predicts (diloco's H): it is weighed when the user gives one of its options.
+    recommended_unasked: ClassVar[bool] = True
     #: Whether its collectives carry tensors on the workers' device (then NCCL on a GPU), or only
     #: host buffers (gloo).
     device_collectives: ClassVar[bool] = False

@@ -9,8 +9,9 @@ SGD inside, that is the synchronous all-reduce exactly (the average of the worke
 their average gradient).
 
 The shared weights (the anchor), the outer optimizer's state and the steps since the last outer step are saved
-beside every checkpoint with the codec's state, so that a resumed run goes on exactly. Not built yet: ``--min-workers``,
-techniques that change the network, ``--overlap`` (each refused in one line), and its prediction.
+beside every checkpoint with the codec's state, so that a resumed run goes on exactly. The estimators predict it
+(:func:`outer_step_seconds`: a step that talks once in H). Not built yet: ``--min-workers``, techniques that change
+the network, ``--overlap`` (each refused in one line).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from scaletrain.config import TrainConfig
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.strategies.allreduce import AllReduceExchange
+from scaletrain.parallel.strategies.allreduce import AllReduceExchange, ring_allreduce_seconds
 from scaletrain.parallel.strategies.base import (
     Layout,
     Strategy,
@@ -34,6 +36,7 @@ from scaletrain.parallel.strategies.base import (
     train_worker,
 )
 from scaletrain.parallel.strategies.roles import worker_role
+from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs
 from scaletrain.tensors.codec import TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import unflatten_into
 from scaletrain.tensors.optimizers import build_optimizer
@@ -50,7 +53,7 @@ class DiLoCo(Strategy):
     description = "H inner steps on each worker, then an outer step with the averaged change (DiLoCo, local SGD)"
     syncs = ("join", "split")
     all_reduce_codecs = True
-    predicted = False
+    recommended_unasked = False  # fewer outer steps are always faster; what H costs in quality is not predicted
     options = (
         StrategyOption("sync_every", "inner steps between two outer steps (H)", 10, type=int, flag="sync_every"),
         StrategyOption("outer_optimizer", "the outer step's optimizer, as --optimizer takes it", "sgd"),
@@ -58,6 +61,9 @@ class DiLoCo(Strategy):
         StrategyOption("outer_momentum", "the outer SGD's momentum", 0.9, type=float),
         StrategyOption("outer_nesterov", "the outer SGD's Nesterov momentum", True, type=bool),
     )
+
+    def estimator_terms(self, server: str) -> EstimatorTerms | None:
+        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce")  # the thesis has no formula for it
 
     def check_options(self, values: Mapping[str, Any], layout: Layout, config: TrainConfig) -> None:
         if values["sync_every"] < 1:
@@ -80,6 +86,22 @@ class DiLoCo(Strategy):
         stats = collect_stats(store, layout.worker_ranks(), set(), config.timeout)
         fields = layout_fields(layout, config) | {"outer_steps": exchange.outer_steps}
         return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
+
+
+def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """What an inner step adds to its gradient: the inner optimizer's step, and one H-th of an outer step (the
+    change's all-reduce through the wire codec, as the synchronous all-reduce sends a gradient of the same size, and
+    the outer optimizer's step, taken to cost what the inner one does). H is the configuration's ``sync_every``.
+
+    >>> from scaletrain.estimate.profile import Profile
+    >>> from scaletrain.estimate.refined import Terms
+    >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.04, t_update=0.002, latency=0.0, weight_bytes=10**6, bandwidth=1e8)
+    >>> [outer_step_seconds(Terms(toy, None, options={"sync_every": h}), np.array([2])).item() for h in (1, 10)]
+    [0.014, 0.0032]
+    """
+    every = DiLoCo().option_values(inputs.options)["sync_every"]
+    update = inputs.profile.t_update
+    return update + (ring_allreduce_seconds(inputs, n) - update + update) / every
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:

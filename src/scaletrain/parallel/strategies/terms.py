@@ -23,7 +23,7 @@ array([0.011, 0.021])
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -90,6 +90,8 @@ class StepInputs(Protocol):
 
     @property
     def profile(self) -> ProfileNumbers: ...
+    @property
+    def options(self) -> Mapping[str, Any]: ...  # the configuration's strategy options (every one, defaults filled)
 
     def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """t_grad of one worker's part of a step among N (batch share, CPU contention, stragglers); ``probe``: an
