@@ -189,6 +189,14 @@ def model_weights(out: Path) -> dict:
     return torch.load(out / "model.pt", weights_only=True)
 
 
+def one_process_options(spec: str) -> dict | None:
+    """The strategy options under which ``spec`` trains as one process does (diloco: an outer step after every
+    inner one, at rate 1 without momentum), for ``strategy_options``; None where its defaults do."""
+    from scaletrain.parallel.strategies import STRATEGIES, parse_spec
+
+    return STRATEGIES[parse_spec(spec)[0]].one_process_options or None
+
+
 def assert_same_weights(first: dict, second: dict) -> None:
     """Weight for weight equal up to float reordering (every strategy sums gradients in its own order)."""
     import torch

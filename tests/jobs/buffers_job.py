@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import scaletrain
+from tests.helpers import one_process_options
 
 BATCH = 8  # per worker under join, the global batch under split
 STEPS_PER_EPOCH = 8
@@ -99,7 +100,7 @@ def main(spec: str, out: Path, ports: list[int]) -> None:
                 settings.update(batch_size=2 * BATCH)
             elif spec != "local":
                 os.environ["MASTER_PORT"] = str(next(port))
-                settings.update(workers=2, strategy=spec)
+                settings.update(workers=2, strategy=spec, strategy_options=one_process_options(spec))
                 if spec.endswith("-async"):  # Downpour's whole batches: the local reference's steps
                     settings.update(async_batches="share")
             summary = scaletrain.train(own, out=folder, **settings)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import scaletrain
+from tests.helpers import one_process_options
 from tests.parallel.lazy_fashion import ENV_READERS, workload
 
 STEPS_INSIDE = 5  # of the 8 split steps of an epoch
@@ -46,7 +47,9 @@ def main(data: Path, out: Path, ports: list[int], legs: list[str]) -> None:
         os.environ.update(WORLD_SIZE=str(processes), LOCAL_WORLD_SIZE=str(processes), MASTER_PORT=str(port))
         os.environ[ENV_READERS] = str(out / folder / "readers")
         own = workload(data)  # in every process, as a user's script would make it
-        scaletrain.train(own, out=out / folder, workers=2, strategy=leg.partition(":")[0], **SETTINGS, **extra)
+        spec = leg.partition(":")[0]
+        options = one_process_options(spec)  # every synchronous leg is compared with one process
+        scaletrain.train(own, out=out / folder, workers=2, strategy=spec, strategy_options=options, **SETTINGS, **extra)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import assert_same_weights
+from tests.helpers import assert_same_weights, one_process_options
 from tests.helpers import model_weights as weights
 from tests.jobs import many_workers
 from tests.jobs.many_workers import SAMPLES, TENSORS, started, tiny_workload
@@ -82,7 +82,8 @@ SYNCHRONOUS = [spec for spec in all_specs(predicted_only=True) if not spec.endsw
 def test_synchronous_runs_equal_one_process(label: str, workers: int, references: dict, tmp_path: Path) -> None:
     split = label.endswith("split")
     batch = SPLIT_BATCH if split else JOIN_BATCH
-    summary = train(label, workers, tmp_path / "run", batch_size=batch, epochs=1)
+    options = one_process_options(label)
+    summary = train(label, workers, tmp_path / "run", batch_size=batch, epochs=1, strategy_options=options)
     global_batch = batch if split else workers * batch
     assert summary["steps"] == SAMPLES // global_batch
     assert_same_weights(weights(tmp_path / "run"), references[global_batch, False])

@@ -142,6 +142,9 @@ class Strategy(ABC):
     #: Whether ``estimate --recommend`` weighs it unasked. False where its speed hangs on an option whose cost in
     #: quality no estimator predicts (diloco's H): it is weighed when the user gives one of its options.
     recommended_unasked: ClassVar[bool] = True
+    #: The options under which its synchronous modes train as one process does (the tests of that equality run it
+    #: with them; ``{}``: its defaults do); None: no setting does.
+    one_process_options: ClassVar[dict[str, Any] | None] = {}
     #: Whether its collectives carry tensors on the workers' device (then NCCL on a GPU), or only
     #: host buffers (gloo).
     device_collectives: ClassVar[bool] = False

@@ -17,7 +17,7 @@ the network, ``--overlap`` (each refused in one line).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ class DiLoCo(Strategy):
     syncs = ("join", "split")
     all_reduce_codecs = True
     recommended_unasked = False  # fewer outer steps are always faster; what H costs in quality is not predicted
+    one_process_options: ClassVar[dict[str, Any] | None] = {"sync_every": 1, "outer_lr": 1.0, "outer_momentum": 0.0}
     options = (
         StrategyOption("sync_every", "inner steps between two outer steps (H)", 10, type=int, flag="sync_every"),
         StrategyOption("outer_optimizer", "the outer step's optimizer, as --optimizer takes it", "sgd"),
