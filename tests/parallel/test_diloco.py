@@ -68,7 +68,8 @@ def test_the_change_travels_through_powersgd(data: Path, tmp_path: Path) -> None
     ("flags", "message"),
     [
         (["--sync-every", "0"], "--sync-every must be 1 or more"),
-        (["--min-workers", "1"], "--strategy diloco does not work with --min-workers yet"),
+        (["-S", "outer_exchange=sharded", "--min-workers", "1"], "outer_exchange=sharded does not work with --min"),
+        (["-S", "outer_exchange=central"], "option outer_exchange must be one of allreduce, sharded"),
         (["--overlap"], "--overlap reduces gradients during backward under all-reduce, not --strategy diloco"),
         (["-S", "outer_optimizer=lion"], "unknown optimizer 'lion'"),
         (["--strategy", "allreduce", "--sync-every", "4"], "--sync-every is an option of --strategy diloco"),

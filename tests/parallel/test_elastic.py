@@ -215,9 +215,9 @@ def test_bad_min_workers_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )  # fmt: skip
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "scaletrain: error: --min-workers is supported with --strategy allreduce and the parameter servers with "
-        "--sync join or split only for now, not ps-sharded-async; drop --min-workers (a lost worker then stops the "
-        "run, continue with --resume; an asynchronous central server goes on without lost workers by itself)"
+        "scaletrain: error: --min-workers is supported with --strategy allreduce, diloco and the parameter servers "
+        "with --sync join or split only for now, not ps-sharded-async; drop --min-workers (a lost worker then stops "
+        "the run, continue with --resume; an asynchronous central server goes on without lost workers by itself)"
     ]
 
 

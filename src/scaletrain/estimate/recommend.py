@@ -74,7 +74,7 @@ def recommend(
                 best = {"workers": workers, "configuration": label, "speedup": speedup}
         label = best["configuration"].split(", ")[0]  # the spec, without the options given
         notes = [JOIN_NOTE if label.endswith("-join") else ""]
-        if label != "local" and not get_strategy(parse_spec(label)[0]).recommended_unasked:
+        if not get_strategy(parse_spec(label)[0]).recommended_unasked:  # one process ("local") is weighed unasked
             notes.append(ASKED_NOTE)
         note = "; ".join(note for note in notes if note)
         advice[model] = {**best, "note": note, "by_workers": per_workers}

@@ -12,7 +12,8 @@ worker's optimizer step; the thesis's distributed-server formula stands for it (
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +36,8 @@ from scaletrain.train.state import Membership, Prepared, Role
 from scaletrain.train.summary import write_summary
 
 __all__ = ["AllReduce", "AllReduceExchange", "ring_allreduce_seconds"]
+
+T = TypeVar("T")
 
 
 def ring_allreduce_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
@@ -224,8 +227,7 @@ class AllReduceExchange(GradientExchange):
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         if self.workers == 1:
-            if self.membership is not None:
-                self.membership.join_due = self.membership.join_requested()
+            self._ask_joiners_alone()
             return ExchangeTimes(skipped=clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite))
         if self._overlapped is not None:
             return self._overlapped_step(model, optimizer, clip_norm)
@@ -233,15 +235,7 @@ class AllReduceExchange(GradientExchange):
         begin = now()
         gradients = [p.grad for p in parameters]
         layout = TensorLayout.of(gradients)
-        try:
-            arrived, total = self._reduce(gradients, layout)
-        except RuntimeError as error:  # c10d/gloo: a peer closed its connections or a wait timed out
-            if self.lost is None:
-                raise
-            print(f"lost a peer during the step's all-reduce: {str(error).splitlines()[0]}", flush=True)  # to the log
-            text = str(error).lower()
-            why = None if isinstance(error, HeardOfLoss) else "stopped answering" if "timed out" in text else "died"
-            raise PeerLost(why) from error
+        arrived, total = self._reduce_or_lost(gradients, layout)
         total /= self.workers
         unflatten_into(total, gradients)
         done = now()
@@ -261,6 +255,27 @@ class AllReduceExchange(GradientExchange):
         done = now()
         skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
         return ExchangeTimes(communication=done - begin, skipped=skipped, sent_bytes=self._overlapped.payload_bytes())
+
+    def _ask_joiners_alone(self) -> None:
+        """A lone worker of an elastic run asks for joiners itself (there is no all-reduce to carry it)."""
+        if self.membership is not None:
+            self.membership.join_due = self.membership.join_requested()
+
+    def _reduce_or_lost(self, gradients: list[torch.Tensor], layout: TensorLayout) -> tuple[float, torch.Tensor]:
+        """:meth:`_reduce`; in an elastic run a lost peer raises :class:`PeerLost` (nothing is applied yet)."""
+        return self._or_lost(lambda: self._reduce(gradients, layout))
+
+    def _or_lost(self, collectives: Callable[[], T]) -> T:
+        """``collectives()``; in an elastic run a lost peer during them raises :class:`PeerLost`."""
+        try:
+            return collectives()
+        except RuntimeError as error:  # c10d/gloo: a peer closed its connections or a wait timed out
+            if self.lost is None:
+                raise
+            print(f"lost a peer during the step's all-reduce: {str(error).splitlines()[0]}", flush=True)  # to the log
+            text = str(error).lower()
+            why = None if isinstance(error, HeardOfLoss) else "stopped answering" if "timed out" in text else "died"
+            raise PeerLost(why) from error
 
     def _reduce(self, gradients: list[torch.Tensor], layout: TensorLayout) -> tuple[float, torch.Tensor]:
         # A one-number all-reduce first: it returns when the slowest worker arrives, so the time it

@@ -9,9 +9,13 @@ SGD inside, that is the synchronous all-reduce exactly (the average of the worke
 their average gradient).
 
 The shared weights (the anchor), the outer optimizer's state and the steps since the last outer step are saved
-beside every checkpoint with the codec's state, so that a resumed run goes on exactly. The estimators predict it
-(:func:`outer_step_seconds`: a step that talks once in H). Not built yet: ``--min-workers``, techniques that change
-the network, ``--overlap`` (each refused in one line).
+beside every checkpoint with the codec's state, so that a resumed run goes on exactly. With ``--min-workers`` the
+survivors of a lost worker drop its inner steps since the last outer step and go on, and workers started later
+(``--join``) take the anchor and the outer optimizer's state at an outer step (:mod:`.diloco_elastic`).
+``-S outer_exchange=sharded`` sends the change to the sharded parameter server instead, whose owners each step
+their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The estimators predict it
+(:func:`outer_step_seconds`: a step that talks once in H). Not built yet: techniques that change the network,
+``--overlap``, ``--min-workers`` and ``--resume`` through the sharded server (each refused in one line).
 """
 
 from __future__ import annotations
@@ -35,14 +39,16 @@ from scaletrain.parallel.strategies.base import (
     layout_fields,
     train_worker,
 )
+from scaletrain.parallel.strategies.diloco_elastic import Rollback, run_elastic
+from scaletrain.parallel.strategies.diloco_sharded import run_sharded
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs
-from scaletrain.tensors.codec import TensorLayout, WireCodec, wire_codec
+from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec, wire_codec
 from scaletrain.tensors.flat import unflatten_into
 from scaletrain.tensors.optimizers import build_optimizer
-from scaletrain.train.exchange import ExchangeTimes, clip_and_step
+from scaletrain.train.exchange import ExchangeTimes, PeerLost, clip_and_step
 from scaletrain.train.meter import now
-from scaletrain.train.state import Prepared
+from scaletrain.train.state import Membership, Prepared
 from scaletrain.train.summary import write_summary
 
 __all__ = ["DiLoCo", "DiLoCoExchange"]
@@ -61,24 +67,56 @@ class DiLoCo(Strategy):
         StrategyOption("outer_lr", "the outer step's rate", 0.7, type=float),
         StrategyOption("outer_momentum", "the outer SGD's momentum", 0.9, type=float),
         StrategyOption("outer_nesterov", "the outer SGD's Nesterov momentum", True, type=bool),
+        StrategyOption(
+            "outer_exchange",
+            "allreduce: the workers average the change; sharded: each owner of the sharded parameter server steps "
+            "its share of the anchor",
+            "allreduce",
+            choices=("allreduce", "sharded"),
+        ),
     )
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
         return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce")  # the thesis has no formula for it
+
+    def elastic(self, layout: Layout) -> bool:
+        return True  # through the sharded server it is refused in check_options
+
+    def admits_joiners(self, layout: Layout) -> bool:
+        return True
 
     def check_options(self, values: Mapping[str, Any], layout: Layout, config: TrainConfig) -> None:
         if values["sync_every"] < 1:
             raise ConfigError(f"--sync-every must be 1 or more inner steps, got {values['sync_every']}")
         if not values["outer_lr"] > 0 or not 0 <= values["outer_momentum"] < 1:
             raise ConfigError("--strategy diloco: -S outer_lr must be > 0 and -S outer_momentum in [0, 1)")
-        for given, flag in ((config.min_workers, "--min-workers"), (config.technique, "--technique")):
-            if given is not None:
-                raise ConfigError(f"--strategy diloco does not work with {flag} yet; drop {flag}")
+        if config.technique is not None:
+            raise ConfigError("--strategy diloco does not work with --technique yet; drop --technique")
+        if values["outer_exchange"] == "sharded":
+            for given, flag in ((config.min_workers, "--min-workers"), (config.resume or None, "--resume")):
+                if given is not None:
+                    raise ConfigError(f"-S outer_exchange=sharded does not work with {flag} yet; drop one of them")
+            if CODECS[config.wire].all_reduce_only:
+                raise ConfigError(f"--wire {config.wire} needs -S outer_exchange=allreduce (its factors add up there)")
         outer_optimizer(values, [torch.zeros(1, requires_grad=True)])  # refuses an outer optimizer it cannot make
 
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
         values = self.option_values(config.strategy_options)
+        if values["outer_exchange"] == "sharded":
+            return run_sharded(
+                prepared, layout, rank, store, values["sync_every"], lambda master: outer_optimizer(values, master)
+            )
+        if config.min_workers is not None and (layout.workers > 1 or config.join):
+            return run_elastic(
+                prepared,
+                layout,
+                rank,
+                store,
+                lambda workers, membership, handed: DiLoCoExchange(
+                    workers, wire_codec(config), values, membership=membership, handed=handed
+                ),
+            )
         exchange = DiLoCoExchange(layout.workers, wire_codec(config), values)
         role = worker_role(prepared, layout, rank, store, exchange)
         trainer = train_worker(prepared, role, store)
@@ -117,8 +155,19 @@ class DiLoCoExchange(AllReduceExchange):
     """Inner steps here; every ``sync_every`` steps the averaged change since the anchor through the codec's
     all-reduce, and the outer optimizer's step on the anchor, which every worker then takes as its weights."""
 
-    def __init__(self, workers: int, codec: WireCodec, values: Mapping[str, Any]) -> None:
-        super().__init__(workers, codec)
+    def __init__(
+        self,
+        workers: int,
+        codec: WireCodec,
+        values: Mapping[str, Any],
+        *,
+        membership: Membership | None = None,
+        handed: dict[str, Any] | None = None,
+    ) -> None:
+        # elastic (--min-workers): a lost peer interrupts an outer step (PeerLost); a joiner is ``handed`` the
+        # run's outer state and has its weights from a member already
+        super().__init__(workers, codec, membership=membership, synced=handed is not None)
+        self._handed = handed
         self.values, self.every = values, values["sync_every"]
         self.inner_steps = self.outer_steps = 0
         self._anchor: list[nn.Parameter] = []
@@ -131,13 +180,22 @@ class DiLoCoExchange(AllReduceExchange):
         self._model, self._inner = model, optimizer
         self._anchor = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
         self._outer = outer_optimizer(self.values, self._anchor)
+        if self._handed is not None:
+            self.take_outer_state(self._handed)
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
+        outer_due = (self.inner_steps + 1) % self.every == 0
+        rollback = Rollback(model, optimizer) if outer_due and self.membership is not None else None
         skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
         self.inner_steps += 1
-        if self.inner_steps % self.every:
+        if not outer_due:
             return ExchangeTimes(skipped=skipped)
-        return self._outer_step(model, skipped)
+        try:
+            return self._outer_step(model, skipped)
+        except PeerLost:  # the survivors do this step again: undo its inner step (the loop's contract)
+            rollback.restore(model, optimizer)
+            self.inner_steps -= 1
+            raise
 
     def finish(self, model: nn.Module) -> None:
         """The inner steps since the last outer step go into one more outer step: every worker ends with the
@@ -150,10 +208,15 @@ class DiLoCoExchange(AllReduceExchange):
         begin = now()
         changes = [anchor.detach() - p.detach() for anchor, p in zip(self._anchor, parameters, strict=True)]
         layout = TensorLayout.of(changes)
+        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+        averaged = None
         if self.workers > 1:
-            arrived, total = self._reduce(changes, layout)
-            total /= self.workers
+            arrived, total = self._reduce_or_lost(changes, layout)
+            total /= self.workers  # the live workers, in an elastic run
+            # before anything is applied, so that a peer lost here undoes the step as one lost above does
+            averaged = self._or_lost(lambda: self._averaged(buffers))
         else:
+            self._ask_joiners_alone()
             arrived, total = begin, torch.cat([change.reshape(-1) for change in changes])
         for anchor in self._anchor:
             anchor.grad = torch.empty_like(anchor)
@@ -162,23 +225,38 @@ class DiLoCoExchange(AllReduceExchange):
         with torch.no_grad():
             for anchor, parameter in zip(self._anchor, parameters, strict=True):
                 parameter.copy_(anchor)
-        buffer_bytes = self._average_buffers(model)
+            if averaged is not None:
+                unflatten_into(averaged, buffers)
         self.outer_steps += 1
+        buffer_bytes = 0 if averaged is None else averaged.numel() * averaged.element_size()
         sent = self.codec.payload_bytes(layout) + buffer_bytes if self.workers > 1 else 0
         return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
 
-    def _average_buffers(self, model: nn.Module) -> int:
-        """The workers' floating-point buffers (batch norm's running statistics) averaged in float32, so that
-        every worker goes on from the same ones, as the weights do; their bytes sent (none in one process)."""
-        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
-        if self.workers == 1 or not buffers:
-            return 0
+    def _averaged(self, buffers: list[torch.Tensor]) -> torch.Tensor | None:
+        """The workers' floating-point buffers (batch norm's running statistics) averaged in float32, flat, for
+        every worker to go on from the same ones, as from the same weights; None when the network has none."""
+        if not buffers:
+            return None
         flat = torch.cat([buffer.detach().float().reshape(-1) for buffer in buffers])
         self.collectives.all_reduce(flat)
-        flat /= self.workers
+        return flat.div_(self.workers)
+
+    def outer_state(self) -> dict[str, Any]:
+        """What a worker that goes on from this one takes besides weights and inner optimizer (an elastic run):
+        the anchor, the outer optimizer's state and the step counts."""
+        return {
+            "anchor": [anchor.detach().clone() for anchor in self._anchor],
+            "outer": self._outer.state_dict(),
+            "inner_steps": self.inner_steps,
+            "outer_steps": self.outer_steps,
+        }
+
+    def take_outer_state(self, state: dict[str, Any]) -> None:
         with torch.no_grad():
-            unflatten_into(flat, buffers)
-        return flat.numel() * flat.element_size()
+            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
+                anchor.copy_(value)
+        self._outer.load_state_dict(state["outer"])
+        self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]
 
     def state_dict(self) -> dict | None:
         """Beside each checkpoint, per worker: the codec's state, the anchor and the outer optimizer's state, and

@@ -79,14 +79,22 @@ def answer_key(number: int) -> str:
     return f"membership/answer/{number}"
 
 
-def store_membership(store: dist.Store, rank: int, layout: Layout, config: Any, batch_size: int) -> StoreMembership:
+def store_membership(
+    store: dist.Store,
+    rank: int,
+    layout: Layout,
+    config: Any,
+    batch_size: int,
+    kind: type[StoreMembership] | None = None,
+) -> StoreMembership:
     """The membership of an elastic run's worker (``config``: its :class:`~scaletrain.config.TrainConfig`), once the
     batch and (but for a joining worker, which has no group yet) the process group are checked: started by
-    another launcher, this process may be the first to see them."""
+    another launcher, this process may be the first to see them. ``kind``: a strategy's own subclass of
+    :class:`StoreMembership` (what the members hand each other), or that class itself."""
     check_elastic_batch(config, layout, batch_size)
     if not config.join:
         check_elastic_backend(dist.get_backend())
-    return StoreMembership(
+    return (kind or StoreMembership)(
         store,
         rank=rank,
         layout=layout,

@@ -31,15 +31,15 @@ def check_elastic(config: TrainConfig, layout: Layout) -> None:
         return
     if not layout.plugin.elastic(layout):
         raise ConfigError(
-            f"--min-workers is supported with --strategy allreduce and the parameter servers with --sync join or "
-            f"split only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, continue "
-            "with --resume; an asynchronous central server goes on without lost workers by itself)"
+            "--min-workers is supported with --strategy allreduce, diloco and the parameter servers with --sync "
+            f"join or split only for now, not {layout.label}; drop --min-workers (a lost worker then stops the run, "
+            "continue with --resume; an asynchronous central server goes on without lost workers by itself)"
         )
     grows = config.join or (config.max_workers is not None and config.max_workers > layout.workers)
     if grows and not layout.plugin.admits_joiners(layout):
         raise ConfigError(
-            f"workers join elastic all-reduce and sharded-server runs only for now; {layout.label} goes on without "
-            "lost workers but admits none: drop --join and --max-workers, or use --server sharded"
+            f"workers join elastic all-reduce, diloco and sharded-server runs only for now; {layout.label} goes on "
+            "without lost workers but admits none: drop --join and --max-workers, or use --server sharded"
         )
     for flag, given in (("--technique", config.technique), ("--sync-batchnorm", config.sync_batchnorm or None)):
         if given is not None:

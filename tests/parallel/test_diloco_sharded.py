@@ -1,0 +1,84 @@
+"""``--strategy diloco -S outer_exchange=sharded``: the change since the anchor goes to the sharded parameter
+server, whose owners step their shares with the outer optimizer. The averaged change is the all-reduce's, so the
+weights must equal the all-reduce variant's: with H = 1 and a plain outer step at rate 1 (≤ 1e-6), and with the
+paper's Nesterov outer step, whose momentum each owner keeps for its shard, over outer steps and the last, shorter
+round. Real processes on loopback, LeNet on generated Fashion-MNIST files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests.helpers import make_fashion_mnist
+from tests.helpers import model_weights as weights
+
+import scaletrain
+from scaletrain.errors import ConfigError
+
+pytestmark = pytest.mark.multiprocess
+
+COMMON = {"epochs": 1, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "seed": 4, "threads": 1}
+COMMON |= {"progress": "off", "tensorboard": False, "strategy": "diloco"}
+SHARDED = {"outer_exchange": "sharded"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_fashion_mnist(tmp_path_factory.mktemp("diloco-sharded") / "fmnist", train=192, test=32)
+
+
+@pytest.mark.parametrize(
+    ("workers", "sync", "sync_every", "options", "steps", "outer_steps", "tolerance"),
+    [
+        # local SGD with H = 1: the synchronous step, through either exchange
+        (2, "split", 1, {"outer_lr": 1, "outer_momentum": 0}, 12, 12, 1e-6),
+        # the paper's outer Nesterov SGD (0.7, 0.9) on 3 owners; 4 steps of 3 × 16: an outer step after 3, one after 4
+        (3, "join", 3, {}, 4, 2, 1e-5),
+    ],
+    ids=["local-sgd-2", "nesterov-3"],
+)
+def test_the_sharded_server_steps_the_anchor_as_the_all_reduce_does(
+    workers: int,
+    sync: str,
+    sync_every: int,
+    options: dict,
+    steps: int,
+    outer_steps: int,
+    tolerance: float,
+    data: Path,
+    tmp_path: Path,
+) -> None:
+    settings = {"workers": workers, "sync": sync, "sync_every": sync_every, **COMMON}
+    reference = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "allreduce", strategy_options=options, **settings
+    )
+    summary = scaletrain.train(
+        "lenet", data_dir=data, out=tmp_path / "sharded", strategy_options=options | SHARDED, **settings
+    )
+    assert summary["strategy_options"]["outer_exchange"] == "sharded"
+    assert reference["strategy_options"]["outer_exchange"] == "allreduce"  # the default
+    assert (summary["steps"], summary["outer_steps"]) == (reference["steps"], reference["outer_steps"])
+    assert (summary["steps"], summary["outer_steps"]) == (steps, outer_steps)
+    expected = weights(tmp_path / "allreduce")
+    trained = weights(tmp_path / "sharded")
+    for name, tensor in trained.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=tolerance, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        ({"min_workers": 1}, "-S outer_exchange=sharded does not work with --min-workers yet"),
+        ({"resume": True}, "-S outer_exchange=sharded does not work with --resume yet"),
+        ({"wire": "powersgd"}, "--wire powersgd needs -S outer_exchange=allreduce"),
+    ],
+)
+def test_what_the_sharded_route_lacks_is_refused_before_anything_starts(
+    settings: dict, says: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=says):
+        scaletrain.train(
+            "lenet", out=tmp_path / "run", workers=2, strategy="diloco", strategy_options=SHARDED, **settings
+        )
+    assert not (tmp_path / "run").exists()
