@@ -41,6 +41,7 @@ from scaletrain.parallel.strategies.base import (
 )
 from scaletrain.parallel.strategies.diloco_elastic import Rollback, run_elastic
 from scaletrain.parallel.strategies.diloco_sharded import run_sharded
+from scaletrain.parallel.strategies.ps.terms import sharded_exchange
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs
 from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec, wire_codec
@@ -128,9 +129,10 @@ class DiLoCo(Strategy):
 
 
 def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
-    """What an inner step adds to its gradient: the inner optimizer's step, and one H-th of an outer step (the
-    change's all-reduce through the wire codec, as the synchronous all-reduce sends a gradient of the same size, and
-    the outer optimizer's step, taken to cost what the inner one does). H is the configuration's ``sync_every``.
+    """What an inner step adds to its gradient: the inner optimizer's step, and one H-th of an outer step: the
+    change's exchange as the synchronous strategy sends a gradient of the same size (the all-reduce through the wire
+    codec, or with ``outer_exchange=sharded`` the sharded server's push and pull), and the outer optimizer's step,
+    taken to cost what the inner one does (on every worker, or on each owner's share). H is ``sync_every``.
 
     >>> from scaletrain.estimate.profile import Profile
     >>> from scaletrain.estimate.refined import Terms
@@ -138,9 +140,9 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     >>> [outer_step_seconds(Terms(toy, None, options={"sync_every": h}), np.array([2])).item() for h in (1, 10)]
     [0.014, 0.0032]
     """
-    every = DiLoCo().option_values(inputs.options)["sync_every"]
-    update = inputs.profile.t_update
-    return update + (ring_allreduce_seconds(inputs, n) - update + update) / every
+    values = DiLoCo().option_values(inputs.options)
+    exchange = sharded_exchange if values["outer_exchange"] == "sharded" else ring_allreduce_seconds
+    return inputs.profile.t_update + exchange(inputs, n) / values["sync_every"]
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
