@@ -1,7 +1,9 @@
 """The device suite's report: Markdown tables and PNGs drawn from its ``figures.json`` alone.
 
-:func:`markdown` renders whatever parts have finished (the suite rewrites the report after each one);
-:func:`pictures` draws the speedup curves per workload and the precision ratios (at most four PNGs).
+:func:`markdown` renders whatever parts have finished (the suite rewrites the report after each one), starting
+with what was run and what each figure is; :func:`pictures` draws the loss curves per precision, the speedup
+curves per workload and the precision ratios (at most four PNGs). Issue 50's sections are in
+:mod:`device_report_issue50`.
 """
 
 from __future__ import annotations
@@ -10,9 +12,28 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import device_report_issue50
 from scaletrain.measure.validation_report import step_parts_table
 
 PRECISION_GOAL = 1.8
+MAX_PICTURES = 4
+#: what each part measures, for the report's first section
+PART_NOTES = {
+    "machine": "the GPU, driver, torch, CUDA, the CPU and its cores",
+    "gpu-tests": "`pytest -m gpu`: scaletrain's correctness on CUDA (pass/fail per test)",
+    "mixed-precision": "fp32 (TF32), bf16 and fp16 steps of ResNet-34, VGG16E (224×224) and a GPT, eager and "
+    "compiled: ms per step, images or tokens per second, peak memory, the ratio to fp32; loss curves; a kernel "
+    "profile of fp32 against bf16",
+    "slow-link": "ResNet-20 on 2 workers of 4 threads over an emulated 50 Mbit/s link: dense, PowerSGD, top-k, "
+    "DiLoCo; speedup over one process and test accuracy",
+    "holdout": "scaling cases chosen on 2026-11-28 before any run: measured speedups against both models' "
+    "predictions from a profile taken first; error per strategy and worker count, Kendall τ per count",
+    "scaling": "Jäger's sweeps: LeNet and the PTB LSTM at 1–14 workers, measured and predicted",
+    "precision": "fp32/bf16/fp16 steps of ResNet-20/32 on 32×32 inputs (issue 12)",
+    "gpu-vs-cpu": "fp32 steps of LeNet and ResNet-20 on the GPU and one CPU thread",
+    "prunetrain": "PruneTrain's epoch times on the GPU against dense",
+    "adaptive-batch": "the batch search after pruning, against device memory",
+}
 #: fp32 ms per step at batch 64, 1 thread, measured on the 2-core CPU machine where scaletrain is developed
 #: (docs/precision-and-devices.md): channels-first, channels-last
 DEVELOPMENT_CPU_MS = {"lenet": (26.6, 20.7), "resnet20": (172.6, 142.6)}
@@ -44,8 +65,8 @@ def markdown(figures: dict[str, Any], pictures: list[str]) -> str:
         f"Device: {gpu}; driver {machine.get('driver', '—')}; torch {machine.get('torch_version', '—')}, CUDA "
         f"{machine.get('cuda_version', '—')}; Python {machine.get('python', '—')}; "
         f"CPU {machine.get('cpu_model', '—')}, {machine.get('cores', '—')} cores "
-        f"(GPU parts on {machine.get('gpu_cores') or 'all'}, scaling on "
-        f"{_core_range(machine.get('scaling_cores'))}). Started {suite.get('started_at', '—')}, "
+        f"(GPU parts on {_core_range(machine.get('gpu_cores'))}; {_lanes(machine)}). "
+        f"Started {suite.get('started_at', '—')}, "
         f"{suite.get('seconds', 0):.0f} s so far"
         + (f", finished {suite['finished_at']}." if "finished_at" in suite else "."),
         "",
@@ -55,8 +76,12 @@ def markdown(figures: dict[str, Any], pictures: list[str]) -> str:
     for name, entry in parts.items():
         budget = entry.get("budget_seconds")
         lines.append(f"| {name} | {entry['status']} | {entry.get('seconds', 0):.0f} | {budget and f'{budget:.0f}'} |")
-    lines.append("")
-    for section in (_tests, _precision, _gpu_vs_cpu, _prunetrain, _adaptive_batch, _scaling, _failures):
+    lines += ["", *_what_was_run(figures)]
+    sections = (
+        _tests, device_report_issue50.mixed_precision, _holdout, device_report_issue50.slow_link, _precision,
+        _gpu_vs_cpu, _prunetrain, _adaptive_batch, _scaling, _failures,
+    )  # fmt: skip
+    for section in sections:
         lines += section(figures)
     if pictures:
         lines += ["## Pictures", ""] + [f"![{name}]({name})" for name in pictures] + [""]
@@ -64,7 +89,27 @@ def markdown(figures: dict[str, Any], pictures: list[str]) -> str:
 
 
 def _core_range(cores: list[int] | None) -> str:
-    return f"{cores[0]}–{cores[-1]}" if cores else "all"
+    return f"cores {cores[0]}–{cores[-1]}" if cores else "all cores"
+
+
+def _lanes(machine: dict[str, Any]) -> str:
+    lanes = machine.get("lanes") or {}
+    return "; ".join(f"{parts} on {_core_range(cores)}" for parts, cores in lanes.items()) or "no CPU parts"
+
+
+def _what_was_run(figures: dict[str, Any]) -> list[str]:
+    suite = figures["suite"]
+    lines = [
+        "## What was run",
+        "",
+        f"`{suite.get('command', 'device_suite.py')}` (visit `{suite.get('visit', '—')}`, commit "
+        f"`{suite.get('commit', 'unknown')}`), through `scripts/device-suite.sh`. Every part is a process of its "
+        "own under a time limit; the GPU parts ran one after another, the CPU parts beside them on their own "
+        "cores. What each part's figures are:",
+        "",
+    ]
+    lines += [f"- `{name}`: {PART_NOTES[name]}" for name in figures["parts"] if name in PART_NOTES]
+    return [*lines, ""]
 
 
 def _tests(figures: dict[str, Any]) -> list[str]:
@@ -223,6 +268,46 @@ def _scaling(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _holdout(figures: dict[str, Any]) -> list[str]:
+    result = _result(figures, "holdout")
+    if result is None:
+        return []
+    held = "held out: chosen" if result.get("held_out") else "dry run: a tiny case, not the held-out ones, chosen"
+    lines = [
+        f"## Prediction at scale, held out (issue 50, part 2): {result['cores']} cores, one process per core",
+        "",
+        f"Cases {held} on {result.get('chosen_on', '—')} before any run of them (`benchmarks/device_holdout.py`), "
+        "predicted by both models from a profile measured on these cores before the runs, with the models as "
+        "they are. Error = |predicted − measured| ÷ measured speedup; Kendall τ over the pairs of strategies "
+        "whose measured speedups are more than 5 % apart.",
+        "",
+        "| case | workers | configurations | thesis error | refined error | τ thesis | τ refined |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    every: list[dict[str, Any]] = []
+    for name, sweep in result["sweeps"].items():
+        rows = [row for row in sweep.get("predictions", []) if row["workers"] > 1]
+        every += rows
+        for workers in sorted({row["workers"] for row in rows}, reverse=True):
+            mine = [row for row in rows if row["workers"] == workers]
+            order = sweep.get("ranking", {}).get(str(workers), {})
+            lines.append(
+                f"| {name} | {workers} | {len(mine)} | "
+                f"{_percent(statistics.mean(row['thesis_error_percent'] for row in mine))} | "
+                f"{_percent(statistics.mean(row['refined_error_percent'] for row in mine))} | "
+                f"{_tau(order.get('thesis_kendall_tau'))} | {_tau(order.get('refined_kendall_tau'))} |"
+            )
+    if every:
+        lines.append(
+            f"| **all** | | {len(every)} | {_percent(statistics.mean(row['thesis_error_percent'] for row in every))} | "
+            f"{_percent(statistics.mean(row['refined_error_percent'] for row in every))} | | |"
+        )
+    lines.append("")
+    for name, sweep in result["sweeps"].items():
+        lines += _sweep(name, sweep) if "workload" in sweep else [f"### {name}: {sweep['status']}", ""]
+    return lines
+
+
 def _sweep(name: str, sweep: dict[str, Any]) -> list[str]:
     predicted = {(row["strategy"], row["workers"]): row for row in sweep.get("predictions", [])}
     lines = [
@@ -284,15 +369,23 @@ def _failures(figures: dict[str, Any]) -> list[str]:
 
 
 def pictures(figures: dict[str, Any], out: Path) -> list[str]:
-    """``speedup-SWEEP.png`` for each scaling sweep (at most three) and ``precision.png``; their names."""
+    """``loss-curves.png`` (issue 50's precision part), ``speedup-SWEEP.png`` for the held-out cases and the scaling
+    sweeps, and ``precision.png`` (issue 12's ratios): at most :data:`MAX_PICTURES`; their names."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot
 
     names = []
-    scaling = _result(figures, "scaling") or {"sweeps": {}}
-    for name, sweep in list(scaling["sweeps"].items())[:3]:
+    curves = device_report_issue50.loss_curves_picture(figures, out)
+    names += [curves] if curves else []
+    sweeps = [
+        (name, sweep)
+        for part in ("holdout", "scaling")
+        for name, sweep in (_result(figures, part) or {"sweeps": {}})["sweeps"].items()
+    ]
+    room = MAX_PICTURES - len(names) - (1 if _result(figures, "precision") else 0)
+    for name, sweep in sweeps[: max(room, 0)]:
         rows = [row for row in sweep["rows"] if row.get("speedup_common") is not None and row["strategy"] != "local"]
         if not rows:
             continue

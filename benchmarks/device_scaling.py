@@ -69,6 +69,7 @@ class Plan:
     profile_repeats: int = 4
     run_timeout: float = 30.0  # seconds any wait for another process may take inside a run
     warmup_run: bool = True  # one unmeasured run before the part's first measured one (issue 9)
+    shared_time: bool = False  # each sweep ends by its share of the time left (no sweep is left without rows)
 
 
 THESIS_CNN = {"lr": 0.025, "momentum": 0.0}  # Jäger §6.1 (the thesis-cnn preset)
@@ -125,7 +126,7 @@ class Recorder:
 
 def measure_sweep(sweep: Sweep, plan: Plan, entry: dict[str, Any], recorder: Recorder, context: dict[str, Any]) -> None:
     """Profile, then every configuration that fits before the deadline; predictions beside each row."""
-    deadline, cores = context["deadline"], context["cores"]
+    deadline, cores = context["sweep_deadline"], context["cores"]
     began = time.monotonic()
     try:
         profile = run_profile(
@@ -206,27 +207,24 @@ def error_summary(table: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, required=True, help="the result, rewritten after every run")
-    parser.add_argument("--work", type=Path, required=True, help="folder for the runs and profiles")
-    parser.add_argument("--data-dir", type=Path, help="folder with fashion-mnist/ and ptb/ (default: found on disk)")
-    parser.add_argument("--seconds", type=float, default=420.0, help="time this part may take")
-    parser.add_argument("--dry-run", action="store_true", help="tiny sweeps, for this CPU and CI")
-    args = parser.parse_args(argv)
-    plan = DRY_PLAN if args.dry_run else DEVICE_PLAN
+def run_plan(
+    plan: Plan, json_path: Path, work: Path, data_dir: Path | None, seconds: float, header: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every sweep of ``plan`` that fits in ``seconds``, the result (``header`` first) rewritten to ``json_path``
+    after every run."""
     cores = len(os.sched_getaffinity(0))
     context = {
-        "deadline": time.time() + args.seconds, "cores": cores, "data_dir": args.data_dir, "work": args.work,
-        "first": True,
+        "deadline": time.time() + seconds, "cores": cores, "data_dir": data_dir, "work": work, "first": True,
     }  # fmt: skip
-    result: dict[str, Any] = {"cores": cores, "cpu_count": os.cpu_count(), "sweeps": {}}
-    recorder = Recorder(args.json, result)
-    for sweep in plan.sweeps:
+    result: dict[str, Any] = {**(header or {}), "cores": cores, "cpu_count": os.cpu_count(), "sweeps": {}}
+    recorder = Recorder(json_path, result)
+    for index, sweep in enumerate(plan.sweeps):
         if time.time() + context.get("last_profile_seconds", 0.0) * 1.2 + 20 > context["deadline"]:
             result["sweeps"][sweep.name] = {"status": "not started: the part's deadline", "rows": []}
             recorder.save()
             continue
+        share = (context["deadline"] - time.time()) / (len(plan.sweeps) - index)
+        context["sweep_deadline"] = time.time() + share if plan.shared_time else context["deadline"]
         entry = result["sweeps"][sweep.name] = {
             "workload": sweep.workload, "batch_size": sweep.batch_size, "options": sweep.options,
             "settings": sweep.settings, "steps_per_worker": sweep.steps, "warmup_steps": sweep.warmup_steps,
@@ -241,6 +239,18 @@ def main(argv: list[str] | None = None) -> int:
             entry["status"] = "failed"
             entry["error"] = "".join(traceback.format_exception(exc))[-3000:]
         recorder.save()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, required=True, help="the result, rewritten after every run")
+    parser.add_argument("--work", type=Path, required=True, help="folder for the runs and profiles")
+    parser.add_argument("--data-dir", type=Path, help="folder with fashion-mnist/ and ptb/ (default: found on disk)")
+    parser.add_argument("--seconds", type=float, default=420.0, help="time this part may take")
+    parser.add_argument("--dry-run", action="store_true", help="tiny sweeps, for this CPU and CI")
+    args = parser.parse_args(argv)
+    run_plan(DRY_PLAN if args.dry_run else DEVICE_PLAN, args.json, args.work, args.data_dir, args.seconds)
     return 0
 
 

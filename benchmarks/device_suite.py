@@ -1,23 +1,31 @@
-"""The GPU machine's suite (issue 24): its correctness tests, its figures and CPU scaling on its cores,
-in one command that ends before its own limit and writes what it has.
+"""The GPU machine's suite: its correctness tests, its figures and CPU measurements on its cores, in one command
+that ends before its own limit and writes what it has.
 
-Parts, each a subprocess under ``timeout`` with its own budget (a part that fails or overruns is
-recorded as such with the tail of its output, and the others go on):
+A visit (``--visit``) is a list of parts, each a subprocess under ``timeout`` with its own budget (a part that
+fails or overruns is recorded as such with the tail of its output, and the others go on):
 
-- ``machine``: the GPU's name, driver, torch and CUDA versions, the CPU and its cores;
-- ``scaling`` (:mod:`device_scaling`), started first and run beside the GPU parts on its own cores
-  (all but the first two when there are at least 16);
-- on the first two cores, one after another: ``gpu-tests`` (``pytest -m gpu``), then
-  :mod:`device_figures`' ``precision``, ``gpu-vs-cpu``, ``prunetrain`` and ``adaptive-batch``.
+- ``issue50`` (the default on the GPU machine): ``gpu-tests`` (``pytest -m gpu``), then ``mixed-precision``
+  (:mod:`device_precision`: fp32/TF32, bf16 and fp16 on ResNet-34, VGG16E and a GPT, eager and compiled, loss
+  curves, a kernel profile) on the first two cores; beside them ``slow-link`` (:mod:`device_slowlink`: ResNet-20
+  on 2 workers of 4 threads over 50 Mbit/s: dense, PowerSGD, top-k, DiLoCo) on cores 2–9 and ``holdout``
+  (:mod:`device_holdout`: the scaling cases chosen on 2026-11-28, predicted before they run) on cores 10–15;
+- ``issue24`` (the visits of 2026-11-26 and 27): ``gpu-tests`` and :mod:`device_figures`' ``precision``,
+  ``gpu-vs-cpu``, ``prunetrain`` and ``adaptive-batch`` on the first two cores; beside them ``scaling``
+  (:mod:`device_scaling`) on the other 14;
+- ``all``: both (the dry run's default: it would not fit 450 s on the GPU machine).
 
-Everything goes under ``--out``, at most eight files: ``figures.json`` and ``report.md`` (rewritten
-after every part), ``gpu-tests.txt`` (pytest's ``-rA`` output), ``suite.log`` (every part's output)
-and up to four PNGs drawn at the end. Runs and scratch files stay in a folder outside it.
+Every visit starts with ``machine`` (the GPU's name, driver, torch and CUDA versions, the CPU and its cores).
+The CPU parts are split from the GPU parts' cores only where there are at least 16; otherwise all share them.
 
-``--dry-run`` runs every part on this CPU at tiny sizes with synthetic data (CI runs it; about 2–3
-minutes on 2 cores), so the suite cannot rot between visits to the GPU machine.
+Everything goes under ``--out``, at most eight files: ``figures.json`` and ``report.md`` (rewritten after every
+part; the report says what was run and what each figure is), ``gpu-tests.txt`` (pytest's ``-rA`` output),
+``suite.log`` (every part's output) and up to four PNGs drawn at the end. Runs and scratch files stay in a
+folder outside it.
 
-Run: ``bash scripts/device-suite.sh [--dry-run]`` (``OUT`` names the folder).
+``--dry-run`` runs every part of every visit on this CPU at tiny sizes with synthetic data (CI runs it; about
+3 minutes on 2 cores), so the suite cannot rot between visits to the GPU machine.
+
+Run: ``bash scripts/device-suite.sh [--dry-run] [--visit issue50|issue24|all]`` (``OUT`` names the folder).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -49,22 +58,50 @@ FIGURES = ("precision", "gpu-vs-cpu", "prunetrain", "adaptive-batch")
 
 
 @dataclass(frozen=True)
+class Lane:
+    """CPU parts run one after another on their own cores (``cores``: how many; ``None``: all that are left)."""
+
+    parts: tuple[str, ...]
+    cores: int | None = None
+
+
+@dataclass(frozen=True)
+class Visit:
+    """The GPU parts, one after another on the first cores, and the CPU lanes that run beside them."""
+
+    gpu: tuple[str, ...]
+    lanes: tuple[Lane, ...]
+
+
+VISITS = {
+    "issue50": Visit(gpu=("gpu-tests", "mixed-precision"), lanes=(Lane(("slow-link",), 8), Lane(("holdout",)))),
+    "issue24": Visit(gpu=("gpu-tests", *FIGURES), lanes=(Lane(("scaling",)),)),
+    "all": Visit(gpu=("gpu-tests", "mixed-precision", *FIGURES),
+                 lanes=(Lane(("slow-link",), 8), Lane(("scaling", "holdout")))),
+}  # fmt: skip
+CPU_SCRIPTS = {"scaling": "device_scaling.py", "holdout": "device_holdout.py", "slow-link": "device_slowlink.py"}
+#: the parts that take ``--seconds`` and end themselves before it with what they measured
+SELF_TIMED = ("mixed-precision", *CPU_SCRIPTS)
+
+
+@dataclass(frozen=True)
 class Budget:
     """Seconds per part, and for the whole suite (it stops starting parts that would end after it)."""
 
     suite: float
     machine: float
-    scaling: float
     parts: dict[str, float]
 
 
 DEVICE = Budget(
-    suite=450, machine=60, scaling=430,
-    parts={"gpu-tests": 120, "precision": 60, "gpu-vs-cpu": 45, "prunetrain": 100, "adaptive-batch": 120},
+    suite=450, machine=60,
+    parts={"gpu-tests": 100, "mixed-precision": 320, "slow-link": 420, "holdout": 420, "scaling": 430,
+           "precision": 60, "gpu-vs-cpu": 45, "prunetrain": 100, "adaptive-batch": 120},
 )  # fmt: skip
 DRY = Budget(
-    suite=170, machine=30, scaling=150,
-    parts={"gpu-tests": 60, "precision": 40, "gpu-vs-cpu": 30, "prunetrain": 45, "adaptive-batch": 50},
+    suite=230, machine=30,
+    parts={"gpu-tests": 60, "mixed-precision": 90, "slow-link": 150, "holdout": 60, "scaling": 150,
+           "precision": 40, "gpu-vs-cpu": 30, "prunetrain": 45, "adaptive-batch": 50},
 )  # fmt: skip
 
 MACHINE_SCRIPT = """
@@ -98,26 +135,31 @@ class Suite:
             "parts": {},
         }
         self.log = (out / "suite.log").open("a", encoding="utf-8")
+        self.lock = threading.RLock()  # the lanes record from their own threads
 
     def say(self, line: str) -> None:
         stamped = f"[{time.time() - self.began:6.1f} s] {line}"
-        print(stamped, flush=True)
-        self.log.write(stamped + "\n")
-        self.log.flush()
+        with self.lock:
+            print(stamped, flush=True)
+            self.log.write(stamped + "\n")
+            self.log.flush()
 
     def left(self) -> float:
         return self.budget.suite - (time.time() - self.began)
 
     def record(self, name: str, entry: dict[str, Any]) -> None:
-        self.figures["parts"][name] = entry
-        self.save()
+        with self.lock:
+            self.figures["parts"][name] = entry
+            self.save()
 
     def save(self, pictures: list[str] | None = None) -> None:
-        self.figures["suite"]["seconds"] = time.time() - self.began
-        partial = self.out / "figures.json.partial"
-        partial.write_text(json.dumps(self.figures, indent=1, default=str), encoding="utf-8")
-        partial.replace(self.out / "figures.json")
-        (self.out / "report.md").write_text(device_report.markdown(self.figures, pictures or []), encoding="utf-8")
+        with self.lock:
+            self.figures["suite"]["seconds"] = time.time() - self.began
+            partial = self.out / "figures.json.partial"
+            partial.write_text(json.dumps(self.figures, indent=1, default=str), encoding="utf-8")
+            partial.replace(self.out / "figures.json")
+            report = device_report.markdown(self.figures, pictures or [])
+            (self.out / "report.md").write_text(report, encoding="utf-8")
 
 
 class Part:
@@ -140,7 +182,10 @@ class Part:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signal.SIGKILL)  # what the part left in its session (worker processes)
         text = self.output.read_text(encoding="utf-8", errors="replace")
-        self.suite.log.write(f"----- {self.name} output -----\n{text[-LOG_LIMIT:]}\n----- end of {self.name} -----\n")
+        with self.suite.lock:
+            self.suite.log.write(
+                f"----- {self.name} output -----\n{text[-LOG_LIMIT:]}\n----- end of {self.name} -----\n"
+            )
         status = "ok" if code == 0 else ("overran its budget" if code in (124, 137) else f"failed (exit {code})")
         entry: dict[str, Any] = {"status": status, "seconds": time.time() - self.began, "budget_seconds": self.seconds}
         if code != 0:
@@ -195,70 +240,104 @@ def prepare_data(args: argparse.Namespace, work: Path) -> Path:
     return folder
 
 
-def core_split() -> tuple[set[int] | None, set[int] | None]:
-    """(the GPU parts' cores, the scaling part's cores): apart when there are enough, shared otherwise."""
+def core_split(visit: Visit) -> tuple[set[int] | None, list[set[int] | None]]:
+    """(the GPU parts' cores, each lane's cores): apart when there are enough, shared otherwise."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < MIN_CORES_TO_SPLIT:
-        return None, None
-    return set(cores[:GPU_CORES]), set(cores[GPU_CORES:])
+        return None, [None] * len(visit.lanes)
+    lanes, first = [], GPU_CORES
+    for lane in visit.lanes:
+        last = len(cores) if lane.cores is None else min(len(cores), first + lane.cores)
+        lanes.append(set(cores[first:last]))
+        first = last
+    return set(cores[:GPU_CORES]), lanes
+
+
+def commands(args: argparse.Namespace, python: str, work: Path, data: Path) -> dict[str, tuple[list[str], Path | None]]:
+    """Each part's command (its budget's ``--seconds`` added when it starts) and the JSON it writes."""
+    dry = ["--dry-run"] if args.dry_run else []
+    tests = [python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-v", "-rA", "-p", "no:cacheprovider"]
+    table: dict[str, tuple[list[str], Path | None]] = {
+        "gpu-tests": ([*tests, "--junitxml", str(work / "junit.xml")], None)
+    }
+    for name in FIGURES:
+        result = work / f"{name}.json"
+        command = [python, str(BENCHMARKS / "device_figures.py"), name, "--json", str(result)]
+        table[name] = ([*command, "--data-dir", str(data), "--work", str(work / name), *dry], result)
+    result = work / "mixed-precision.json"
+    table["mixed-precision"] = (
+        [python, str(BENCHMARKS / "device_precision.py"), "--json", str(result), "--data-dir", str(data), *dry],
+        result,
+    )
+    for name, script in CPU_SCRIPTS.items():
+        result = work / f"{name}.json"
+        command = [python, str(BENCHMARKS / script), "--json", str(result), "--work", str(work / name)]
+        table[name] = ([*command, "--data-dir", str(data), *dry], result)
+    return table
+
+
+def run_part(suite: Suite, name: str, command: list[str], result: Path | None, cores: set[int] | None,
+             args: argparse.Namespace, work: Path) -> None:  # fmt: skip
+    """One part within its budget and the suite's time; its entry recorded."""
+    seconds = min(suite.budget.parts[name], suite.left() - 5)
+    if seconds < 10:
+        suite.record(name, {"status": "not started: the suite's time was spent", "seconds": 0})
+        return
+    if name in SELF_TIMED:  # the part ends itself before its budget, with what it measured
+        command = [*command, "--seconds", f"{seconds - 10:.0f}"]
+    part = Part(suite, name, command, seconds, cores)
+    entry = part.finish(result)
+    if name == "gpu-tests":
+        shutil.copyfile(part.output, args.out / "gpu-tests.txt")
+        entry["result"] = junit_summary(work / "junit.xml", part.output)
+    suite.record(name, entry)
 
 
 def run(args: argparse.Namespace) -> int:
     budget = DRY if args.dry_run else DEVICE
     if args.seconds is not None:  # a shorter visit: every part's budget within the suite's
-        budget = Budget(suite=args.seconds, machine=budget.machine, scaling=min(budget.scaling, args.seconds - 20),
-                        parts=budget.parts)  # fmt: skip
+        parts = {name: min(seconds, args.seconds - 20) for name, seconds in budget.parts.items()}
+        budget = Budget(suite=args.seconds, machine=budget.machine, parts=parts)
+    visit_name = args.visit or ("all" if args.dry_run else "issue50")
+    visit = VISITS[visit_name]
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="device-suite-", dir=args.work))
     suite = Suite(args.out, work, args.dry_run, budget)
+    suite.figures["suite"].update(visit=visit_name, command=" ".join(["device_suite.py", *sys.argv[1:]]),
+                                  commit=commit_of())  # fmt: skip
     python = sys.executable
-    suite.say(f"{'dry run' if args.dry_run else 'GPU machine'}: out {args.out}, scratch {work}")
+    suite.say(f"{'dry run' if args.dry_run else 'GPU machine'}, visit {visit_name}: out {args.out}, scratch {work}")
     data = prepare_data(args, work)
-    dry = ["--dry-run"] if args.dry_run else []
-    gpu_cores, scaling_cores = core_split()
+    gpu_cores, lane_cores = core_split(visit)
+    wanted = set(args.parts.split(",")) if args.parts else None
 
     machine = Part(suite, "machine", [python, "-c", MACHINE_SCRIPT], budget.machine, None)
     entry = machine.finish()
     text = machine.output.read_text(encoding="utf-8").strip().splitlines()
     if entry["status"] == "ok" and text:
         entry["result"] = json.loads(text[-1])
-    entry["result"] = {**entry.get("result", {}), "gpu_cores": sorted(gpu_cores or []),
-                       "scaling_cores": sorted(scaling_cores or [])}  # fmt: skip
+    lanes = {
+        " then ".join(lane.parts): sorted(cores or []) for lane, cores in zip(visit.lanes, lane_cores, strict=True)
+    }
+    entry["result"] = {**entry.get("result", {}), "gpu_cores": sorted(gpu_cores or []), "lanes": lanes}
     suite.record("machine", entry)
 
-    scaling_json = work / "scaling.json"
-    scaling_seconds = min(budget.scaling, suite.left() - 5)
-    scaling_command = [python, str(BENCHMARKS / "device_scaling.py"), "--json", str(scaling_json)]
-    scaling_command += ["--work", str(work / "scaling"), "--data-dir", str(data)]
-    scaling_command += ["--seconds", str(scaling_seconds - 10)]
-    wanted = set(args.parts.split(",")) if args.parts else None
-    scaling = None
-    if wanted is None or "scaling" in wanted:
-        scaling = Part(suite, "scaling", [*scaling_command, *dry], scaling_seconds, scaling_cores)
+    table = commands(args, python, work, data)
 
-    junit = work / "junit.xml"
-    tests = [python, "-m", "pytest", "-m", "gpu", "tests/gpu", "-v", "-rA", "-p", "no:cacheprovider"]
-    tests += ["--junitxml", str(junit)]
-    queue: list[tuple[str, list[str], Path | None]] = [("gpu-tests", tests, None)]
-    for name in FIGURES:
-        result = work / f"{name}.json"
-        command = [python, str(BENCHMARKS / "device_figures.py"), name, "--json", str(result)]
-        queue.append((name, [*command, "--data-dir", str(data), "--work", str(work / name), *dry], result))
-    for name, command, result in queue:
-        if wanted is not None and name not in wanted:
-            continue
-        seconds = min(budget.parts[name], suite.left() - 5)
-        if seconds < 10:
-            suite.record(name, {"status": "not started: the suite's time was spent", "seconds": 0})
-            continue
-        part = Part(suite, name, command, seconds, gpu_cores)
-        entry = part.finish(result)
-        if name == "gpu-tests":
-            shutil.copyfile(part.output, args.out / "gpu-tests.txt")
-            entry["result"] = junit_summary(junit, part.output)
-        suite.record(name, entry)
-    if scaling is not None:
-        suite.record("scaling", scaling.finish(scaling_json))
+    def lane(parts: tuple[str, ...], cores: set[int] | None) -> None:
+        for name in parts:
+            if wanted is None or name in wanted:
+                run_part(suite, name, *table[name], cores, args, work)
+
+    threads = [
+        threading.Thread(target=lane, args=(chosen.parts, cores), name=f"lane {'+'.join(chosen.parts)}")
+        for chosen, cores in zip(visit.lanes, lane_cores, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    lane(visit.gpu, gpu_cores)
+    for thread in threads:
+        thread.join()
 
     pictures: list[str] = []
     try:
@@ -274,6 +353,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def commit_of() -> str:
+    """The working tree's commit where git can say it (the GPU machine's copy may have no ``.git``)."""
+    try:
+        found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                               text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return found.stdout.strip() or "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where the (at most eight) files go")
@@ -282,9 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-work", action="store_true", help="keep the runs and scratch files")
     parser.add_argument("--dry-run", action="store_true", help="every part on this CPU at tiny sizes")
     parser.add_argument(
-        "--parts", help="only these parts, comma-separated (scaling, gpu-tests, " + ", ".join(FIGURES) + ")"
+        "--visit", choices=sorted(VISITS), help="which parts (default: issue50 on a GPU, all in a dry run)"
     )
-    parser.add_argument("--seconds", type=float, help="the whole suite's budget (default: 450 on a GPU, 170 dry)")
+    parser.add_argument(
+        "--parts", help="only these parts of the visit, comma-separated (" + ", ".join(DEVICE.parts) + ")"
+    )
+    parser.add_argument("--seconds", type=float, help="the whole suite's budget (default: 450 on a GPU, 230 dry)")
     return run(parser.parse_args(argv))
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The GPU machine's suite (issue 24): GPU tests, GPU figures and CPU scaling in one command of at most
-# 8 minutes, everything written under $OUT (at most 8 files). On the GPU machine, after
-# scripts/device-setup.sh:   bash scripts/device-suite.sh
-# Here, or in CI (every part on the CPU at tiny sizes, about 2-3 minutes):
+# The GPU machine's suite: GPU tests, GPU figures and CPU measurements in one command of at most 8 minutes,
+# everything written under $OUT (at most 8 files). On the GPU machine, after scripts/device-setup.sh:
+#                            bash scripts/device-suite.sh                  (issue 50's visit, the default)
+#                            bash scripts/device-suite.sh --visit issue24  (the visits of 2026-11-26/27)
+# Here, or in CI (every part of both visits on the CPU at tiny sizes, about 1.5-2 minutes):
 #                            OUT=/tmp/suite bash scripts/device-suite.sh --dry-run
 # The logic is benchmarks/device_suite.py; this only finds python and the paths.
 set -euo pipefail

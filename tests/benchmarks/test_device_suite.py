@@ -1,9 +1,11 @@
-"""``scripts/device-suite.sh --dry-run``: every part of the GPU machine's suite runs on this CPU at tiny
-sizes, so the suite cannot rot between the machine's visits. Checks what comes back in ``$OUT``: at most
-eight files with plain names, the figures JSON with every part and its numbers, and the report."""
+"""``scripts/device-suite.sh --dry-run``: every part of both visits of the GPU machine's suite runs on this CPU at
+tiny sizes, so the suite cannot rot between the machine's visits. Checks what comes back in ``$OUT``: at most
+eight files with plain names, the figures JSON with every part and its numbers, and the report. Also: how a
+visit's parts share the GPU machine's 16 cores and 450 s, and that issue 50's held-out cases are new ones."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -12,20 +14,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from tests.helpers import REPO
 
-PARTS = ("machine", "scaling", "gpu-tests", "precision", "gpu-vs-cpu", "prunetrain", "adaptive-batch")
-SECTIONS = ("## GPU tests", "## Precision on", "## GPU against CPU", "## PruneTrain on the GPU",
-            "## Batch adaptation after pruning", "## CPU scaling on", "## Pictures")  # fmt: skip
-DRY_RUN_LIMIT = 180  # seconds, the issue's promise for CI
+PARTS = ("machine", "scaling", "gpu-tests", "precision", "gpu-vs-cpu", "prunetrain", "adaptive-batch",
+         "mixed-precision", "holdout", "slow-link")  # fmt: skip
+SECTIONS = ("## What was run", "## GPU tests", "## Precision on", "## GPU against CPU", "## PruneTrain on the GPU",
+            "## Batch adaptation after pruning", "## CPU scaling on", "## Pictures", "## Mixed precision on",
+            "## Prediction at scale, held out", "## Slow links with cores to spare")  # fmt: skip
+DRY_RUN_LIMIT = 240  # seconds: issue 24's 180 for CI and 60 for issue 50's parts
+SLOW_LINK_RUNS = ("one process", "dense all-reduce", "diloco H=2", "powersgd rank 4 overlap", "top-k 1 %")
+
+
+def benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A benchmark module, imported as the suite runs it (its siblings importable)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module(name)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-# Not alone: the dry run took 35 s by itself here; beside one other test it has room under the limit of 180 s
-# and its parts' budgets (30 to 150 s each, for a few seconds of work at the dry run's sizes).
+# Not alone: the dry run took 79–127 s by itself on 2 shared cores (issue 24's parts alone: 49 s); beside one other
+# test it has room under the limit of 240 s and its parts' budgets (30 to 150 s each).
 def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     environment = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
@@ -71,7 +83,99 @@ def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_p
         assert sweep["predictions"] and math.isfinite(error) and 0 <= error < 1000, (name, error)
         assert all(row["speedup_common"] > 0 for row in sweep["rows"] if row["status"] == "ok")
 
+    check_mixed_precision(parts["mixed-precision"]["result"])
+    check_holdout(parts["holdout"]["result"])
+    check_slow_link(parts["slow-link"]["result"])
+    assert "loss-curves.png" in {path.name for path in files}
+
     report = (out / "report.md").read_text()
     for section in SECTIONS:
         assert section in report
-    assert "Dry run" in report and "| scaling | ok |" in report
+    assert "Dry run" in report and "| scaling | ok |" in report and "| slow-link | ok |" in report
+
+
+def finite_positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
+def check_mixed_precision(result: dict) -> None:
+    """Every model in fp32 and bf16, eager at the full and half batch; the compiled row; curves; two profiles."""
+    assert result["errors"] == [] and result["not_run"] == []
+    rows = {(row["workload"], row["precision"], row["compiled"], row["batch_size"]): row for row in result["rows"]}
+    for model in result["models"]:
+        for precision in ("fp32", "bf16"):
+            for batch in (model["batch_size"], model["batch_size"] // 2):
+                row = rows[model["workload"], precision, False, batch]
+                assert finite_positive(row["step_seconds"]) and finite_positive(row["speedup_over_fp32"])
+                assert finite_positive(row["samples_per_second"]) and math.isfinite(row["last_loss"])
+            assert all(math.isfinite(loss) for loss in result["curves"][model["workload"]][precision])
+        assert len(result["curves"][model["workload"]]["fp32"]) == 4
+        assert 0.5 < result["quality"][model["workload"]]["bf16_against_fp32"] < 2
+    gpt = rows["gpt", "fp32", True, 4]  # compiled: the step timed, its compilation counted
+    assert gpt["speedup_over_fp32"] == 1.0 and finite_positive(gpt["compile_seconds"])
+    assert finite_positive(rows["gpt", "bf16", False, 4]["tokens_per_second"])
+    assert [(p["workload"], p["precision"]) for p in result["profiles"]] == [("resnet34", "fp32"), ("resnet34", "bf16")]
+    for profile in result["profiles"]:
+        assert profile["top"] and 0 < profile["matrix_share"] <= 1
+        assert abs(sum(row["share"] for row in profile["top"]) - 1) < 0.2  # the top rows hold most of the step
+    assert finite_positive(result["verdict"]["best"]["speedup_over_fp32"])
+
+
+def check_holdout(result: dict) -> None:
+    assert result["chosen_on"] == "2026-11-28" and result["held_out"] is False  # the dry run's case is not held out
+    (sweep,) = result["sweeps"].values()
+    ok = {(row["strategy"], row["workers"]) for row in sweep["rows"] if row["status"] == "ok"}
+    assert ok == {("local", 1), ("allreduce-join", 2), ("ps-central-async", 2)}, json.dumps(sweep)[-3000:]
+    assert len(sweep["predictions"]) == 2 and set(sweep["ranking"]) == {"2"}
+    for model in ("thesis", "refined"):
+        assert math.isfinite(sweep["errors"][model]["all"])
+
+
+def check_slow_link(result: dict) -> None:
+    """Every run trained the same steps; DiLoCo sent the dense all-reduce's bytes once in H steps."""
+    runs = result["runs"]
+    assert tuple(runs) == SLOW_LINK_RUNS and result["not_run"] == []
+    assert result["link"] in ("50mbit", "loopback") and result["link_note"]
+    assert (result["link"] == "50mbit") == result["link_note"].startswith("emulated")
+    for name, run in runs.items():
+        assert run.get("status") != "failed", (name, run.get("error"))
+        assert run["steps"] == 4 and finite_positive(run["seconds_per_step"]) and finite_positive(run["speedup"])
+        assert 0 <= run["test_accuracy"] <= 1 and run["weights_agree"]
+    dense = runs["dense all-reduce"]["bytes_per_step"]
+    assert dense == 4 * 272_186  # ResNet-20's parameters in float32
+    diloco = runs["diloco H=2"]
+    assert diloco["outer_steps"] == 2 and diloco["bytes_per_step"] * 2 == dense
+    assert (
+        runs["top-k 1 %"]["bytes_per_step"] < dense / 20 and runs["powersgd rank 4 overlap"]["bytes_per_step"] < dense
+    )
+
+
+@pytest.mark.parametrize(("visit", "lanes"), [("issue50", [range(2, 10), range(10, 16)]), ("issue24", [range(2, 16)])])
+def test_a_visit_splits_the_sixteen_cores_among_its_lanes(
+    visit: str, lanes: list[range], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite = benchmark("device_suite", monkeypatch)
+    monkeypatch.setattr(suite.os, "sched_getaffinity", lambda _: set(range(16)))
+    gpu, cores = suite.core_split(suite.VISITS[visit])
+    assert gpu == {0, 1} and cores == [set(lane) for lane in lanes]
+    monkeypatch.setattr(suite.os, "sched_getaffinity", lambda _: {0, 1})
+    assert suite.core_split(suite.VISITS[visit]) == (None, [None] * len(lanes))
+
+
+def test_the_default_visit_fits_the_gpu_machines_450_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = benchmark("device_suite", monkeypatch)
+    visit, budget = suite.VISITS["issue50"], suite.DEVICE
+    machine = 15  # seconds: 14 to 16 on the three visits so far
+    assert machine + sum(budget.parts[name] for name in visit.gpu) <= budget.suite
+    for lane in visit.lanes:
+        assert machine + sum(budget.parts[name] for name in lane.parts) <= budget.suite
+
+
+def test_the_held_out_cases_are_at_least_three_and_none_ran_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    holdout, scaling = benchmark("device_holdout", monkeypatch), benchmark("device_scaling", monkeypatch)
+    cases = holdout.HOLDOUT_PLAN.sweeps
+    assert len(cases) >= 3 and holdout.CHOSEN_ON == "2026-11-28"
+    ran = {(sweep.workload, sweep.batch_size) for sweep in scaling.DEVICE_PLAN.sweeps}
+    assert not ran & {(case.workload, case.batch_size) for case in cases}
+    for case in cases:
+        assert min(case.workers) > 1 and max(case.workers) <= 14 and len(case.strategies) >= 3
