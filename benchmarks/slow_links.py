@@ -1,0 +1,244 @@
+"""Slow links crossed the ways training crosses them now (issue 49): 2 workers against one process, on emulated
+links of 50 and 10 Mbit/s (``--networks``; namespaces + veth + tc, root), with every exchange we have.
+
+Rows (``--rows``, each a fresh ``scaletrain train`` process tree, one after another): the dense all-reduce,
+PowerSGD rank 4 and top-k 1 % (with error feedback), the asynchronous central server (``--async-batches
+split``), local SGD (``--strategy diloco -S outer_lr=1 -S outer_momentum=0``) and DiLoCo (outer Nesterov SGD at
+0.7, momentum 0.9) at ``--sync-every`` 16 and 64. Every synchronous row splits each global batch over the two
+workers, and DiLoCo's workers each take their share's inner steps, so every row trains the same samples; the
+asynchronous row's workers each update with half a batch. The workload's own recipe, with a cosine schedule
+to the end (so that the last epoch's quality is not the noise of a constant rate).
+
+Per row: speedup (samples a second of the run's training time, warm-up, evaluation and checkpoints left out,
+over one process's), test accuracy after the same samples, one process's accuracy at the end of the last epoch
+it had finished within the row's training time (quality at equal wall time), bytes sent per sample (every
+worker's, over every sample), outer steps, and the refined estimator's speedup from one ``scaletrain profile``
+of the network on that link (the codec rows with the codec's bytes and measured compute; DiLoCo with its H).
+One table per link and one picture (speedup and accuracy per row and link).
+
+Goal (issue 49): DiLoCo at 50 Mbit/s with speedup ≥ 1.8 and accuracy within 1 point of the dense run's; the
+estimator within 10 % of each DiLoCo row.
+
+Run (root): ``PYTHONPATH=src:benchmarks .venv/bin/python benchmarks/slow_links.py [--epochs 3 --train-samples
+12800 --networks 50mbit,10mbit --rows ... --json out.json --plot out.png]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import scaletrain
+from scaletrain.estimate.models import Configuration, predicted_speedup
+from scaletrain.estimate.profile import Profile
+from scaletrain.measure.profile import ProfileConfig, measure_codec
+from scaletrain.measure.profile import network as built_network
+from scaletrain.tensors.codec import TensorLayout, WireCodec
+from scaletrain.workloads import create_workload
+from training_runs import add_run_flags, fashion_mnist, finish, run_records, train_run
+
+GOAL_SPEEDUP, ACCURACY_POINTS, ESTIMATE_TOLERANCE = 1.8, 0.01, 0.10
+LOCAL_SGD = {"outer_lr": 1.0, "outer_momentum": 0.0}
+
+
+@dataclass(frozen=True)
+class Row:
+    """A 2-worker configuration: its strategy spec, wire codec and options, as flags and as the estimator reads it."""
+
+    spec: str
+    wire: str = "fp32"
+    wire_options: tuple[tuple[str, str], ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def flags(self) -> list[str]:
+        flags = ["--workers", "2", "--strategy", self.spec]
+        if self.wire != "fp32":
+            flags += ["--wire", self.wire, "--error-feedback"]
+            flags += [f for key, value in self.wire_options for f in ("-W", f"{key}={value}")]
+        if self.spec.endswith("-async"):
+            flags += ["--async-batches", "split"]
+        return flags + [f for key, value in self.options for f in ("-S", f"{key}={value}")]
+
+
+ROWS = {
+    "dense": Row("allreduce-split"),
+    "powersgd rank 4": Row("allreduce-split", "powersgd", (("rank", "4"),)),
+    "topk 1 %": Row("allreduce-split", "topk", (("ratio", "0.01"),)),
+    "async central": Row("ps-central-async"),
+    "local SGD H=16": Row("diloco-split", options=(("sync_every", 16), *LOCAL_SGD.items())),
+    "diloco H=16": Row("diloco-split", options=(("sync_every", 16),)),
+    "diloco H=64": Row("diloco-split", options=(("sync_every", 64),)),
+}
+
+
+def recipe(args: argparse.Namespace, data_dir: Path) -> tuple[str, dict[str, str], list[str]]:
+    """The workload, its options and the training flags every row shares."""
+    common = ["--epochs", str(args.epochs), "--threads", str(args.threads), "--seed", str(args.seed)]
+    common += ["--lr-schedule", "cosine", "--data-dir", str(data_dir)]
+    if args.workload == "gpt":  # its own defaults: AdamW, warm-up, cosine
+        return "gpt", {"train_split": "valid"}, common
+    options = {"dataset": "fashion-mnist", "train_samples": str(args.train_samples)}
+    flags = ["--batch-size", str(args.batch_size), "--lr", str(args.lr), "--momentum", "0.9", "--weight-decay", "1e-4"]
+    return "resnet20", options, [*common, *flags]
+
+
+def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str]) -> dict[str, Any]:
+    """One fresh run; its figures."""
+    workload, options, flags = recipe(args, data_dir)
+    wall = train_run(workload, out, [*flags, *(f for k, v in options.items() for f in ("-o", f"{k}={v}")), *extra])
+    records, summary = run_records(out)
+    samples = sum(r["steps"] for r in records if r["kind"] == "epoch") * summary["batch_size"]
+    workers = summary.get("per_worker") or []
+    epochs = [(r["seconds"], r.get("test_accuracy")) for r in records if r["kind"] == "epoch"]
+    return {
+        "out": str(out),
+        "wall_seconds": wall,
+        "quality": summary[summary["metric"]],
+        "metric": summary["metric"],
+        "samples_per_second": summary["samples_per_second"],
+        "train_seconds": summary["train_seconds"],
+        "bytes_per_sample": sum(w["gradient_bytes_sent"] for w in workers) / max(samples, 1),
+        "outer_steps": summary.get("outer_steps"),
+        "epochs": epochs,
+    }
+
+
+def at_equal_time(alone: dict[str, Any], seconds: float) -> float | None:
+    """One process's quality at the end of the last epoch it finished within ``seconds`` of training."""
+    elapsed, quality = 0.0, None
+    for epoch_seconds, value in alone["epochs"]:
+        elapsed += epoch_seconds
+        if elapsed > seconds:
+            break
+        quality = value
+    return quality
+
+
+def predicted(args: argparse.Namespace, profile: Profile, row: Row, layout: TensorLayout) -> float:
+    """The refined estimator's speedup of ``row`` on 2 workers from the dense profile, as the row's codec sends."""
+    if row.wire != "fp32":
+        workload, options, _ = recipe(args, Path())
+        wire_options = dict(row.wire_options)
+        codec = WireCodec.of(row.wire, options=wire_options)
+        compute = measure_codec(ProfileConfig(workload, options=options, wire=row.wire, wire_options=wire_options,
+                                              threads=args.threads, repeats=8, download=False))  # fmt: skip
+        profile = dataclasses.replace(
+            profile, gradient_bytes=codec.steady_payload_bytes(layout), codec_seconds=compute,
+            collective=codec.collective, collective_calls=codec.collective_calls,
+        )  # fmt: skip
+    configuration = Configuration.parse(row.spec).with_options(dict(row.options))
+    if row.spec.endswith("-async"):
+        configuration = dataclasses.replace(configuration, async_batches="split")
+    return predicted_speedup("refined", profile, configuration, 2, batches=1000, cores=os.cpu_count())
+
+
+def profiled(args: argparse.Namespace, data_dir: Path, out: Path, network: str) -> Profile:
+    workload, options, _ = recipe(args, data_dir)
+    return scaletrain.profile(
+        workload, out=out, batch_size=args.batch_size if workload != "gpt" else None, network=network,
+        split_workers=(2,), contention_counts=(2,), threads=args.threads, options=options, launches=2, repeats=8,
+        data_dir=data_dir, download=False,
+    )  # fmt: skip
+
+
+def draw(path: Path, report: dict[str, Any], rows: list[str]) -> None:
+    """Speedup (measured bars, predicted dots) and quality per row, one colour per link."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (speed, quality) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / len(report["links"])
+    for index, (network, runs) in enumerate(report["links"].items()):
+        places = [position + index * width for position in range(len(rows))]
+        speed.bar(places, [runs[name]["speedup"] for name in rows], width, label=f"{network} measured")
+        speed.plot(places, [runs[name]["predicted"] for name in rows], "k.", markersize=8)
+        quality.bar(places, [runs[name]["quality"] for name in rows], width, label=network)
+    alone = report["one_process"]["quality"]
+    speed.axhline(1.0, color="grey", linewidth=0.8)
+    quality.axhline(alone, color="grey", linewidth=0.8, label=f"one process {alone:.4f}")
+    for axis, title in ((speed, "speedup over one process (dots: refined estimator)"), (quality, "test quality")):
+        axis.set_xticks([position + 0.4 - width / 2 for position in range(len(rows))], rows, rotation=30, ha="right")
+        axis.set_title(title)
+        axis.legend(fontsize=8)
+    low = min(run["quality"] for runs in report["links"].values() for run in runs.values())
+    quality.set_ylim(max(0.0, low - 0.05), min(1.0, max(alone, low) + 0.03))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=("resnet20", "gpt"), default="resnet20")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--train-samples", type=int, default=12_800, help="resnet20: the first N training images")
+    parser.add_argument("--batch-size", type=int, default=64, help="resnet20's global batch")
+    parser.add_argument("--lr", type=float, default=0.1, help="resnet20's rate (the inner one for DiLoCo)")
+    parser.add_argument("--networks", default="50mbit,10mbit", help="the links' rates, comma-separated")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"which of {', '.join(ROWS)}".replace("%", "%%"))
+    parser.add_argument("--plot", type=Path, help="draw speedup and accuracy per row into this PNG")
+    add_run_flags(parser)
+    parser.set_defaults(threads=1)  # one thread a process: the machine's two cores, one a worker
+    args = parser.parse_args(argv)
+    rows = [name.strip() for name in args.rows.split(",")]
+    if unknown := [name for name in rows if name not in ROWS] or ("dense" not in rows and ["dense"]):
+        parser.error(f"--rows must name dense and any of {', '.join(ROWS)}; got {', '.join(unknown)}")
+    data_dir = fashion_mnist(parser, args.data_dir) if args.workload == "resnet20" else args.data_dir
+    data_dir = data_dir or Path(__file__).resolve().parents[2] / "shared" / "datasets" / "ptb"
+    folder = Path(tempfile.mkdtemp(prefix="st-slow-links-"))
+    alone = train(args, data_dir, folder / "one-process", [])
+    print(f"one process: {alone['samples_per_second']:.1f} samples/s, {alone['metric']} {alone['quality']:.4f}")
+    workload, options, _ = recipe(args, data_dir)
+    layout = TensorLayout.of([p for p in built_network(create_workload(workload, options), {}).parameters()])
+    checks: dict[str, bool] = {}
+    report: dict[str, Any] = {"one_process": alone, "links": {}}
+    for network in args.networks.split(","):
+        profile = profiled(args, data_dir, folder / f"profile-{network}.json", network)
+        runs = report["links"][network] = {}
+        for name in rows:
+            run = runs[name] = train(args, data_dir, folder / network / name.replace(" ", "-").replace("%", "pc"),
+                                     [*ROWS[name].flags(), "--network", network])  # fmt: skip
+            run["speedup"] = run["samples_per_second"] / alone["samples_per_second"]
+            run["predicted"] = predicted(args, profile, ROWS[name], layout)
+            run["alone_at_equal_time"] = at_equal_time(alone, run["train_seconds"])
+            print(f"  {network} {name}: speedup {run['speedup']:.2f} (predicted {run['predicted']:.2f}), "
+                  f"{run['metric']} {run['quality']:.4f}", flush=True)  # fmt: skip
+        print(f"\n{network}: {'row':<16} {'bytes/sample':>12} {'outer':>6} {'speedup':>8} {'predicted':>9} "
+              f"{'quality':>8} {'alone, same time':>16}")  # fmt: skip
+        dense = runs["dense"]
+        for name, run in runs.items():
+            same_time = run["alone_at_equal_time"]
+            print(f"{'':>{len(network) + 2}}{name:<16} {run['bytes_per_sample']:>12,.0f} "
+                  f"{run['outer_steps'] if run['outer_steps'] is not None else '—':>6} {run['speedup']:>8.2f} "
+                  f"{run['predicted']:>9.2f} {run['quality']:>8.4f} "
+                  f"{f'{same_time:.4f}' if same_time is not None else '—':>16}")  # fmt: skip
+            if ROWS[name].spec.startswith("diloco"):
+                off = run["predicted"] / run["speedup"] - 1
+                checks[f"{network} {name}: estimator within 10 % ({off:+.1%})"] = abs(off) <= ESTIMATE_TOLERANCE
+        if network == "50mbit":  # the goal: one DiLoCo row both fast enough and close enough
+            met = [
+                name
+                for name, run in runs.items()
+                if ROWS[name].spec.startswith("diloco")
+                and run["speedup"] >= GOAL_SPEEDUP
+                and run["quality"] >= dense["quality"] - ACCURACY_POINTS
+            ]
+            checks[f"50mbit: a DiLoCo row at speedup ≥ {GOAL_SPEEDUP} within 1 point of dense's "
+                   f"{dense['quality']:.4f} ({', '.join(met) or 'none'})"] = bool(met)  # fmt: skip
+    for text, passed in checks.items():
+        print(f"{'PASS' if passed else 'FAIL'}: {text}")
+    if args.plot:
+        draw(args.plot, report, rows)
+        print(f"picture: {args.plot}")
+    print(f"runs in {folder}")
+    return finish(args, {**report, "checks": checks}, all(checks.values()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
