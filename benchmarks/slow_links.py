@@ -92,8 +92,9 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
     workload, options, flags = recipe(args, data_dir)
     wall = train_run(workload, out, [*flags, *(f for k, v in options.items() for f in ("-o", f"{k}={v}")), *extra])
     records, summary = run_records(out)
-    samples = sum(r["steps"] for r in records if r["kind"] == "epoch") * summary["batch_size"]
     workers = summary.get("per_worker") or []
+    # a worker's step trains its share of a batch: split's, DiLoCo's inner step's, an async split update's
+    samples = sum(w["steps"] for w in workers) * summary["batch_size"] / summary["workers"]
     epochs = [(r["seconds"], r.get("test_accuracy")) for r in records if r["kind"] == "epoch"]
     return {
         "out": str(out),

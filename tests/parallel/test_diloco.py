@@ -16,7 +16,9 @@ from tests.helpers import model_weights as weights
 from tests.jobs import diloco_buffers_job
 
 import scaletrain
+from scaletrain.data.sampler import Part
 from scaletrain.errors import ConfigError
+from scaletrain.workloads import create_workload
 
 pytestmark = pytest.mark.multiprocess
 
@@ -106,3 +108,38 @@ def test_the_outer_step_averages_the_workers_batch_norm_statistics(tmp_path: Pat
     assert ranks[0]["weights"] == ranks[1]["weights"]
     parameters = 3 * 4 + 4 + 4 + 4 + 4 + 1  # two linear layers and batch norm's weight and bias
     assert ranks[0]["sent_bytes"] == 4 * parameters + 4 * (4 + 4)  # the change, then both running statistics
+
+
+RESNET = {"dataset": "fashion-mnist", "stages": "2", "blocks": "1", "width": "4"}
+
+
+@pytest.mark.parametrize("exchange", ["allreduce", "sharded"])
+def test_batch_norms_statistics_are_estimated_afresh_for_the_final_weights(
+    exchange: str, data: Path, tmp_path: Path
+) -> None:
+    """The outer step moves the weights past the statistics the inner steps gathered (evaluated at chance before):
+    each worker re-estimates them over its share of H batches and the workers take the mean, which is the
+    cumulative average of the batch statistics of all 2·H shares, recomputed here from the saved weights."""
+    settings = {**COMMON, "workers": 2, "strategy": "diloco-split", "sync_every": 3, "lr": 0.02}
+    summary = scaletrain.train("resnet", options=RESNET, data_dir=data, out=tmp_path / "run",
+                               strategy_options={"outer_exchange": exchange}, **settings)  # fmt: skip
+    assert summary["outer_steps"] == 4  # 12 inner steps
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    workload = create_workload("resnet", RESNET)
+    model = workload.build_model()
+    model.load_state_dict(saved)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None
+    model.train()
+    loaded = workload.load_data(data)
+    with torch.no_grad():
+        for index in range(2):
+            for batch in workload.train_batches(loaded, epoch=0, batch_size=16, seed=4, part=Part(index, 2),
+                                                numbers=range(3)):  # fmt: skip
+                workload.training_loss(model, batch, None)
+    for name, value in model.state_dict().items():
+        if "running" in name:
+            torch.testing.assert_close(saved[name], value, rtol=1e-4, atol=1e-5, msg=name)

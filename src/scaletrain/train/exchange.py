@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +62,14 @@ class GradientExchange(ABC):
     @abstractmethod
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         """Apply one update from the gradients now in ``model``'s parameters."""
+
+    def conclude(self, model: nn.Module, refresh: Callable[[int], int]) -> ExchangeTimes | None:
+        """After the last step, before the worker's measurements are kept: an exchange that owes the run one more
+        (diloco's outer step over the inner steps since its last) makes it here, and what it sent is counted
+        with the steps'; ``refresh(batches)`` re-estimates batch norm's running statistics on this worker's
+        share of that many batches, for weights that moved past them (returns how many batch norms). None:
+        nothing owed."""
+        return None
 
     def finish(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """After the last step: leave the final weights in ``model`` on the coordinator."""

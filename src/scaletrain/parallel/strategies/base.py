@@ -33,6 +33,7 @@ from scaletrain.parallel.strategies.terms import EstimatorTerms
 from scaletrain.train.loop import Trainer
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.state import Prepared, Role
+from scaletrain.train.statistics import refresh_batch_norm
 from scaletrain.train.summary import WorkerStats
 
 __all__ = [
@@ -350,6 +351,8 @@ def train_worker(prepared: Prepared, role: Role, store: dist.Store) -> Trainer:
     trainer = Trainer(prepared, role)
     try:
         trainer.train()
+        owed = role.exchange.conclude(prepared.model, lambda batches: refresh_batch_norm(trainer, batches))
+        trainer.gradient_bytes_sent += owed.sent_bytes if owed is not None else 0
         # Measurements go to the store before the exchange's goodbye, so rank 0 finds them.
         store.set(f"stats/{role.rank}", json.dumps(asdict(trainer.stats())))
         role.exchange.finish(prepared.model)

@@ -45,6 +45,8 @@ def split_warning(config: TrainConfig, layout: Layout, model: nn.Module) -> str 
     """
     if layout.sync != "split" or layout.workers == 1 or config.sync_batchnorm or config.ghost_batch is not None:
         return None
+    if layout.plugin.one_process_options != {}:  # diloco: not one process's training by design, batch norm or not
+        return None
     if not any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()):
         return None
     share = f" ({config.batch_size // layout.workers} of {config.batch_size} samples)" if config.batch_size else ""

@@ -20,7 +20,7 @@ their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -199,11 +199,27 @@ class DiLoCoExchange(AllReduceExchange):
             self.inner_steps -= 1
             raise
 
-    def finish(self, model: nn.Module) -> None:
+    def conclude(self, model: nn.Module, refresh: Callable[[int], int]) -> ExchangeTimes | None:
         """The inner steps since the last outer step go into one more outer step: every worker ends with the
-        shared weights, which rank 0 evaluates and saves."""
-        if self.inner_steps % self.every:
-            self._outer_step(model, False)
+        shared weights, which rank 0 evaluates and saves. Unless each outer step is the synchronous all-reduce's
+        (H = 1, a plain average), the shared weights are not those batch norm's running statistics were gathered
+        for: each worker re-estimates them on its share of H batches and the workers take their mean."""
+        times = self._outer_step(model, False) if self.inner_steps % self.every else None
+        if not self.outer_steps or (self.every == 1 and self._averages_only()) or not refresh(self.every):
+            return times
+        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+        averaged = self._or_lost(lambda: self._averaged(buffers)) if self.workers > 1 else None
+        if averaged is None:
+            return times
+        with torch.no_grad():
+            unflatten_into(averaged, buffers)
+        sent = averaged.numel() * averaged.element_size() + (times.sent_bytes if times is not None else 0)
+        return ExchangeTimes(sent_bytes=sent)
+
+    def _averages_only(self) -> bool:
+        """Whether the outer step takes the workers' mean and nothing more (plain SGD at rate 1)."""
+        values = self.values
+        return values["outer_optimizer"] == "sgd" and values["outer_lr"] == 1 and values["outer_momentum"] == 0
 
     def _outer_step(self, model: nn.Module, skipped: bool) -> ExchangeTimes:
         parameters = list(model.parameters())

@@ -31,6 +31,7 @@ from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.parallel.strategies.ps.shards import send_final_shards, tensor_bytes
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.tensors.codec import wire_codec
+from scaletrain.tensors.flat import unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
 from scaletrain.train.state import Prepared
 from scaletrain.train.summary import write_summary
@@ -109,11 +110,23 @@ class ShardedOuterExchange(GradientExchange):
         times = self._outer_step(model, optimizer)
         return dataclasses.replace(times, skipped=skipped or times.skipped)
 
+    def conclude(self, model: nn.Module, refresh: Callable[[int], int]) -> ExchangeTimes | None:
+        """The inner steps since the last outer step go into one more outer step; then batch norm's running
+        statistics are re-estimated for the owners' weights on each worker's share of H batches, and the workers
+        (every process of a sharded run) take their mean."""
+        times = self._outer_step(model, None) if self.inner_steps % self.every else None
+        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
+        if not self.outer_steps or not refresh(self.every) or dist.get_world_size() == 1:
+            return times
+        flat = torch.cat([buffer.detach().float().reshape(-1) for buffer in buffers])
+        dist.all_reduce(flat)
+        with torch.no_grad():
+            unflatten_into(flat.div_(dist.get_world_size()), buffers)
+        sent = flat.numel() * flat.element_size() + (times.sent_bytes if times is not None else 0)
+        return ExchangeTimes(sent_bytes=sent)
+
     def finish(self, model: nn.Module) -> None:
-        """The inner steps since the last outer step go into one more outer step, then the owners are told."""
-        if self.inner_steps % self.every:
-            self._outer_step(model, None)
-        self.server_side.finish(model)
+        self.server_side.finish(model)  # the owners are told
 
     def _outer_step(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> ExchangeTimes:
         parameters = list(model.parameters())
