@@ -9,22 +9,13 @@ image networks, AdamW for the GPT, :func:`scaletrain.tensors.optimizers.build_op
 run channels-last. Per row: seconds per step (the median of a few blocks of steps, the device synchronised
 around each block), images or tokens per second, and the peak device memory over the warm-up and the timed steps.
 
-Inputs are made on the device, so no host pipeline limits the GPU: random 224×224 images around one random
-pattern per class (a task that can be learnt, so a loss curve means something), and the Penn Treebank's words
-for the GPT. Also measured:
+Inputs are made on the device (random 224×224 images around one pattern per class, a task that can be learnt;
+the Penn Treebank's words for the GPT). Also measured: the step at half the batch (does the full one fill the
+GPU?), a short loss curve per precision against fp32's (quality unchanged?), and a ``torch.profiler`` table of
+the fp32 and bf16 steps' kernels of one model (where the time goes when a narrower type does not halve it).
 
-- the same step at half the batch in fp32 and bf16, eager: if the rate barely grows from half to full batch,
-  the full batch fills the GPU;
-- a short loss curve per precision (eager, fresh weights of the same seed, the same inputs) for "quality
-  unchanged": the mean loss of its last quarter against fp32's;
-- a ``torch.profiler`` table of the kernels of the fp32 and the bf16 step of one model (eager): the device's
-  seconds per step in each kernel, the top ones, and the share of convolution and matrix-product kernels (by
-  their names), which says where a step's time goes when narrowing the type does not halve it.
-
-The most valuable rows come first and the part stops starting rows that would end after ``--seconds``
-(compilation is the slow part: one per model and precision); what did not fit is listed as not run. The result
-JSON is rewritten after every row. ``--dry-run``: the same code on this CPU at tiny sizes (32×32 images, a
-one-block GPT, fp32 and bf16, one compiled row).
+The most valuable rows come first; rows that would end after ``--seconds`` are listed as not run (compiling is
+the slow part). The JSON is rewritten after every row. ``--dry-run``: this CPU at tiny sizes.
 
 Run: ``PYTHONPATH=src:benchmarks python benchmarks/device_precision.py --json OUT.json --data-dir DIR
 [--seconds 300] [--dry-run]`` (``DIR/ptb`` holds the Penn Treebank's files).

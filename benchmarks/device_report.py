@@ -13,7 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import device_report_issue50
-from scaletrain.measure.validation_report import step_parts_table
+from device_report_tables import ms as _ms
+from device_report_tables import number as _number
+from device_report_tables import percent as _percent
+from device_report_tables import sweep_section as _sweep
+from device_report_tables import tau as _tau
 
 PRECISION_GOAL = 1.8
 MAX_PICTURES = 4
@@ -38,14 +42,6 @@ PART_NOTES = {
 #: (docs/precision-and-devices.md): channels-first, channels-last
 DEVELOPMENT_CPU_MS = {"lenet": (26.6, 20.7), "resnet20": (172.6, 142.6)}
 LAYOUT_NAMES = {"contiguous": "channels-first", "channels_last": "channels-last"}
-
-
-def _ms(seconds: float | None) -> str:
-    return "—" if seconds is None else f"{1000 * seconds:.2f}"
-
-
-def _number(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
 
 
 def _result(figures: dict[str, Any], part: str) -> dict[str, Any] | None:
@@ -306,58 +302,6 @@ def _holdout(figures: dict[str, Any]) -> list[str]:
     for name, sweep in result["sweeps"].items():
         lines += _sweep(name, sweep) if "workload" in sweep else [f"### {name}: {sweep['status']}", ""]
     return lines
-
-
-def _sweep(name: str, sweep: dict[str, Any]) -> list[str]:
-    predicted = {(row["strategy"], row["workers"]): row for row in sweep.get("predictions", [])}
-    lines = [
-        f"### {name}: {sweep['workload']}, batch {sweep['batch_size']}, {sweep['steps_per_worker']} steps per worker "
-        f"({sweep['warmup_steps']} untimed) — {sweep['status']}",
-        "",
-        "| strategy | workers | batches/s | speedup | efficiency | thesis | error | refined | error | status |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in sorted(sweep["rows"], key=lambda row: (row["strategy"], row["workers"])):
-        guess = predicted.get((row["strategy"], row["workers"]), {})
-        ok = row.get("status") == "ok"
-        lines.append(
-            f"| {row['strategy']} | {row['workers']} | {_number(row.get('batches_per_second'), 2)} | "
-            f"{_number(row.get('speedup_common'))} | {_number(row.get('efficiency_common'))} | "
-            f"{_number(guess.get('thesis_speedup'))} | {_percent(guess.get('thesis_error_percent'))} | "
-            f"{_number(guess.get('refined_speedup'))} | {_percent(guess.get('refined_error_percent'))} | "
-            f"{'ok' if ok else 'failed: ' + str(row.get('error', ''))[:200].replace('|', '/')} |"
-        )
-    if sweep.get("errors"):
-        lines += ["", "Mean absolute percentage error per strategy:", "", "| model | " +
-                  " | ".join(sweep["errors"].get("refined", {})) + " |",
-                  "|---|" + "---|" * len(sweep["errors"].get("refined", {}))]  # fmt: skip
-        for model, errors in sweep["errors"].items():
-            lines.append(f"| {model} | " + " | ".join(_percent(value) for value in errors.values()) + " |")
-    if sweep.get("ranking"):
-        lines += ["", "Strategies fastest first, measured against predicted (Kendall τ over the pairs whose "
-                  "measured speedups are more than 5 % apart):", ""]  # fmt: skip
-        for workers, order in sweep["ranking"].items():
-            taus = "; ".join(
-                f"{model} {' > '.join(order[model])} (τ {_tau(order.get(f'{model}_kendall_tau'))})"
-                for model in ("refined", "thesis")
-            )
-            lines.append(f"- {workers} workers: measured {' > '.join(order['measured'])}; {taus}")
-    parts = step_parts_table(sweep.get("predictions", []))
-    lines += ["", *parts] if parts else []
-    if sweep.get("not_run"):
-        missing = ", ".join(f"{item['strategy']} × {item['workers']}" for item in sweep["not_run"])
-        lines += ["", f"Not run ({sweep['not_run'][0]['why']}): {missing}."]
-    if sweep.get("profile_error") or sweep.get("error"):
-        lines += ["", "```", str(sweep.get("profile_error") or sweep.get("error"))[-1500:], "```"]
-    return [*lines, ""]
-
-
-def _tau(value: float | None) -> str:
-    return "—: no pair apart" if value is None else f"{value:+.2f}"
-
-
-def _percent(value: float | None) -> str:
-    return "—" if value is None else f"{value:.1f} %"
 
 
 def _failures(figures: dict[str, Any]) -> list[str]:
