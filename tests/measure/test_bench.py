@@ -181,14 +181,16 @@ def test_compare_overlays_two_result_sets(sweep: Path, tmp_path: Path) -> None:
     assert "[a]" in (tmp_path / "report.md").read_text() and "[b]" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize("preset", ["thesis-cnn", "thesis-rnn"])
+@pytest.mark.parametrize("preset", ["thesis-cnn", "thesis-rnn", "thesis-gpt"])
 def test_thesis_presets_run_shortened(preset: str, tmp_path: Path, real_ptb: Path) -> None:
     if preset == "thesis-cnn":
         data = make_fashion_mnist(tmp_path / "data", train=1536, test=64)
         extra = ["--data-dir", str(data)]
-    else:
+    elif preset == "thesis-rnn":
         # the preset's batches, workers and rate on the real text, with a tiny LSTM (the 2×200 one took 65 s of CI)
         extra = ["--data-dir", str(real_ptb), "-o", "train_split=valid", "-o", "hidden_size=16"]
+    else:  # a narrow transformer, as the LSTM above
+        extra = ["--data-dir", str(real_ptb), "-o", "train_split=valid", "-o", "width=16", "-o", "heads=2"]
     # One of the preset's two strategies keeps CI short; its batch sizes and worker counts stay.
     shorten = ["--quick", "--strategies", "ps-central-async", "--max-workers", "2"]
     result = run_cli("bench", "--preset", preset, *shorten, "--out", str(tmp_path / "o"), *extra, timeout=900)

@@ -3,7 +3,8 @@
 Jäger trained with asynchronous data parallelism: TensorFlow with one central parameter server,
 MXNet with its KVStore (``dist_async``), whose servers are spread over the machines — here
 ``ps-central-async`` and ``ps-sharded-async``, with their whole batch per update (``--async-batches share``,
-Downpour's, as both frameworks do). Worker counts 1, 2, 5, 10, 25, 50 on one-vCPU nodes.
+Downpour's, as both frameworks do). Worker counts 1, 2, 5, 10, 25, 50 on one-vCPU nodes. ``thesis-gpt`` runs
+the RNN experiment's grid with the built-in transformer in the LSTM's place.
 """
 
 from __future__ import annotations
@@ -48,6 +49,14 @@ PRESETS = {
             batch_sizes=(20, 5),
             settings={"lr": 0.05, "epochs": 4, "async_batches": "share"},
             options={"num_steps": "30"},
+        ),
+        Preset(
+            name="thesis-gpt",
+            description="the gpt transformer on Penn Treebank on thesis-rnn's grid: batch 20 and 5, 4 epochs, its own "
+            "AdamW with warm-up and cosine (Jäger §6.2's sweep with the network people train now)",
+            workload="gpt",
+            batch_sizes=(20, 5),
+            settings={"epochs": 4, "async_batches": "share"},
         ),
     )
 }

@@ -31,6 +31,7 @@ __all__ = [
     "OUTLIER_TOLERANCE",
     "Group",
     "add_speedups",
+    "bytes_per_step",
     "flag_outliers",
     "framework_of",
     "group_rows",
@@ -70,6 +71,8 @@ COLUMNS = (
     "epoch_seconds",
     "steps",
     "steps_per_epoch",
+    "bytes_sent_per_step",
+    "outer_steps",
     "metric",
     "quality",
     "quality_warning",
@@ -86,6 +89,12 @@ COLUMNS = (
 # A run whose batches/s is more than this fraction away from the median of its repeats (or, at one
 # worker, from the common one-worker reference) is flagged as an outlier.
 OUTLIER_TOLERANCE = 0.25
+
+
+def bytes_per_step(workers: list[dict[str, Any]]) -> float | None:
+    """The bytes a worker put on the wire per step of its own (gradients, or diloco's changes), over every worker."""
+    steps = sum(worker.get("steps", 0) for worker in workers)
+    return sum(worker.get("gradient_bytes_sent", 0) for worker in workers) / steps if steps else None
 
 
 def framework_of(row: dict[str, Any]) -> str:

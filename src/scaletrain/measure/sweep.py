@@ -1,11 +1,8 @@
 """``scaletrain bench``: real training runs over a grid of workers × strategies × batch sizes.
 
-Every configuration runs through :func:`scaletrain.train`, the same code as ``scaletrain train``,
-in its own folder under ``OUT/runs/``. Rows are appended to ``results.jsonl`` as runs finish, so an
-interrupted sweep keeps what it measured; a run that fails is recorded with its error and the sweep
-goes on. Before the first measured run, a short unmeasured warm-up run of the same configuration
-brings the machine to the state the later runs find it in: without it the first run of a sweep was
-measured up to 1.9× slower than the same training later in the sweep.
+Every configuration runs through :func:`scaletrain.train` in its own folder under ``OUT/runs/``. Rows are appended
+to ``results.jsonl`` as runs finish (an interrupted sweep keeps what it measured; a failed run is recorded with its
+error). A short unmeasured warm-up run comes first: without it the first run was measured up to 1.9× slower.
 
 >>> parse_strategy("ps-distributed-none")
 ('ps', 'sharded', 'async')
@@ -28,6 +25,7 @@ from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS
 from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
+from scaletrain.measure.results import bytes_per_step
 from scaletrain.parallel.preloaded import start_fresh
 from scaletrain.parallel.run import make_config, run_training
 from scaletrain.parallel.strategies import Layout, get_strategy, parse_spec, strategy_flags
@@ -393,6 +391,8 @@ def _row(config: SweepConfig, run: Run, summary: dict[str, Any], machine: dict[s
         "wall_seconds": summary["wall_seconds"],
         "steps": summary["steps"],
         "steps_per_epoch": summary["steps_per_epoch"],
+        "bytes_sent_per_step": bytes_per_step(summary.get("per_worker") or []),
+        "outer_steps": summary.get("outer_steps"),  # diloco's: one exchange in H steps
         "epoch_seconds": epoch_samples / rate if rate else None,
         "metric": metric,
         "quality": summary[metric],
