@@ -178,7 +178,7 @@ CASES: dict[str, Case] = {case.name: case for case in (
          steps=20, warmup_steps=4, **{**_SQUEEZE, "batch_size": 16, "workers": (2,)}),
     Case("ptb-lstm-b30-400mbit", "ptb-lstm", False, "the LSTM at a batch and a link it was not seen at",
          network="400mbit", **{**_LSTM, "batch_size": 30, "steps": 40, "warmup_steps": 10}),
-    # held out, chosen on 2026-11-28 before any run of it: the transformer (issue 48), which no model was built on
+    # held out, chosen on 2026-11-28 before any run of it: the transformer, which no model was built on
     Case("gpt-b8-200mbit", "gpt", False, "the gpt transformer: a large tied embedding, attention", network="200mbit",
          **{**_LSTM, "batch_size": 8, "steps": 30, "warmup_steps": 8}),
 )}  # fmt: skip
