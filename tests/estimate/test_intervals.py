@@ -11,6 +11,7 @@ from scaletrain.estimate.intervals import (
     measured_spread,
     overlap,
     speedup_range,
+    train_seconds_range,
 )
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
@@ -51,6 +52,11 @@ def test_the_range_of_a_planted_profile_by_hand():
     # high: the workers at the 10th percentiles, the reference at the 90th, + 5 %
     assert high == pytest.approx(2 / (0.095 * 1.025 + 0.0092) * 0.105 * (1 + 0.05))
     assert low < point < high
+    # the time to train 128 batches: 64 join steps of 2 batches, at the model's, the fast and the slow step
+    times = train_seconds_range(PLANTED, ALLREDUCE, 2, batches=128)
+    assert times == pytest.approx(
+        (64 * (0.095 * 1.025 + 0.0092) * 0.95, 64 * (0.1 * 1.025 + 0.01), 64 * (0.105 * 1.025 + 0.0108) * 1.05)
+    )
 
 
 def test_contention_and_an_exchange_move_at_their_own_samples():
@@ -88,6 +94,7 @@ def test_given_times_have_no_spread_and_no_range():
     given = Profile("(given times)", 0, t_grad=0.1, t_comm=0.01)
     assert measured_spread(given) is None
     assert speedup_range(given, ALLREDUCE, 2, batches=128) is None
+    assert train_seconds_range(given, ALLREDUCE, 2, batches=128) is None
 
 
 def test_ranges_overlap_when_they_share_a_value():

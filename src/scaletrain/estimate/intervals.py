@@ -42,6 +42,7 @@ __all__ = [
     "measured_spread",
     "overlap",
     "speedup_range",
+    "train_seconds_range",
 ]
 
 #: the nominal level of a range: each measured input between its 10th and 90th percentile
@@ -165,6 +166,31 @@ def speedup_range(
     fastest = predicted_speedup("refined", fast, configuration, workers, batches=batches, cores=cores)
     low = slowest / slow_reference * fast_reference * (1 - spread.noise)
     high = fastest / fast_reference * slow_reference * (1 + spread.noise)
+    return (min(low, point), point, max(high, point))
+
+
+def train_seconds_range(
+    profile: Profile,
+    configuration: Configuration,
+    workers: int,
+    *,
+    batches: float,
+    cores: int | None = None,
+    spread: Spread | None = None,
+) -> tuple[float, float, float] | None:
+    """The refined model's (low, point, high) t_train of ``batches`` batches on ``workers`` workers: the fast
+    profile's time less the noise, the model's, the slow profile's plus the noise; None without a spread."""
+    spread = spread or measured_spread(profile)
+
+    def seconds(bound: Profile) -> float:  # batches / batches per second, the rate being the speedup / reference
+        speedup = predicted_speedup("refined", bound, configuration, workers, batches=batches, cores=cores)
+        return batches * Terms(bound, cores).sequential / speedup
+
+    point = seconds(profile)
+    if spread is None:
+        return None
+    fast, slow = bound_profiles(profile, spread)
+    low, high = seconds(fast) * (1 - spread.noise), seconds(slow) * (1 + spread.noise)
     return (min(low, point), point, max(high, point))
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from scaletrain.errors import ConfigError
-from scaletrain.estimate.intervals import measured_spread, overlap, speedup_range
+from scaletrain.estimate.intervals import Spread, measured_spread, overlap, speedup_range
 from scaletrain.estimate.models import (
     MODELS,
     Configuration,
@@ -87,13 +87,16 @@ def recommend(
         note = "; ".join(note for note in notes if note)
         advice[model] = {**best, "note": note, "by_workers": per_workers, "range": None, "runner_up": None}
         advice[model]["indistinguishable"] = False
-        if model == "refined" and measured_spread(profile) is not None:
-            advice[model].update(_contest(profile, best, candidates, per_workers, batches=batches, cores=cores))
+        spread = measured_spread(profile) if model == "refined" else None
+        if spread is not None:
+            contest = _contest(profile, spread, best, candidates, per_workers, batches=batches, cores=cores)
+            advice[model].update(contest)
     return advice
 
 
 def _contest(
     profile: Profile,
+    spread: Spread,
     best: dict[str, Any],
     candidates: list[Configuration],
     per_workers: dict[int, dict[str, Any]],
@@ -102,7 +105,6 @@ def _contest(
     cores: int | None,
 ) -> dict[str, Any]:
     """The best choice's range beside the runner-up's, and whether they overlap."""
-    spread = measured_spread(profile)
     by_label = {c.described: c for c in candidates}
 
     def ranged(label: str, workers: int) -> tuple[float, float, float]:
