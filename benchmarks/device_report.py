@@ -60,7 +60,8 @@ def markdown(figures: dict[str, Any], pictures: list[str]) -> str:
     lines += [
         f"Device: {gpu}; driver {machine.get('driver', '—')}; torch {machine.get('torch_version', '—')}, CUDA "
         f"{machine.get('cuda_version', '—')}; Python {machine.get('python', '—')}; "
-        f"CPU {machine.get('cpu_model', '—')}, {machine.get('cores', '—')} cores "
+        f"CPU {machine.get('cpu_model', '—')} ({machine.get('isa', 'ISA not recorded')}), "
+        f"{machine.get('cores', '—')} cores "
         f"(GPU parts on {_core_range(machine.get('gpu_cores'))}; {_lanes(machine)}). "
         f"Started {suite.get('started_at', '—')}, "
         f"{suite.get('seconds', 0):.0f} s so far"

@@ -29,6 +29,7 @@ from typing import Any
 from scaletrain.engines.install import engine_named, install
 from scaletrain.engines.install import status as list_engines
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.intervals import speedup_range
 from scaletrain.estimate.models import Configuration, predicted_speedups
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend as _recommend
@@ -51,6 +52,7 @@ __all__ = [
     "deploy_kubernetes",
     "deploy_kubernetes_bench",
     "estimate",
+    "estimate_range",
     "exit_now",
     "install_engine",
     "list_engines",
@@ -272,6 +274,28 @@ def estimate(
             title=f"Predicted speedup ({model} model, {case} case, D = {batches:g})",
         )
     return speedups
+
+
+def estimate_range(
+    profile: Profile,
+    *,
+    strategy: str = "ps",
+    workers: int = 1,
+    batches: float = 128,
+    cores: int | None = None,
+    async_batches: str = "split",
+    strategy_options: Mapping[str, Any] | None = None,
+) -> tuple[float, float, float] | None:
+    """The refined model's (low, point, high) speedup on ``workers`` workers from a measured ``profile``; None where
+    it measured no spread (see :mod:`scaletrain.estimate.intervals`). ``strategy`` etc. as :func:`estimate` takes them.
+
+    >>> toy = Profile("toy", 32, t_grad=0.1, t_comm=0.01, samples={"t_grad": [0.09, 0.1, 0.11], "launches": 3})
+    >>> [round(s, 3) for s in estimate_range(toy, strategy="allreduce-join", workers=2)]
+    [1.349, 1.748, 2.24]
+    """
+    configuration = replace(Configuration.from_flags(strategy), async_batches=async_batches)
+    configuration = configuration.with_options(strategy_options or {})
+    return speedup_range(profile, configuration, workers, batches=batches, cores=cores)
 
 
 def strategy_spec(strategy: str = "ps", *, kind: str | None = None, server: str | None = None) -> str:

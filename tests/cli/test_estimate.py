@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from tests.helpers import run_cli
 
+from scaletrain.api import estimate_range, recommend
 from scaletrain.cli import main
 from scaletrain.cli.estimate import strategy_choices
 from scaletrain.estimate.models import THESIS_TYPES
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import speedups
+from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.strategies import STRATEGIES, all_specs, parse_spec
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.workloads import create_workload
@@ -292,3 +294,55 @@ def test_a_strategys_own_option_reaches_its_prediction_by_flag_and_by_s(capsys):
     assert float(printed[0].split(";")[-1]) > float(printed[2].split(";")[-1])  # H = 16 talks less than H = 10
     assert main([*base[:-1], "allreduce-split", "-S", "sync_every=16"]) == 2
     assert "--strategy allreduce has no option sync_every" in capsys.readouterr().err
+
+
+def sampled(machine: dict, spread: float = 0.005) -> Profile:
+    """A profile with two launches of t_grad samples 0.1 ± ``spread`` and five round trips, measured on ``machine``."""
+    return Profile(
+        "planted", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,), machine=machine,
+        samples={"t_grad": [0.1 - spread] * 5 + [0.1 + spread] * 5, "launches": 2,
+                 "round_trip": [0.018, 0.019, 0.02, 0.021, 0.022]},
+    )  # fmt: skip
+
+
+def test_the_refined_prediction_prints_its_range_and_csv_keeps_its_format(tmp_path, capsys):
+    saved = sampled(machine_info()).save(tmp_path / "p.json")
+    flags = ["estimate", "--profile", str(saved), "--model", "refined", "--strategy", "allreduce-join"]
+    flags += ["--workers", "2"]
+    assert main(flags) == 0
+    captured = capsys.readouterr()
+    low, point, high = estimate_range(Profile.load(saved), strategy="allreduce-join", workers=2)
+    assert captured.out == f"{point:.9g} ({low:#.3g}–{high:#.3g})\n"  # e.g. 1.77777778 (1.52–2.07)
+    assert captured.err == ""  # measured on this machine: no note
+    assert main([*flags, "--output", "csv"]) == 0
+    assert [float(v) for v in capsys.readouterr().out.strip().split(";")] == pytest.approx([1.0, point], rel=1e-8)
+    assert main([*flags[:4], "thesis", *flags[5:]]) == 0  # the thesis model: its number alone
+    assert "(" not in capsys.readouterr().out
+
+
+def test_a_profile_measured_on_another_cpu_is_said_to_be_so_in_one_line(tmp_path, capsys):
+    other = {"cpu_model": "Made-up CPU 9000", "isa": "AVX512", "cores": 64, "torch_version": "2.13.0+cpu"}
+    saved = sampled(other).save(tmp_path / "p.json")
+    assert main(["estimate", "--profile", str(saved), "--workers", "2", "--output", "csv"]) == 0
+    captured = capsys.readouterr()
+    here = machine_info()
+    assert captured.err == (
+        f"note: this profile was measured on Made-up CPU 9000 (AVX512), this machine is {here['cpu_model']} "
+        f"({here['isa']})\n"
+    )
+    assert len(captured.out.strip().split(";")) == 2  # the speedups as ever
+
+
+def test_recommend_says_when_the_best_and_the_runner_up_are_indistinguishable(tmp_path, capsys):
+    wide = sampled(machine_info(), spread=0.04).save(tmp_path / "wide.json")
+    assert main(["estimate", "--profile", str(wide), "--recommend", "--max-workers", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    advice = recommend(Profile.load(wide), max_workers=2)["refined"]
+    best, rival = advice["configuration"], advice["runner_up"]["configuration"]
+    assert advice["indistinguishable"]
+    assert lines[1].startswith(f"refined model: 2 worker(s), {best}, predicted speedup {advice['speedup']:.2f} (")
+    assert lines[2].startswith(f"refined model: {best} and {rival} on 2 worker(s) are indistinguishable: their ")
+    assert lines[2].endswith(" overlap") and len(lines) == 3
+    narrow = sampled(machine_info(), spread=0.0).save(tmp_path / "narrow.json")
+    assert main(["estimate", "--profile", str(narrow), "--recommend", "--max-workers", "2"]) == 0
+    assert "indistinguishable" not in capsys.readouterr().out

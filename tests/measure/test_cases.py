@@ -90,9 +90,36 @@ def test_the_summary_keeps_the_adjusted_on_and_the_held_out_errors_apart(tmp_pat
     ranking = summary["cases"][held.name]["ranking"]["2"]
     assert ranking["measured"] == ["ps-sharded-join", "allreduce-join"] and ranking["refined_kendall_tau"] == -1.0
     report = write_summary(summary, tmp_path).read_text()
-    assert "| held out | 2 | 0.0 % | 15.0 % |" in report
-    assert f"| {held.name} | held out | 2 | 0.0 % | 15.0 % | 2: -1.00 (+1.00) |" in report
-    assert f"- {held.name} ({held.why}): `{held.command()}`" in report
+    assert "| machine not recorded | held out | 2 | 0.0 % | 15.0 % | — |" in report  # rows without a machine or range
+    assert f"| {held.name} | held out | 2 | 0.0 % | 15.0 % | — | 2: -1.00 (+1.00) |" in report
+    assert f"- {held.name} ({held.why}; measured on machine not recorded): `{held.command()}`" in report
+
+
+def test_the_summary_keeps_machines_apart_and_gives_the_ranges_coverage(tmp_path):
+    def row(strategy, measured, refined, low, high, machine):
+        return {"strategy": strategy, "workers": 2, "measured_speedup": measured, "thesis_speedup": measured,
+                "refined_speedup": refined, "thesis_error_percent": 0.0, "machine": machine,
+                "refined_error_percent": abs(refined - measured) / measured * 100, "refined_speedup_low": low,
+                "refined_speedup_high": high, "refined_inside": low <= measured <= high}  # fmt: skip
+
+    epyc, xeon = "AMD EPYC (AVX2), 2 cores, torch 2.13.0+cpu", "Made-up Xeon (AVX512), 16 cores, torch 2.13.0+cpu"
+    held = [case.name for case in select_cases("holdout")][:2]
+    results = {
+        held[0]: [row("allreduce-join", 1.0, 1.1, 0.9, 1.2, epyc), row("ps-sharded-join", 1.0, 1.3, 1.2, 1.4, epyc)],
+        held[1]: [row("allreduce-join", 2.0, 2.0, 1.8, 2.2, xeon)],
+    }
+    summary = summarize(results)
+    # one machine's cases are never pooled with another's
+    assert set(summary["machines"]) == {epyc, xeon}
+    assert summary["machines"][epyc]["holdout"]["configurations"] == 2
+    assert summary["machines"][epyc]["holdout"]["coverage"]["coverage"] == 0.5
+    assert summary["machines"][xeon]["holdout"]["coverage"]["coverage"] == 1.0
+    assert summary["groups"]["holdout"]["coverage"]["inside"] == 2 and summary["cases"][held[1]]["machine"] == xeon
+    report = write_summary(summary, tmp_path).read_text()
+    assert f"| {epyc} | held out | 2 | 0.0 % | 20.0 % | 1 of 2 (50 %) |" in report
+    assert f"| {xeon} | held out | 1 | 0.0 % | 0.0 % | 1 of 1 (100 %) |" in report
+    assert f"| {held[0]} | ps-sharded-join | 2 | 1.000 | 1.000 | 1.300 | 1.200–1.400 | no | 30.0 % |" in report
+    assert f"measured on {xeon}): `" in report
 
 
 def test_a_case_without_a_saved_validation_is_one_line_and_nothing_is_written(capsys, tmp_path):

@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.estimate.profile import Profile
@@ -44,6 +45,9 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert len(profile.samples["t_grad"]) == 6 and len(profile.samples["round_trip"]) == 3
     # and under contention every time taken: 2 launches × 3 processes × 3 rounds
     assert list(profile.samples["t_grad_contended"]) == ["3"] and len(profile.samples["t_grad_contended"]["3"]) == 18
+    # the launches the samples were pooled over (the run-to-run noise of a range) and the machine that measured them
+    assert profile.samples["launches"] == 2
+    assert profile.machine["isa"] == torch.backends.cpu.get_cpu_capability() and profile.machine["cpu_model"]
     assert Profile.load(out) == profile
     assert json.loads(out.read_text())["batch_size"] == 32
 

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.intervals import speedup_range
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.ranking import coverage
 from scaletrain.measure.validate import ValidationConfig, compare, mean_errors, run_validation
 from scaletrain.measure.validation_report import markdown
+from scaletrain.measure.validation_rows import validated
 
 PROFILE = Profile("lenet", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,))
 
@@ -147,3 +150,53 @@ def test_tiny_validation_end_to_end(tiny_fmnist, tmp_path):
         summary = json.loads((Path(row["run_dir"]) / "summary.json").read_text())
         assert (summary["wire"], summary["wire_options"]) == ("topk", {"ratio": "0.1"}), row["strategy"]
     assert "wire topk ratio=0.1" in (out / "validation.md").read_text().splitlines()[0]
+
+
+#: PROFILE with samples: two launches of t_grad, five round trips, and the machine that measured them
+SAMPLED = Profile(
+    "lenet", 32, t_grad=0.1, t_comm=0.01, weight_bytes=10**6, tensor_bytes=(10**6,),
+    samples={"t_grad": [0.095] * 5 + [0.105] * 5, "launches": 2, "round_trip": [0.018, 0.019, 0.02, 0.021, 0.022]},
+    machine={"cpu_model": "Made-up CPU 9000", "isa": "AVX512", "cores": 64, "torch_version": "2.13.0+cpu"},
+)  # fmt: skip
+
+
+def test_each_row_holds_the_refined_range_and_whether_the_measured_speedup_is_inside():
+    results = [*rows("local", 1, [10.0]), *rows("allreduce-join", 2, [17.0]), *rows("ps-sharded-join", 2, [5.0])]
+    table = {row["strategy"]: row for row in compare(SAMPLED, results, steps=20, cores=None, network="loopback")}
+    for label, row in table.items():
+        low, point, high = speedup_range(SAMPLED, validated(label), 2, batches=40)
+        assert (row["refined_speedup_low"], row["refined_speedup"], row["refined_speedup_high"]) == pytest.approx(
+            (low, point, high)
+        )
+        assert row["machine"] == "Made-up CPU 9000 (AVX512), 64 cores, torch 2.13.0+cpu"
+    # measured 1.7 against a range around 1.78 (about 1.52–2.07): inside; 0.5 is far below the sharded one's
+    assert table["allreduce-join"]["refined_inside"] is True and table["ps-sharded-join"]["refined_inside"] is False
+    held = coverage(list(table.values()))
+    assert (held["inside"], held["ranged"], held["coverage"]) == (1, 2, 0.5)
+    report = markdown(SAMPLED, list(table.values()), mean_errors(list(table.values())), {}, 0.05)
+    assert "Machine: Made-up CPU 9000 (AVX512), 64 cores, torch 2.13.0+cpu." in report
+    assert "Refined model's range (nominal 90 %): 1 of 2 measured speedups inside (coverage 50 %)" in report
+    row = table["allreduce-join"]
+    assert f"| {row['refined_speedup_low']:.3f}–{row['refined_speedup_high']:.3f} | yes |" in report
+    # a profile without samples: no range, and the report says so
+    plain = compare(PROFILE, results, steps=20, cores=None, network="loopback")
+    assert all(row["refined_inside"] is None and row["machine"] == "machine not recorded" for row in plain)
+    report = markdown(PROFILE, plain, mean_errors(plain), {}, 0.05)
+    assert "Machine: machine not recorded." in report and "range: none (the profile measured no spread)" in report
+
+
+def test_coverage_by_hand_on_planted_rows():
+    def row(low, point, high, measured):
+        return {"refined_speedup_low": low, "refined_speedup": point, "refined_speedup_high": high,
+                "measured_speedup": measured, "refined_inside": low <= measured <= high}  # fmt: skip
+
+    planted = [row(0.9, 1.0, 1.1, 1.05), row(1.8, 2.0, 2.4, 1.7), row(0.45, 0.5, 0.55, 0.5), row(1.0, 1.0, 1.0, 1.0)]
+    planted.append({"refined_speedup": 1.3, "refined_inside": None})  # no range: not counted
+    held = coverage(planted)
+    assert (held["inside"], held["ranged"], held["coverage"]) == (3, 4, 0.75)
+    # widths over the point: 20 %, 30 %, 20 %, 0 %
+    assert held["mean_width_percent"] == pytest.approx((20 + 30 + 20 + 0) / 4)
+    # as read back from validation.csv: strings
+    as_read = [{key: str(value) for key, value in entry.items()} for entry in planted[:2]]
+    assert coverage(as_read)["inside"] == 1 and coverage(as_read)["mean_width_percent"] == pytest.approx(25)
+    assert coverage([])["coverage"] is None

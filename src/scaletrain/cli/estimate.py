@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
-from scaletrain.api import estimate, profile, recommend, strategy_spec, validate, validate_cases
+from scaletrain.api import estimate, estimate_range, profile, recommend, strategy_spec, validate, validate_cases
 from scaletrain.cli.arguments import name_list, number_list, workload_argument, workloads_offered
 from scaletrain.cli.formatter import RawDescriptionDefaultsHelpFormatter
 from scaletrain.cli.profile import add_profile_flags, describe, profile_settings
@@ -26,6 +27,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import MODELS, check_inputs
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.thesis import CASES, KINDS
+from scaletrain.measure.machine import machine_info, machine_note
 from scaletrain.measure.profile import ProfileConfig
 from scaletrain.measure.validate import DEFAULT_STRATEGIES
 from scaletrain.parallel.strategies import ALIASES, STRATEGIES, all_specs, parse_spec
@@ -196,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         strategy_options=given_strategy_options(args),
     )
     if args.output == "single":
-        print(f"{speedups[-1]:{DIGITS}}")
+        print(f"{speedups[-1]:{DIGITS}}" + _range(args, measured, spec))
     elif args.output == "csv":
         print(";".join(f"{value:{DIGITS}}" for value in speedups))
     else:
@@ -228,11 +230,16 @@ def _profile(args: argparse.Namespace, spec: str) -> Profile:
         check_inputs(given, 1, batches=args.batches)
         if args.model == "refined":
             print(
-                "note: with only --t-grad/--t-comm the refined model assumes no latency, no update cost, no contention"
+                "note: with only --t-grad/--t-comm the refined model assumes no latency, no update cost, no "
+                "contention, and has no measured spread to give a range"
             )
         return given
     if args.profile is not None:
-        return Profile.load(args.profile)
+        loaded = Profile.load(args.profile)
+        note = machine_note(loaded.machine, machine_info())
+        if note:  # on stderr: the speedups on stdout stay one line a program reads
+            print(note, file=sys.stderr)
+        return loaded
     split = tuple(range(2, max(args.workers) + 1)) if parse_spec(spec)[2] == "split" else ()
     settings = profile_settings(args)
     settings["split_workers"] = tuple(sorted({*settings["split_workers"], *split}))
@@ -241,6 +248,18 @@ def _profile(args: argparse.Namespace, spec: str) -> Profile:
     if args.save_profile is not None:
         print(f"profile written to {measured.save(args.save_profile)}")
     return measured
+
+
+def _range(args: argparse.Namespace, measured: Profile, spec: str) -> str:
+    """`` (1.55–1.70)``: the refined model's range from the profile's samples; nothing without them or thesis's."""
+    options = {"async_batches": _async_batches(args), "strategy_options": given_strategy_options(args)}
+    settings = {"strategy": spec, "workers": args.workers[0], "batches": args.batches, "cores": args.cores, **options}
+    ranged = estimate_range(measured, **settings) if args.model == "refined" else None
+    return "" if ranged is None else f" ({_spread(ranged)})"
+
+
+def _spread(ranged: tuple[float, float, float]) -> str:
+    return f"{ranged[0]:#.3g}–{ranged[2]:#.3g}"
 
 
 def _async_batches(args: argparse.Namespace) -> str:
@@ -259,10 +278,21 @@ def _recommend(args: argparse.Namespace, measured: Profile) -> int:
         strategy_options=given_strategy_options(args),
     )
     for model, best in advice.items():
+        ranged = f" ({_spread(best['range'])})" if best.get("range") else ""
         print(
             f"{model} model: {best['workers']} worker(s), {best['configuration']}, "
-            f"predicted speedup {best['speedup']:.2f}" + (f"  ({best['note']})" if best["note"] else "")
+            f"predicted speedup {best['speedup']:.2f}{ranged}" + (f"  ({best['note']})" if best["note"] else "")
         )
+        rival = best.get("runner_up")
+        if best.get("indistinguishable") and rival:
+            first, other = best["configuration"], rival["configuration"]
+            pair = f"{first} and {other} on {best['workers']} worker(s)"
+            if rival["workers"] != best["workers"]:
+                pair = f"{best['workers']} worker(s) {first} and {rival['workers']} {other}"
+            print(
+                f"{model} model: {pair} are indistinguishable: their predicted ranges {_spread(best['range'])} and "
+                f"{_spread(rival['range'])} overlap"
+            )
     return 0
 
 

@@ -14,6 +14,7 @@ from scaletrain.efficient.precision import DTYPES
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.machine import machine_label
 from scaletrain.measure.profile import EXCHANGES
 from scaletrain.tensors.codec import CODECS
 
@@ -223,6 +224,7 @@ def describe(result: Profile) -> str:
         + ([f"kvstore dist_sync push + pull: {kvstore}"] if kvstore else [])
         + ([message] if message else [])
         + ([f"codec compute a step: {codec}"] if codec else [])
+        + [f"measured on {machine_label(result.machine)}"]
     )
 
 

@@ -20,11 +20,13 @@ from dataclasses import replace
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.intervals import Spread, measured_spread, overlap, speedup_range
 from scaletrain.estimate.models import (
     MODELS,
     Configuration,
     best_per_workers,
     predicted_configurations,
+    predicted_speedup,
     thesis_configurations,
 )
 from scaletrain.estimate.profile import Profile
@@ -49,6 +51,12 @@ def recommend(
     strategy_options: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per model: the best ``workers``, ``configuration`` label and ``speedup``; ``by_workers``: the best per count.
+
+    The refined model's advice from a profile with measured samples also holds the best choice's ``range`` (low,
+    point, high; :mod:`scaletrain.estimate.intervals`), the ``runner_up`` (the best other configuration at that
+    worker count, or where one worker alone is best, the best choice on more: its ``workers``, ``configuration``
+    and ``range``) and ``indistinguishable``: whether the two ranges overlap. Without samples these are None and
+    False.
 
     One worker alone (speedup 1 by definition) is the fallback when no configuration beats it. Asynchronous
     configurations are predicted as ``async_batches`` divides the batch (training's default: split).
@@ -77,8 +85,49 @@ def recommend(
         if not get_strategy(parse_spec(label)[0]).recommended_unasked:  # one process ("local") is weighed unasked
             notes.append(ASKED_NOTE)
         note = "; ".join(note for note in notes if note)
-        advice[model] = {**best, "note": note, "by_workers": per_workers}
+        advice[model] = {**best, "note": note, "by_workers": per_workers, "range": None, "runner_up": None}
+        advice[model]["indistinguishable"] = False
+        spread = measured_spread(profile) if model == "refined" else None
+        if spread is not None:
+            contest = _contest(profile, spread, best, candidates, per_workers, batches=batches, cores=cores)
+            advice[model].update(contest)
     return advice
+
+
+def _contest(
+    profile: Profile,
+    spread: Spread,
+    best: dict[str, Any],
+    candidates: list[Configuration],
+    per_workers: dict[int, dict[str, Any]],
+    *,
+    batches: float,
+    cores: int | None,
+) -> dict[str, Any]:
+    """The best choice's range beside the runner-up's, and whether they overlap."""
+    by_label = {c.described: c for c in candidates}
+
+    def ranged(label: str, workers: int) -> tuple[float, float, float]:
+        if label not in by_label:  # one process alone: the reference itself, 1 by definition
+            return (1.0, 1.0, 1.0)
+        return speedup_range(profile, by_label[label], workers, batches=batches, cores=cores, spread=spread)
+
+    workers = best["workers"]
+    if best["configuration"] in by_label:
+        others = {
+            c.described: predicted_speedup("refined", profile, c, workers, batches=batches, cores=cores)
+            for c in candidates
+            if c.described != best["configuration"]
+        }
+        rivals = [(speedup, workers, label) for label, speedup in others.items()]
+    else:  # one worker alone is best: the best choice on more workers
+        rivals = [(entry["speedup"], n, entry["configuration"]) for n, entry in per_workers.items() if n > 1]
+    if not rivals:
+        return {"range": ranged(best["configuration"], workers)}
+    _, rival_workers, rival = max(rivals)
+    first, second = ranged(best["configuration"], workers), ranged(rival, rival_workers)
+    runner_up = {"workers": rival_workers, "configuration": rival, "range": second}
+    return {"range": first, "runner_up": runner_up, "indistinguishable": overlap(first, second)}
 
 
 def with_options(candidates: list[Configuration], options: Mapping[str, Any] | None) -> list[Configuration]:

@@ -26,9 +26,10 @@ from typing import Any
 
 from scaletrain.errors import ConfigError
 from scaletrain.estimate.profile import Profile
-from scaletrain.measure.ranking import mean_errors, rank_agreement
+from scaletrain.measure.machine import NOT_RECORDED
+from scaletrain.measure.ranking import coverage, mean_errors, rank_agreement
 from scaletrain.measure.validate import ValidationConfig, run_validation
-from scaletrain.measure.validation_report import wire_label
+from scaletrain.measure.validation_report import range_cells, wire_label
 from scaletrain.measure.validation_rows import compare_measured
 
 __all__ = ["CASES", "Case", "rescore", "run_cases", "select_cases", "summarize", "write_summary"]
@@ -242,17 +243,25 @@ def rescore(case: Case, folder: Path) -> list[dict[str, Any]]:
 
 def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Per case (name → its rows) and per group (adjusted-on, held-out): each model's mean absolute percentage
-    error over the configurations, and per case and worker count the order of the strategies."""
+    error over the configurations and the refined model's coverage (:func:`~scaletrain.measure.ranking.coverage`),
+    and per case and worker count the order of the strategies. ``machines``: the groups again for each machine the
+    cases' profiles were measured on (a row's ``machine``), which are never pooled there."""
     cases: dict[str, Any] = {}
     groups: dict[str, list[dict[str, Any]]] = {"adjusted": [], "holdout": []}
+    machines: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for name, rows in results.items():
         case = CASES[name]
         judged = [row for row in rows if row["workers"] > 1]  # one worker alone is the reference's own setting
-        groups["adjusted" if case.adjusted else "holdout"] += judged
+        group = "adjusted" if case.adjusted else "holdout"
+        groups[group] += judged
+        machine = next((row["machine"] for row in rows if row.get("machine")), NOT_RECORDED)
+        machines.setdefault(machine, {"adjusted": [], "holdout": []})[group] += judged
         cases[name] = {
             "adjusted": case.adjusted,
+            "machine": machine,
             "configurations": len(judged),
             "errors": mean_errors(judged),
+            "coverage": coverage(judged),
             "ranking": rank_agreement(judged),
             "command": case.command(),
             "why": case.why,
@@ -260,8 +269,13 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         }
     return {
         "cases": cases,
-        "groups": {group: {"configurations": len(rows), "errors": mean_errors(rows)} for group, rows in groups.items()},
+        "groups": {group: _group(rows) for group, rows in groups.items()},
+        "machines": {machine: {group: _group(rows) for group, rows in by.items()} for machine, by in machines.items()},
     }
+
+
+def _group(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"configurations": len(rows), "errors": mean_errors(rows), "coverage": coverage(rows)}
 
 
 def write_summary(summary: dict[str, Any], out: Path) -> Path:
@@ -275,21 +289,23 @@ def write_summary(summary: dict[str, Any], out: Path) -> Path:
     lines = [
         "# The estimators on the cases they were adjusted on and on held-out ones",
         "",
-        "Configurations with more than one worker; error = |predicted − measured| / measured speedup.",
+        "Configurations with more than one worker; error = |predicted − measured| / measured speedup; coverage = the",
+        "share of measured speedups inside the refined model's range (nominal 90 %). Each machine apart:",
         "",
-        "| group | configurations | thesis | refined |",
-        "|---|---|---|---|",
+        "| machine | group | configurations | thesis | refined | refined coverage |",
+        "|---|---|---|---|---|---|",
     ]
-    for group, entry in summary["groups"].items():
-        label = "adjusted on" if group == "adjusted" else "held out"
-        lines.append(
-            f"| {label} | {entry['configurations']} | {percent(entry['errors']['thesis'])} | "
-            f"{percent(entry['errors']['refined'])} |"
-        )
+    for machine, groups in summary["machines"].items():
+        for group, entry in groups.items():
+            label = "adjusted on" if group == "adjusted" else "held out"
+            lines.append(
+                f"| {machine} | {label} | {entry['configurations']} | {percent(entry['errors']['thesis'])} | "
+                f"{percent(entry['errors']['refined'])} | {_share(entry['coverage'])} |"
+            )
     lines += [
         "",
-        "| case | group | configurations | thesis | refined | τ refined (thesis) per worker count |",
-        "|---|---|---|---|---|---|",
+        "| case | group | configurations | thesis | refined | refined coverage | τ refined (thesis) per worker count |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, entry in summary["cases"].items():
         taus = "; ".join(
@@ -298,31 +314,42 @@ def write_summary(summary: dict[str, Any], out: Path) -> Path:
         )
         lines.append(
             f"| {name} | {'adjusted on' if entry['adjusted'] else 'held out'} | {entry['configurations']} | "
-            f"{percent(entry['errors']['thesis'])} | {percent(entry['errors']['refined'])} | {taus or '—'} |"
+            f"{percent(entry['errors']['thesis'])} | {percent(entry['errors']['refined'])} | "
+            f"{_share(entry['coverage'])} | {taus or '—'} |"
         )
     lines += [
         "",
         "τ over the pairs of strategies whose measured speedups are more than 5 % apart (— : none).",
         "",
-        "| case | strategy | workers | measured | thesis | refined | refined error |",
-        "|---|---|---|---|---|---|---|",
+        "| case | strategy | workers | measured | thesis | refined | refined range | inside | refined error |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in summary["cases"].items():
         for row in entry["rows"]:
             lines.append(
                 f"| {name} | {row['strategy']} | {row['workers']} | {row['measured_speedup']:.3f} | "
-                f"{row['thesis_speedup']:.3f} | {row['refined_speedup']:.3f} | "
+                f"{row['thesis_speedup']:.3f} | {row['refined_speedup']:.3f} | {range_cells(row)} | "
                 f"{percent(row['refined_error_percent'])} |"
             )
     lines += [
         "",
         "Each case alone:",
         "",
-        *(f"- {name} ({entry['why']}): `{entry['command']}`" for name, entry in summary["cases"].items()),
+        *(
+            f"- {name} ({entry['why']}; measured on {entry['machine']}): `{entry['command']}`"
+            for name, entry in summary["cases"].items()
+        ),
     ]
     path = out / "cases.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _share(held: dict[str, Any]) -> str:
+    """``5 of 6 (83 %)``: the measured speedups inside the refined model's ranges; — where none had a range."""
+    if held["coverage"] is None:
+        return "—"
+    return f"{held['inside']} of {held['ranged']} ({held['coverage'] * 100:.0f} %)"
 
 
 def _tau(value: float | None) -> str:

@@ -262,6 +262,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             "round_trip": worker[str(weight_bytes)]["round_trip"],
             "t_grad_contended": contended,
             "exchange": spread,
+            "launches": config.launches,  # t_grad's samples are pooled launch after launch: the run-to-run noise
         },
         machine=machine_info(config.network),
         architecture=dict(config.architecture),

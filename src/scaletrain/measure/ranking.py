@@ -8,7 +8,7 @@ from typing import Any
 from scaletrain.estimate.models import MODELS
 from scaletrain.measure.results import framework_of
 
-__all__ = ["RANK_NOISE", "mean_errors", "rank_agreement"]
+__all__ = ["RANK_NOISE", "coverage", "mean_errors", "rank_agreement"]
 
 
 #: two configurations whose measured speedups differ by less than this fraction are within the noise of
@@ -63,3 +63,28 @@ def rank_agreement(rows: list[dict[str, Any]], *, noise: float = RANK_NOISE) -> 
 def mean_errors(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     """Mean absolute percentage error of each model over the rows."""
     return {model: statistics.mean(row[f"{model}_error_percent"] for row in rows) if rows else None for model in MODELS}
+
+
+def coverage(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How well the refined model's ranges hold the measured speedups: ``ranged`` (rows with a range), ``inside``
+    (of them, the measured speedup within it), ``coverage`` (inside / ranged; None without a range) and
+    ``mean_width_percent`` (the ranges' mean width over the point prediction).
+
+    >>> rows = [{"refined_speedup": 1.0, "refined_speedup_low": 0.9, "refined_speedup_high": 1.1,
+    ...          "refined_inside": inside} for inside in (True, True, False)] + [{"refined_speedup": 1.0}]
+    >>> result = coverage(rows)
+    >>> result["inside"], result["ranged"], round(result["coverage"], 3), round(result["mean_width_percent"], 1)
+    (2, 3, 0.667, 20.0)
+    """
+    ranged = [row for row in rows if row.get("refined_inside") not in (None, "")]
+    inside = sum(row["refined_inside"] in (True, "True") for row in ranged)
+    widths = [
+        (float(row["refined_speedup_high"]) - float(row["refined_speedup_low"])) / float(row["refined_speedup"]) * 100
+        for row in ranged
+    ]
+    return {
+        "ranged": len(ranged),
+        "inside": inside,
+        "coverage": inside / len(ranged) if ranged else None,
+        "mean_width_percent": statistics.mean(widths) if widths else None,
+    }

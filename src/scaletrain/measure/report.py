@@ -312,7 +312,8 @@ def write_report(rows: list[dict[str, Any]], notes: list[str], out: Path, *, tit
     first = next((row for row in rows if row.get("status") == "ok"), rows[0] if rows else {})
     lines = [f"# {title}", ""]
     lines += [
-        f"Measured on {first.get('cpu_model', '?')} ({first.get('cores', '?')} cores), torch "
+        f"Measured on {first.get('cpu_model', '?')} ({first.get('isa') or 'ISA not recorded'}, "
+        f"{first.get('cores', '?')} cores), torch "
         f"{first.get('torch_version', '?')}, network: {first.get('network', '?')}; "
         f"{first.get('threads_per_worker', '?')} thread(s) per process. {len(rows)} runs, {len(failed)} failed. "
         "Throughput is SPEC eq. 4.1 (batches of the batch size processed by all workers per second, warm-up "

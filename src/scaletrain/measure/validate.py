@@ -16,8 +16,11 @@ scaletrain's (the strategies it runs), and its rows (``framework``) are predicte
 measured against its own one-worker run.
 
 Writes into ``out``: ``profile.json``, ``bench/`` (runs, results, report), ``validation.csv``,
-``validation.json``, ``validation.md`` and ``validation.png``. The table's rows (measured beside predicted)
-are built by :mod:`scaletrain.measure.validation_rows`, the report by :mod:`scaletrain.measure.validation_report`.
+``validation.json``, ``validation.md`` and ``validation.png``. Each row holds the refined model's range beside its
+prediction (:mod:`scaletrain.estimate.intervals`) and whether the measured speedup is inside it; the report gives
+the share inside (coverage) beside the mean error, and the machine the profile was measured on. The table's rows
+(measured beside predicted) are built by :mod:`scaletrain.measure.validation_rows`, the report by
+:mod:`scaletrain.measure.validation_report`.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.bench import run_bench
+from scaletrain.measure.machine import machine_label
 from scaletrain.measure.profile import EXCHANGES, ProfileConfig, run_profile
-from scaletrain.measure.ranking import RANK_NOISE, mean_errors, rank_agreement
+from scaletrain.measure.ranking import RANK_NOISE, coverage, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
@@ -236,7 +240,9 @@ def write_validation(
     result = {
         "rows": rows,
         "mean_absolute_percentage_error": errors,
+        "refined_coverage": coverage(rows),  # the share of measured speedups inside the refined model's ranges
         "ranking": ranking,
+        "machine": machine_label(profile.machine),
         "profile": profile.to_json(),
         "engine_profiles": {p.framework: p.to_json() for p in others},
     }

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from scaletrain.estimate.intervals import LEVEL
 from scaletrain.estimate.models import MODELS
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.machine import machine_label
+from scaletrain.measure.ranking import coverage
 from scaletrain.measure.results import shown_strategy
 
 #: between the flagged runs of a validation row: a bench flag itself may hold "; " between its reasons
 FLAGS_APART = " · "
 
-__all__ = ["FLAGS_APART", "engine_line", "markdown", "step_parts_table", "wire_label", "wire_suffix"]
+__all__ = [
+    "FLAGS_APART",
+    "coverage_line",
+    "engine_line",
+    "markdown",
+    "range_cells",
+    "step_parts_table",
+    "wire_label",
+    "wire_suffix",
+]
 
 
 def markdown(
@@ -24,9 +36,10 @@ def markdown(
     *,
     others: list[Profile] | None = None,
 ) -> str:
-    """``validation.md``: the profile (and ``others``: the foreign engines' whose rows the table has), the table,
-    both models' mean errors, the order of the strategies (pairs more than ``noise`` apart) and a synchronous
-    step's parts. A foreign engine's rows name it before the strategy."""
+    """``validation.md``: the profile and the machine it was measured on (and ``others``: the foreign engines'
+    whose rows the table has), the table with the refined model's range per row and whether the measured speedup is
+    inside it, both models' mean errors beside the range's coverage, the order of the strategies (pairs more than
+    ``noise`` apart) and a synchronous step's parts. A foreign engine's rows name it before the strategy."""
     codec = ""
     if profile.gradient_bytes is not None or profile.codec_seconds:
         codec = (
@@ -48,20 +61,22 @@ def markdown(
         + "."
         + codec,
         *(engine_line(other) for other in others or []),
+        f"Machine: {machine_label(profile.machine)}.",
         "",
-        "| strategy | workers | runs | measured | thesis | error | refined | error |",
-        "|---|---|---|---|---|---|---|---|",
+        "| strategy | workers | runs | measured | thesis | error | refined | range | inside | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| {shown_strategy(row)} | {row['workers']} | {row['runs']} | {row['measured_speedup']:.3f} | "
             f"{row['thesis_speedup']:.3f} | {row['thesis_error_percent']:.1f} % | {row['refined_speedup']:.3f} | "
-            f"{row['refined_error_percent']:.1f} % |"
+            f"{range_cells(row)} | {row['refined_error_percent']:.1f} % |"
         )
     lines += [
         "",
         "Mean absolute percentage error: "
-        + ", ".join(f"{model} {value:.1f} %" for model, value in errors.items() if value is not None),
+        + ", ".join(f"{model} {value:.1f} %" for model, value in errors.items() if value is not None)
+        + f". {coverage_line(rows)}",
         "",
         "Measured speedup = median batches/s of the configuration / median batches/s of `local` (one worker).",
         "",
@@ -86,6 +101,32 @@ def markdown(
     split = step_parts_table(rows)
     lines += [*split, ""] if split else []
     return "\n".join(lines)
+
+
+def coverage_line(rows: list[dict[str, Any]]) -> str:
+    """The refined model's coverage over ``rows`` in one sentence.
+
+    >>> coverage_line([{"refined_speedup": 1.0, "refined_speedup_low": 0.9, "refined_speedup_high": 1.2,
+    ...                 "refined_inside": True}])
+    "Refined model's range (nominal 90 %): 1 of 1 measured speedups inside (coverage 100 %), mean width 30.0 %."
+    >>> coverage_line([{"refined_speedup": 1.0}])
+    "Refined model's range: none (the profile measured no spread)."
+    """
+    held = coverage(rows)
+    if held["coverage"] is None:
+        return "Refined model's range: none (the profile measured no spread)."
+    return (
+        f"Refined model's range (nominal {LEVEL * 100:.0f} %): {held['inside']} of {held['ranged']} measured "
+        f"speedups inside (coverage {held['coverage'] * 100:.0f} %), mean width {held['mean_width_percent']:.1f} %."
+    )
+
+
+def range_cells(row: dict[str, Any]) -> str:
+    """``1.550–1.700 | yes``: the row's range and whether the measured speedup is inside; ``— | —`` without one."""
+    if row.get("refined_inside") in (None, ""):
+        return "— | —"
+    inside = "yes" if row["refined_inside"] in (True, "True") else "no"
+    return f"{float(row['refined_speedup_low']):.3f}–{float(row['refined_speedup_high']):.3f} | {inside}"
 
 
 def engine_line(profile: Profile) -> str:

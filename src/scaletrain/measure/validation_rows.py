@@ -16,9 +16,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from scaletrain.errors import ConfigError
+from scaletrain.estimate.intervals import speedup_range
 from scaletrain.estimate.models import MODELS, Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.refined import step_split
+from scaletrain.measure.machine import machine_label
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import run_steps
 from scaletrain.measure.validation_report import FLAGS_APART
@@ -60,6 +62,12 @@ COLUMNS = (
     "refined_speedup",
     "thesis_error_percent",
     "refined_error_percent",
+    # the refined model's range (scaletrain.estimate.intervals; empty where the profile measured no spread) and
+    # whether the measured speedup is inside it
+    "refined_speedup_low",
+    "refined_speedup_high",
+    "refined_inside",
+    "machine",  # the profile's (machine_label)
     *(f"{source}_{part}_seconds" for part in ("compute", "wait", "exchange") for source in ("measured", "refined")),
     "flagged_runs",  # the bench's flags on the row's runs and on its reference's: "local r1: 32 % above … · …"
 )
@@ -134,7 +142,8 @@ def predicted_row(
     network: str,
     wire: str,
 ) -> dict[str, Any]:
-    """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors."""
+    """One configuration's measured speedup beside both models' predictions from ``profile`` and their errors, the
+    refined model's range and whether the measured speedup is inside it (None where the profile has no spread)."""
     configuration = validated(label)
     # the batches the run trained: a join step is N batches, a split step and an asynchronous update one
     batches = run_steps(steps, configuration.sync, workers) * (workers if configuration.sync == "join" else 1)
@@ -151,6 +160,11 @@ def predicted_row(
         predicted = predicted_speedup(model, profile, configuration, workers, batches=batches, cores=cores)
         row[f"{model}_speedup"] = predicted
         row[f"{model}_error_percent"] = abs(predicted - measured) / measured * 100
+    ranged = speedup_range(profile, configuration, workers, batches=batches, cores=cores)
+    low, high = (ranged[0], ranged[2]) if ranged is not None else (None, None)
+    row["refined_speedup_low"], row["refined_speedup_high"] = low, high
+    row["refined_inside"] = None if ranged is None else low <= measured <= high
+    row["machine"] = machine_label(profile.machine)
     return row
 
 
