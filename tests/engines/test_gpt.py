@@ -95,6 +95,8 @@ def test_one_process_and_two_synchronous_workers_follow_scaletrains_own_run(
     assert (one["steps"], one["metric"], one["clip_norm"]) == (10, "test_perplexity", 0.5)
     assert one["parameters"] == summary["parameters"] == 1_024 + 128 + 3_280 + 32  # embedding, positions, block, norm
     assert one["steps_per_epoch"] == summary["steps_per_epoch"]
+    recipe = ("optimizer", "lr_schedule", "lr_warmup")
+    assert [one[key] for key in recipe] == [summary[key] for key in recipe] == ["AdamW", "cosine", 2]
     start = dict(np.load(tmp_path / "one" / "engine" / "init.npz"))
     assert max(np.abs(expected[name] - start[name]).max() for name in start) > 1e-2  # it trained
     assert_close(weights(tmp_path / "one"), expected)
