@@ -2,12 +2,12 @@
 Mikolov's format (width 16, 2 heads, windows of 8 words, a 64-word vocabulary, 10 steps of AdamW at lr 1e-2 after a
 warm-up of 2 updates, cosine to 0, clipped to 0.5), compared with scaletrain's own run of the same settings.
 
-Without dropout the runs can agree: after 10 steps an engine's one process holds scaletrain's weights, and 2
-synchronous workers at 4 windows each the weights of the engine's one process at 8, within ``atol 1e-4``, and the
-test perplexity agrees within ``rtol 1e-4``. One slice is left out of the weights' comparison: the key's bias
-(``attention.bias[W:2W]``), whose gradient is zero in exact arithmetic (it adds the same amount to every score of
-a row, which softmax ignores), so that AdamW's ``m/√v`` turns each framework's rounding noise into steps of its
-own; the perplexity does not depend on it.
+Without dropout the runs agree: after 10 steps an engine's one process holds scaletrain's weights, and 2
+synchronous workers at 4 windows each the weights of the engine's one process at 8, within ``atol 1e-5 + rtol
+1e-4`` (the equivalence tests' tolerance elsewhere; measured: TensorFlow 1.9e-7, MXNet 1.6e-6 from scaletrain), and
+the test perplexity within ``rtol 1e-4`` (measured: 4e-6). The key's bias (``attention.bias[W:2W]``) gets ``atol
+1e-4`` (measured: 5.6e-6 and 8.4e-6): its gradient is zero in exact arithmetic (it adds the same amount to every
+score of a row, which softmax ignores), so AdamW's ``m/√v`` turns each framework's rounding noise into steps.
 """
 
 from __future__ import annotations
@@ -78,13 +78,15 @@ def weights(out: Path) -> dict[str, np.ndarray]:
 
 
 def assert_close(got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
-    """Every weight within ``atol 1e-4``, the key's bias left out (the module's docstring says why)."""
+    """Every weight within the module docstring's tolerances (the key's bias within its own)."""
     assert sorted(got) == sorted(expected)
     for name in expected:
         have, want = got[name], expected[name]
         if name == KEY_BIAS:
-            have, want = np.delete(have, np.s_[WIDTH : 2 * WIDTH]), np.delete(want, np.s_[WIDTH : 2 * WIDTH])
-        np.testing.assert_allclose(have, want, rtol=0, atol=1e-4, err_msg=name)
+            key = np.s_[WIDTH : 2 * WIDTH]
+            np.testing.assert_allclose(have[key], want[key], rtol=0, atol=1e-4, err_msg=f"{name}, the key's part")
+            have, want = np.delete(have, key), np.delete(want, key)
+        np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_one_process_and_two_synchronous_workers_follow_scaletrains_own_run(
@@ -130,7 +132,6 @@ def test_asynchronous_mxnet_workers_train_with_dropout(text: Path, tmp_path: Pat
     summary = run_engine(gpt("mxnet", "async", 2, 8, text, steps=None, epochs=1, options=options), tmp_path / "run")
     epoch = summary["steps_per_epoch"]
     assert summary["worker_steps"] == [epoch // 2, epoch - epoch // 2]  # each worker a chunk of the windows
-    assert summary["departure"].startswith("MXNet 1.9 has no AdamW optimizer")
     assert math.isfinite(summary["test_perplexity"]) and summary["test_perplexity"] < 64
 
 
@@ -143,12 +144,11 @@ def test_tensorflow_trains_with_dropout_and_refuses_an_asynchronous_gpt_in_one_l
     summary = run_engine(
         gpt("tensorflow", "local", 1, 8, text, options={**OPTIONS, "dropout": "0.2"}), tmp_path / "run"
     )
-    assert "departure" not in summary
     assert math.isfinite(summary["test_perplexity"]) and summary["test_perplexity"] < 64
     assert json.loads((tmp_path / "run" / "engine" / "quality.json").read_text())["parameters"] == 4_464
 
 
-def test_a_gpt_sweep_follows_its_options_notes_mxnets_adamw_and_leaves_out_tensorflows_async() -> None:
+def test_a_gpt_sweep_follows_its_options_and_leaves_out_tensorflows_async() -> None:
     config = SweepConfig(
         "gpt", Path("out"), workers=(1, 2), frameworks=("tensorflow", "mxnet"),
         strategies=("allreduce-join", "ps-central-async"), options={"train_split": "valid", "width": "64"},
@@ -159,7 +159,6 @@ def test_a_gpt_sweep_follows_its_options_notes_mxnets_adamw_and_leaves_out_tenso
         *(("tensorflow", "allreduce-join", n) for n in (1, 2)),
         *(("mxnet", label, n) for label in ("allreduce-join", "ps-central-async") for n in (1, 2)),
     }
-    assert notes[0] == "tensorflow left out ps-central-async: it trains gpt in local and sync mode only"
-    assert notes[1:] == [f"mxnet gpt: {ENGINES['mxnet'].departure('gpt')}"]
+    assert notes == ["tensorflow left out ps-central-async: it trains gpt in local and sync mode only"]
     with pytest.raises(ConfigError, match="^-o: it sets how scaletrain trains, and mxnet would not follow"):
         SweepConfig("gpt", Path("out"), frameworks=("mxnet",), options={"num_steps": "5"})

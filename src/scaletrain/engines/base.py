@@ -62,8 +62,6 @@ class Engine:
     workload_modes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     #: modes whose step time cannot be split into compute, communication and waiting (shown as unmeasured)
     unsplit: tuple[str, ...] = ()
-    #: where it trains a workload otherwise than scaletrain, one line each (in the summary and a sweep's notes)
-    departures: tuple[tuple[str, str], ...] = ()
     #: lines of its own start-up noise that its processes print whatever the log level (left out of messages)
     noise: tuple[str, ...] = ()
 
@@ -76,10 +74,6 @@ class Engine:
 
     def describe_modes(self) -> str:
         return ", ".join(f"{mode} ({how})" for mode, how in self.modes)
-
-    def departure(self, workload: str) -> str | None:
-        """Where it trains ``workload`` otherwise than scaletrain (None: nowhere)."""
-        return dict(self.departures).get(workload)
 
     def is_noise(self, line: str) -> bool:
         return any(re.search(pattern, line) for pattern in self.noise)

@@ -348,7 +348,6 @@ def _summarise(
         ),
         "options": run.options,
         "metric": spec["metric"],
-        **({"departure": engine.departure(run.workload)} if engine.departure(run.workload) else {}),
         **quality,
         **throughput(stats, run.batch_size),
         **({f"{part}_seconds_per_step": None for part in SPLIT} if run.mode in engine.unsplit else {}),

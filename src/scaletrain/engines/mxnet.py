@@ -27,13 +27,6 @@ class MXNetEngine(Engine):
         ("sync", "KVStore dist_sync on ps-lite servers"),
         ("async", "KVStore dist_async on ps-lite servers"),
     )
-    departures: tuple[tuple[str, str], ...] = (
-        (
-            "gpt",
-            "MXNet 1.9 has no AdamW optimizer: its adamw_update operator with the bias correction folded into the "
-            "rate, as its Adam does, so ε is added to the uncorrected √v (torch adds it to the corrected one)",
-        ),
-    )
 
     def roles(self, mode: str, workers: int, servers: int) -> list[Role]:
         """A scheduler, the servers and the workers; ``dist_sync`` has servers too: as many as workers unless

@@ -25,7 +25,7 @@ from typing import Any
 from scaletrain.engines.launch import check_engine, run_engine
 from scaletrain.engines.layouts import FOREIGN_STRATEGIES, engine_run, foreign_mode
 from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS
-from scaletrain.engines.registry import ENGINES, FRAMEWORKS, departures
+from scaletrain.engines.registry import ENGINES, FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.measure.machine import machine_info
 from scaletrain.parallel.preloaded import start_fresh
@@ -140,7 +140,7 @@ class Run:
 
 def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
     """Every run of the sweep, repeats interleaved (so slow drift spreads over all configurations),
-    and notes on what was left out (``local`` beyond one worker, counts over ``max_workers``) or trained otherwise."""
+    and notes on what was left out (``local`` beyond one worker, counts over ``max_workers``)."""
     notes = []
     workers = sorted(set(config.workers))
     if config.max_workers is not None and max(workers) > config.max_workers:
@@ -181,7 +181,7 @@ def plan_runs(config: SweepConfig) -> tuple[list[Run], list[str]]:
         most = get_strategy(parse_strategy(spec)[0]).max_workers
         if most is not None and any(n > most for n in workers):
             notes.append(f"{spec} runs only at 1 worker" if most == 1 else f"{spec} runs only up to {most} workers")
-    return runs, [*notes, *departures(config.workload, {run.framework for run in runs})]
+    return runs, notes
 
 
 def run_sweep(

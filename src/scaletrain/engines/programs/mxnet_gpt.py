@@ -9,8 +9,8 @@ torch's ``weight`` and ``bias``) and a ``positions`` parameter: pre-norm blocks 
 on the embeddings, the attention weights and each residual branch (active only under ``autograd.record``), the
 output layer the embedding's transpose (``FullyConnected`` on the embedding's own weight). The objective is
 scaletrain's mean cross-entropy over every word of the (global) batch; the whole gradient's norm is clipped as torch's
-``clip_grad_norm_`` does (``mxnet_lstm.clip``), then AdamW at scaletrain's schedule (``mxnet_adamw.py``, which says
-where MXNet's AdamW operator departs from torch's).
+``clip_grad_norm_`` does (``mxnet_lstm.clip``), then torch's AdamW at scaletrain's schedule (``mxnet_adamw.py``: MXNet
+1.9 has an AdamW operator but no optimizer).
 
 Modes, as for the LSTM (``mxnet_lstm.py``): ``local``; ``sync`` (``dist_sync``: each worker pushes the gradient of
 its summed loss and pulls the sum over all workers, then divides it by the global batch's words, clips it and applies
