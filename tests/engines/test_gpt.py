@@ -4,10 +4,11 @@ warm-up of 2 updates, cosine to 0, clipped to 0.5), compared with scaletrain's o
 
 Without dropout the runs agree: after 10 steps an engine's one process holds scaletrain's weights, and 2
 synchronous workers at 4 windows each the weights of the engine's one process at 8, within ``atol 1e-5 + rtol
-1e-4`` (the equivalence tests' tolerance elsewhere; measured: TensorFlow 1.9e-7, MXNet 1.6e-6 from scaletrain), and
-the test perplexity within ``rtol 1e-4`` (measured: 4e-6). The key's bias (``attention.bias[W:2W]``) gets ``atol
-1e-4`` (measured: 5.6e-6 and 8.4e-6): its gradient is zero in exact arithmetic (it adds the same amount to every
-score of a row, which softmax ignores), so AdamW's ``m/√v`` turns each framework's rounding noise into steps.
+1e-4`` (the equivalence tests' tolerance elsewhere; measured: TensorFlow 1.9e-7, MXNet 1.6e-6 from scaletrain; 1e-7
+and 8e-8 between the synchronous and the one-process run), and the test perplexity within ``rtol 1e-4`` (measured:
+4e-6). The key's bias (``attention.bias[W:2W]``) gets ``atol 1e-4`` (measured: 5.6e-6 and 8.4e-6): its gradient
+is zero in exact arithmetic (it adds the same amount to every score of a row, which softmax ignores), so AdamW's
+``m/√v`` turns each framework's rounding noise into steps.
 """
 
 from __future__ import annotations
