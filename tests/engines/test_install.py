@@ -77,7 +77,7 @@ def test_bad_framework_flags_are_one_line_and_exit_2(flags: list[str], said: str
 def test_a_workload_an_engine_lacks_is_named_with_what_it_has(tmp_path: Path) -> None:
     result = run_cli("bench", "squeezenet", "--framework", "mxnet", "--steps", "4", "--out", str(tmp_path / "o"))
     assert result.returncode == 2
-    expected = "scaletrain: error: the mxnet engine has no workload 'squeezenet': it trains lenet, ptb-lstm"
+    expected = "scaletrain: error: the mxnet engine has no workload 'squeezenet': it trains lenet, ptb-lstm, gpt"
     assert result.stderr.strip() == expected
 
 

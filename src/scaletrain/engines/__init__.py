@@ -9,10 +9,11 @@ and turns what they write into the same ``summary.json`` as its own runs.
 The contract between scaletrain and a program, ``PROGRAM --spec SPEC --role ROLE --index I`` (every field and file
 in docs/extending.md, "The worker program's contract"):
 
-- ``spec.json``, written by scaletrain: the workload (``lenet`` or ``ptb-lstm``), the mode (``local``; ``sync``:
-  all-reduce over a global batch of ``workers × batch_size``; ``async``: parameter servers), the processes, SGD's
-  settings as torch defines them, each worker's steps and warm-up, the threads, and the data, the samples of every
-  step (``order.npz``) and the initial weights (``init.npz``, under torch's names and layouts);
+- ``spec.json``, written by scaletrain: the workload (``lenet``, ``ptb-lstm`` or ``gpt``), the mode (``local``;
+  ``sync``: all-reduce over a global batch of ``workers × batch_size``; ``async``: parameter servers), the
+  processes, SGD's settings as torch defines them (``gpt``: AdamW's and the rate's schedule), each worker's steps
+  and warm-up, the threads, the data, the samples of every step (``order.npz``) and the initial weights
+  (``init.npz``, under torch's names and layouts);
 - the roles: TensorFlow's ``worker`` (for ``async`` also ``ps`` and a ``chief``) told of the others by
   ``TF_CONFIG``; MXNet's ``worker`` (for ``sync`` and ``async`` also ``server`` and a ``scheduler``) by ``DMLC_*``;
 - a ``probe`` block in the spec asks for timings instead of training (``scaletrain profile --framework``,

@@ -322,6 +322,7 @@ def _summarise(
         quality = json.loads((folder / "quality.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise EngineFailed(f"the {engine.name} run ended without a readable quality.json in {folder}: {exc}") from None
+    schedule = spec.get("schedule")  # gpt's: AdamW at a scheduled rate (the others: SGD at a constant one)
     summary = {
         "workload": run.workload,
         "framework": engine.name,
@@ -342,6 +343,9 @@ def _summarise(
         "epochs": run.epochs,
         "warmup_steps": run.warmup_steps,
         "clip_norm": run.clip_norm,
+        **(
+            {"optimizer": "AdamW", "lr_schedule": schedule["kind"], "lr_warmup": schedule["warmup"]} if schedule else {}
+        ),
         "options": run.options,
         "metric": spec["metric"],
         **quality,

@@ -21,7 +21,7 @@ class MXNetEngine(Engine):
     packages: tuple[str, ...] = ("mxnet==1.9.1", "numpy<1.24")
     module: str = "mxnet"
     program: str = "mxnet_worker.py"
-    workloads: tuple[str, ...] = ("lenet", "ptb-lstm")
+    workloads: tuple[str, ...] = ("lenet", "ptb-lstm", "gpt")
     modes: tuple[tuple[str, str], ...] = (
         ("local", "one process"),
         ("sync", "KVStore dist_sync on ps-lite servers"),

@@ -23,11 +23,11 @@ from scaletrain.data.idx import (
     find_fashion_mnist,
     read_idx,
 )
-from scaletrain.data.sampler import EpochBatches, Part
+from scaletrain.engines.orders import plans, worker_orders
 from scaletrain.engines.prepare_text import FOLLOWED_OPTIONS, prepare_text
 from scaletrain.errors import ConfigError
-from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
+from scaletrain.workloads.base import count_parameters
 
 __all__ = ["EngineRun", "check_settings", "prepare"]
 
@@ -56,43 +56,8 @@ class EngineRun:
     seed: int
     data_dir: Path | None
     clip_norm: float | None = None  # the whole gradient's norm clipped to this (None or 0: not clipped)
+    lr_warmup: int | None = None  # gpt: updates of the rate's linear warm-up (None: the workload's)
     options: dict[str, Any] = field(default_factory=dict)  # the workload's options (-o)
-
-
-def plans(run: EngineRun) -> list[WorkerPlan]:
-    """Each worker's share of the data, as scaletrain's own strategies draw it: a slice of every global batch
-    of ``workers × batch_size`` (sync), a contiguous chunk of each epoch's batches (async), or everything."""
-    if run.mode == "sync":
-        return [WorkerPlan(global_batch_factor=run.workers, part=Part(i, run.workers)) for i in range(run.workers)]
-    if run.mode == "async":
-        return [WorkerPlan(chunk=Part(i, run.workers)) for i in range(run.workers)]
-    return [WorkerPlan()]
-
-
-def worker_orders(run: EngineRun, train_size: int) -> list[np.ndarray]:
-    """The sample indices of every step of each worker: ``(steps, batch_size)`` per worker.
-
-    >>> run = EngineRun("mxnet", "lenet", "sync", 2, 1, 2, 0.1, 0.0, 0.0, 1, None, 0, 1, 0, None)
-    >>> [order.shape for order in worker_orders(run, 10)]  # 10 samples, global batches of 4: 2 steps
-    [(2, 2), (2, 2)]
-    >>> first, second = worker_orders(run, 10)
-    >>> together = sorted(first[0].tolist() + second[0].tolist())
-    >>> together == sorted(EpochBatches(10, batch_size=4, seed=0, epoch=0).indices(0).tolist())
-    True
-    """
-    orders = []
-    for plan in plans(run):
-        global_batch = run.batch_size * plan.global_batch_factor
-        per_epoch = train_size // global_batch
-        epochs = run.epochs if run.epochs is not None else -(-run.steps // max(len(plan.numbers(0, per_epoch)), 1))
-        steps = []
-        for epoch in range(epochs):
-            batches = EpochBatches(train_size, batch_size=global_batch, seed=run.seed, epoch=epoch, part=plan.part)
-            steps += [batches.indices(number).numpy() for number in plan.numbers(0, per_epoch)]
-        if run.steps is not None:
-            steps = steps[: run.steps]
-        orders.append(np.stack(steps).astype(np.int64) if steps else np.zeros((0, run.batch_size), np.int64))
-    return orders
 
 
 def check_settings(run: EngineRun) -> None:
@@ -101,7 +66,7 @@ def check_settings(run: EngineRun) -> None:
 
     >>> check_settings(EngineRun("mxnet", "lenet", "sync", 2, 0, 16, 0.1, 0.0, 0.0, 1, None, 0, 1, 0, None, 0.5))
     Traceback (most recent call last):
-    scaletrain.errors.ConfigError: --clip-norm: the engines clip gradients for ptb-lstm only, not for lenet
+    scaletrain.errors.ConfigError: --clip-norm: the engines clip gradients for ptb-lstm and gpt, not for lenet
     """
     followed = FOLLOWED_OPTIONS.get(run.workload, ())
     unfollowed = sorted({key.replace("-", "_") for key in run.options} - set(followed))
@@ -111,7 +76,9 @@ def check_settings(run: EngineRun) -> None:
             f"{'only ' + ', '.join(followed) if followed else 'none'} for {run.workload}"
         )
     if run.workload == "lenet" and run.clip_norm:
-        raise ConfigError("--clip-norm: the engines clip gradients for ptb-lstm only, not for lenet")
+        raise ConfigError("--clip-norm: the engines clip gradients for ptb-lstm and gpt, not for lenet")
+    if run.workload != "gpt" and run.lr_warmup:
+        raise ConfigError(f"--lr-warmup: the engines warm the rate up for gpt only, not for {run.workload}")
 
 
 def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
@@ -125,6 +92,7 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
         fields, orders = prepare_text(run, plans(run), out)
     torch.manual_seed(run.seed)  # as scaletrain's own run builds its model (train/build.py)
     model = workload.build_model()
+    parameters = count_parameters(model)
     np.savez(out / INIT_NAME, **{name: value.detach().numpy() for name, value in model.state_dict().items()})
     spec = {
         "workload": run.workload,
@@ -139,6 +107,7 @@ def prepare(run: EngineRun, out: Path) -> dict[str, Any]:
         "steps": [len(order) for order in orders],
         "warmup_steps": run.warmup_steps,
         "threads": run.threads,
+        "parameters": parameters,  # the programs check that their model has as many
         **fields,
         "order": str(out / ORDER_NAME),
         "init": str(out / INIT_NAME),

@@ -1,4 +1,4 @@
-"""What a foreign engine reads for ``ptb-lstm``: the texts as word ids, and each worker's windows of them.
+"""What a foreign engine reads for ``ptb-lstm`` and ``gpt``: the texts as word ids, and each worker's windows of them.
 
 scaletrain's own vocabulary code encodes the texts (:func:`scaletrain.data.ptb.load_ptb`, through the
 workload), so the programs need no tokenizer: ``tokens.npz`` holds ``train`` and ``test``, 1-D int32 word
@@ -9,6 +9,11 @@ run reads its slice of the rows (``Part``), an asynchronous one its chunk of eac
 ``order.npz`` ``w<i>[s, k]`` is where, in ``train``, the window of worker ``i``'s row ``k`` at its step ``s``
 starts, and ``r<i>[s]`` is 1 where the carried state starts again from zeros (the first window a worker
 reads in an epoch, as scaletrain's loop drops the state at each epoch's end).
+
+``gpt`` reads the same ``tokens.npz``; its samples are :meth:`scaletrain.workloads.gpt.GPTWorkload.train_batches`'
+windows of ``context + 1`` words cut without overlap, window ``n`` starting at word ``n·context``, drawn by
+scaletrain's sampler (:func:`scaletrain.engines.orders.worker_orders`): ``w<i>[s, k]`` is the number of worker
+``i``'s ``k``-th window at step ``s``. Its spec also carries torch's AdamW settings and the rate's schedule.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from scaletrain.engines.orders import worker_orders
 from scaletrain.errors import ConfigError
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.workloads import create_workload
@@ -29,6 +36,7 @@ ORDER_NAME = "order.npz"
 #: the workload options (``-o``) the engines' programs follow, by workload; any other one they refuse
 FOLLOWED_OPTIONS: dict[str, tuple[str, ...]] = {
     "ptb-lstm": ("num_steps", "hidden_size", "layers", "vocab_size", "train_split", "eval_batch_size"),
+    "gpt": ("layers", "heads", "width", "context", "dropout", "vocab_size", "train_split"),
 }
 
 
@@ -78,6 +86,11 @@ def prepare_text(run: Any, plans: list[WorkerPlan], out: Path) -> tuple[dict[str
     if max(int(train.max()), int(test.max())) >= options.vocab_size:
         raise ConfigError(f"the text has {len(data.vocabulary)} words, more than vocab_size {options.vocab_size}")
     global_batch = run.batch_size * plans[0].global_batch_factor
+    data_fields = {"tokens": str(out / TOKENS_NAME), "train_split": options.train_split}
+    common = {"steps_per_epoch": workload.batches_per_epoch(data, global_batch), "metric": workload.metric}
+    if run.workload == "gpt":
+        fields, orders = _prepare_windows(run, workload, train, test, global_batch, out)
+        return {**fields, "data": data_fields, **common}, orders
     if (len(train) // global_batch - 1) // options.num_steps < 1:
         raise ConfigError(
             f"the training text ({len(train)} words) has no window of {options.num_steps} words for {global_batch} rows"
@@ -97,9 +110,43 @@ def prepare_text(run: Any, plans: list[WorkerPlan], out: Path) -> tuple[dict[str
             "num_steps": options.num_steps,
             "eval_batch_size": options.eval_batch_size,
         },
-        "data": {"tokens": str(out / TOKENS_NAME), "train_split": options.train_split},
+        "data": data_fields,
         "train_size": len(train),
-        "steps_per_epoch": workload.batches_per_epoch(data, global_batch),
-        "metric": workload.metric,
+        **common,
     }
     return fields, [starts for starts, _ in orders]
+
+
+def _prepare_windows(
+    run: Any, workload: Any, train: np.ndarray, test: np.ndarray, global_batch: int, out: Path
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``gpt``: ``tokens.npz``, each worker's window numbers in ``order.npz``, and the spec's fields of the model,
+    the optimizer (torch's AdamW defaults, its weight decay where ``--weight-decay`` leaves it, as scaletrain's run
+    does) and the schedule (the workload's warm-up unless the run gives one, then cosine to 0 over the run's
+    updates: every worker's in ``async``, where each batch is an update)."""
+    options = workload.options
+    windows = (len(train) - 1) // options.context
+    if windows < global_batch:
+        raise ConfigError(
+            f"the training text ({len(train)} words) has {windows} windows of {options.context} words, "
+            f"fewer than a global batch of {global_batch}"
+        )
+    np.savez(out / TOKENS_NAME, train=train.astype(np.int32), test=test.astype(np.int32))
+    orders = worker_orders(run, windows)
+    np.savez(out / ORDER_NAME, **{f"w{i}": order for i, order in enumerate(orders)})
+    adamw = torch.optim.AdamW([torch.zeros(1, requires_grad=True)]).defaults
+    steps = [len(order) for order in orders]
+    warmup = workload.defaults.lr_warmup if run.lr_warmup is None else run.lr_warmup
+    fields = {
+        "model": {name: getattr(options, name) for name in ("vocab_size", "width", "heads", "layers", "context")}
+        | {"dropout": options.dropout},
+        "train_size": windows,
+        "optimizer": {
+            "name": "adamw",
+            "betas": list(adamw["betas"]),
+            "eps": adamw["eps"],
+            "weight_decay": run.weight_decay or adamw["weight_decay"],
+        },
+        "schedule": {"kind": "cosine", "warmup": warmup, "updates": sum(steps) if run.mode == "async" else steps[0]},
+    }
+    return fields, orders

@@ -22,14 +22,18 @@ class TensorFlowEngine(Engine):
     packages: tuple[str, ...] = ("tensorflow-cpu==2.21.0",)
     module: str = "tensorflow"
     program: str = "tensorflow_worker.py"
-    workloads: tuple[str, ...] = ("lenet", "ptb-lstm")
+    workloads: tuple[str, ...] = ("lenet", "ptb-lstm", "gpt")
     modes: tuple[tuple[str, str], ...] = (
         ("local", "one process"),
         ("sync", "MultiWorkerMirroredStrategy, ring all-reduce over gRPC"),
         ("async", "ParameterServerStrategy with a ClusterCoordinator chief"),
     )
-    # a coordinator's closure runs on whichever worker is free: no worker could carry its rows' LSTM state
-    workload_modes: tuple[tuple[str, tuple[str, ...]], ...] = (("ptb-lstm", ("local", "sync")),)
+    # a coordinator's closure runs on whichever worker is free: no worker could carry its rows' LSTM state; the
+    # asynchronous closure is LeNet's SGD step, gpt's AdamW on the parameter servers is not written
+    workload_modes: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("ptb-lstm", ("local", "sync")),
+        ("gpt", ("local", "sync")),
+    )
     # the coordinator's closures move the weights inside the step: the chief sees only whole steps
     unsplit: tuple[str, ...] = ("async",)
     noise: tuple[str, ...] = (r"^[IWE]\d{4} ", r"oneDNN custom operations", r"cpu_feature_guard", r"absl::")

@@ -1,4 +1,4 @@
-"""MXNet 1.9 (Gluon) worker program: trains scaletrain's ``lenet`` run in MXNet (``ptb-lstm``: ``mxnet_lstm.py``).
+"""MXNet 1.9 (Gluon) worker program: scaletrain's ``lenet`` in MXNet (``ptb-lstm``, ``gpt``: the modules beside it).
 
 scaletrain's launcher starts it as ``python mxnet_worker.py --spec SPEC.json --role ROLE --index I`` in MXNet's own
 environment; it reads the files :mod:`scaletrain.engines.prepare` writes and writes what the contract in
@@ -334,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = json.loads(args.spec.read_text(encoding="utf-8"))
         out = Path(spec.get("out", out))
-        if spec.get("workload") not in ("lenet", "ptb-lstm"):
-            raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet and ptb-lstm")
+        if spec.get("workload") not in ("lenet", "ptb-lstm", "gpt"):
+            raise ValueError(f"workload {spec.get('workload')!r}: this program trains lenet, ptb-lstm and gpt")
         set_threads(spec["threads"])
         check_role(spec, args.role)
         import progress  # beside this file: the heartbeat of a process that trains (the folder is on the path)
@@ -348,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
             import mxnet_lstm  # beside this file: the LSTM language model's part of the program
 
             mxnet_lstm.train(spec, args.index, progress.Progress(spec, args.role, args.index))
+        elif args.role == "worker" and spec["workload"] == "gpt":
+            import mxnet_gpt  # beside this file: the transformer language model's part of the program
+
+            mxnet_gpt.train(spec, args.index, progress.Progress(spec, args.role, args.index))
         elif args.role == "worker":
             train(spec, args.index, progress.Progress(spec, args.role, args.index))
         else:

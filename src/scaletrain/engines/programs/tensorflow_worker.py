@@ -1,4 +1,4 @@
-"""TensorFlow 2 worker program: LeNet-5 on Fashion-MNIST as scaletrain prepared it (``ptb-lstm``: tensorflow_lstm.py).
+"""TensorFlow 2 worker program: LeNet-5 on Fashion-MNIST as scaletrain prepared it (``ptb-lstm``, ``gpt``: beside it).
 
 ``python tensorflow_worker.py --spec SPEC --role ROLE --index I`` (the contract is in :mod:`scaletrain.engines`).
 Only the standard library and NumPy are imported at module level, TensorFlow inside the functions. The model is
@@ -45,6 +45,7 @@ SHAPES = ((20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (500, 800), (500,), (10, 
 #: for row ``r`` of the first dense kernel (NHWC flattening, ``h·200 + w·50 + c``): torch's column ``c·16 + h·4 + w``
 FLATTEN_ORDER = np.arange(800).reshape(50, 4, 4).transpose(1, 2, 0).reshape(-1)
 DONE_MARK = "chief-done"
+LANGUAGE_MODELS = {"ptb-lstm": "tensorflow_lstm", "gpt": "tensorflow_gpt"}  # workload: the program's part beside it
 
 
 def read_idx(path: str, header: int) -> np.ndarray:
@@ -352,12 +353,12 @@ def run(spec: dict, role: str, index: int) -> None:
     mode = spec["mode"]
     if spec.get("probe") and spec["workload"] == "lenet" and role == "worker" and mode in ("local", "sync"):
         __import__("tensorflow_probe").run(spec, index)  # beside this file: what profile --framework measures
-    elif spec["workload"] == "ptb-lstm" and role == "worker" and 0 <= index < spec["workers"]:
-        import tensorflow_lstm  # beside this file: the LSTM language model's part of the program
-
-        tensorflow_lstm.train_replicated(spec, index, progress.Progress(spec, role, index))
+    elif spec["workload"] in LANGUAGE_MODELS and role == "worker" and 0 <= index < spec["workers"]:
+        part = __import__(LANGUAGE_MODELS[spec["workload"]])  # beside this file: that model's part of the program
+        part.train_replicated(spec, index, progress.Progress(spec, role, index))
     elif spec["workload"] != "lenet":
-        raise ValueError(f"{spec['workload']} as {role} {index}: this program trains lenet, and ptb-lstm's workers")
+        models = " and ".join(LANGUAGE_MODELS)
+        raise ValueError(f"{spec['workload']} as {role} {index}: this program trains lenet, and {models} on workers")
     elif role == "worker" and mode in ("local", "sync") and 0 <= index < spec["workers"]:
         train_replicated(spec, index, progress.Progress(spec, role, index))
     elif mode == "async" and role == "chief" and index == 0:
