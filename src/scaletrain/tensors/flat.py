@@ -1,12 +1,13 @@
-"""Packing tensors into one flat buffer for transfer, views back into it, and an inf/nan check."""
+"""Packing tensors into one flat buffer for transfer, views back into it, their mean over processes, and an inf/nan
+check."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["finite", "flatten", "unflatten_into", "views_of"]
+__all__ = ["finite", "flatten", "mean_over", "unflatten_into", "views_of"]
 
 
 def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -14,6 +15,22 @@ def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     if not tensors:
         return torch.zeros(0)
     return torch.cat([tensor.reshape(-1) for tensor in tensors])
+
+
+def mean_over(
+    tensors: Sequence[torch.Tensor], all_reduce: Callable[[torch.Tensor], None], processes: int
+) -> torch.Tensor | None:
+    """``tensors`` in float32 in one flat buffer (:func:`flatten`), summed over ``processes`` by ``all_reduce`` and
+    divided by their count: every process's mean; None for no tensors.
+
+    >>> mean_over([torch.ones(2), torch.full((1,), 3.0)], lambda flat: flat.mul_(2), 2)  # two processes alike
+    tensor([1., 1., 3.])
+    """
+    if not tensors:
+        return None
+    flat = flatten([tensor.detach().float() for tensor in tensors])
+    all_reduce(flat)
+    return flat.div_(processes)
 
 
 def unflatten_into(buffer: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -45,7 +45,7 @@ from scaletrain.parallel.strategies.ps.terms import sharded_exchange
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs
 from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec, wire_codec
-from scaletrain.tensors.flat import unflatten_into
+from scaletrain.tensors.flat import mean_over, unflatten_into
 from scaletrain.tensors.optimizers import build_optimizer
 from scaletrain.train.exchange import ExchangeTimes, PeerLost, clip_and_step
 from scaletrain.train.meter import now
@@ -251,13 +251,9 @@ class DiLoCoExchange(AllReduceExchange):
         return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
 
     def _averaged(self, buffers: list[torch.Tensor]) -> torch.Tensor | None:
-        """The workers' floating-point buffers (batch norm's running statistics) averaged in float32, flat, for
-        every worker to go on from the same ones, as from the same weights; None when the network has none."""
-        if not buffers:
-            return None
-        flat = torch.cat([buffer.detach().float().reshape(-1) for buffer in buffers])
-        self.collectives.all_reduce(flat)
-        return flat.div_(self.workers)
+        """The workers' floating-point buffers (batch norm's running statistics) averaged, flat, for every worker
+        to go on from the same ones, as from the same weights; None when the network has none."""
+        return mean_over(buffers, self.collectives.all_reduce, self.workers)
 
     def outer_state(self) -> dict[str, Any]:
         """What a worker that goes on from this one takes besides weights and inner optimizer (an elastic run):

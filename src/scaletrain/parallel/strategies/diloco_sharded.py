@@ -31,7 +31,7 @@ from scaletrain.parallel.strategies.ps.server import ShardServer
 from scaletrain.parallel.strategies.ps.shards import send_final_shards, tensor_bytes
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.tensors.codec import wire_codec
-from scaletrain.tensors.flat import unflatten_into
+from scaletrain.tensors.flat import mean_over, unflatten_into
 from scaletrain.train.exchange import ExchangeTimes, GradientExchange, clip_and_step
 from scaletrain.train.state import Prepared
 from scaletrain.train.summary import write_summary
@@ -118,10 +118,9 @@ class ShardedOuterExchange(GradientExchange):
         buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
         if not self.outer_steps or not refresh(self.every) or dist.get_world_size() == 1:
             return times
-        flat = torch.cat([buffer.detach().float().reshape(-1) for buffer in buffers])
-        dist.all_reduce(flat)
+        flat = mean_over(buffers, dist.all_reduce, dist.get_world_size())
         with torch.no_grad():
-            unflatten_into(flat.div_(dist.get_world_size()), buffers)
+            unflatten_into(flat, buffers)
         sent = flat.numel() * flat.element_size() + (times.sent_bytes if times is not None else 0)
         return ExchangeTimes(sent_bytes=sent)
 
