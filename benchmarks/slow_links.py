@@ -76,9 +76,11 @@ ROWS = {
     "diloco H=16": Row("diloco-split", options=(("sync_every", 16),)),
     "diloco H=64": Row("diloco-split", options=(("sync_every", 64),)),
     "diloco H=128": Row("diloco-split", options=(("sync_every", 128),)),
+    "diloco H=128 bf16": Row("diloco-split", "bf16", options=(("sync_every", 128),)),
+    "diloco H=256": Row("diloco-split", options=(("sync_every", 256),)),
 }
-#: what --rows leaves out unless named: the slow ones, whose figures a shorter run gives as well
-SLOW_ROWS = ("async central", "diloco H=128")
+#: what --rows leaves out unless named: the slow ones, whose figures a shorter run gives as well, and the rarer H
+SLOW_ROWS = ("async central", "diloco H=128", "diloco H=128 bf16", "diloco H=256")
 
 
 def recipe(args: argparse.Namespace, data_dir: Path) -> tuple[str, dict[str, str], list[str]]:
