@@ -291,7 +291,7 @@ def estimate_range(
 
     >>> toy = Profile("toy", 32, t_grad=0.1, t_comm=0.01, samples={"t_grad": [0.09, 0.1, 0.11], "launches": 3})
     >>> [round(s, 3) for s in estimate_range(toy, strategy="allreduce-join", workers=2)]
-    [1.349, 1.748, 2.24]
+    [1.403, 1.818, 2.329]
     """
     configuration = replace(Configuration.from_flags(strategy), async_batches=async_batches)
     configuration = configuration.with_options(strategy_options or {})

@@ -19,7 +19,7 @@ from typing import Any
 from scaletrain.errors import ConfigError
 from scaletrain.workloads.reference import workload_label
 
-__all__ = ["Profile"]
+__all__ = ["Profile", "launch_chunks", "typical_mean"]
 
 
 @dataclass(frozen=True)
@@ -105,21 +105,29 @@ class Profile:
         return self.t_grad_parts.get(parts, self.t_grad / parts)
 
     def slowest_of(self, workers: int) -> float:
-        """Expected slowest of ``workers`` gradient times over t_grad (the median), from the measured samples.
+        """Expected slowest of ``workers`` gradient times over t_grad (the median of the samples).
 
-        E[max of N draws] of the pooled samples' empirical distribution; for N = 1 the mean. A
-        synchronous step waits for the slowest worker (Chen et al. 2016 measured such stragglers
-        at scale). Without samples: 1.
+        A run goes at its steps' mean pace, and a synchronous step waits for the slowest worker (Chen et al. 2016
+        measured such stragglers at scale): E[max of N draws] of the steps' spread within a launch, at the
+        typical launch's level (:func:`typical_mean`). So one slow launch of the profile (a process's pace varies
+        from launch to launch) widens the range (:mod:`scaletrain.estimate.intervals`) but does not move the
+        point prediction. For N = 1 the typical launch's mean. Without samples: 1.
 
         >>> Profile("toy", 8, t_grad=1.0, t_comm=0.1, samples={"t_grad": [1.0, 1.0, 2.0]}).slowest_of(2)
         1.555...
+        >>> slow_launch = {"t_grad": [1.0, 1.0, 1.0, 1.0, 2.0, 2.0], "launches": 3}
+        >>> Profile("toy", 8, t_grad=1.0, t_comm=0.1, samples=slow_launch).slowest_of(1)  # the pooled mean: 1.33
+        1.0
         """
-        samples = sorted(self.samples.get("t_grad") or ())
+        samples = list(self.samples.get("t_grad") or ())
         if not samples:
             return 1.0
-        count = len(samples)
-        expected = sum(x * ((i / count) ** workers - ((i - 1) / count) ** workers) for i, x in enumerate(samples, 1))
-        return expected / statistics.median(samples)
+        chunks = launch_chunks(samples, self.samples.get("launches"))
+        levels = [statistics.fmean(chunk) for chunk in chunks]
+        spread = sorted(x / level for chunk, level in zip(chunks, levels, strict=True) for x in chunk)
+        count = len(spread)
+        expected = sum(x * ((i / count) ** workers - ((i - 1) / count) ** workers) for i, x in enumerate(spread, 1))
+        return statistics.median(levels) * expected / statistics.median(samples)
 
     def contention_at(self, processes: int, *, cores: int | None) -> float:
         """How much slower t_grad is with ``processes`` computing on ``cores`` shared cores.
@@ -232,3 +240,27 @@ class Profile:
             return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as exc:
             raise ConfigError(f"cannot read profile {path}: {exc}; write one with `scaletrain profile`") from None
+
+
+def launch_chunks(samples: list[float], launches: object) -> list[list[float]]:
+    """``samples`` pooled launch after launch (``launches`` fresh processes, each as many samples), by launch; one
+    chunk where the launches are not recorded or do not divide the samples."""
+    if not isinstance(launches, int) or launches < 1 or len(samples) % launches:
+        launches = 1
+    size = len(samples) // launches
+    return [samples[i * size : (i + 1) * size] for i in range(launches)]
+
+
+def typical_mean(samples: list[float], launches: object) -> float:
+    """The typical launch's mean: the median over launches of each launch's mean.
+
+    A run's throughput follows its steps' mean (a step of 10 % more now and then costs 10 % of those steps),
+    while a whole launch that happens to be slow (one of three, ±15 % here) is the run-to-run noise that
+    prediction ranges carry: so the mean within a launch, the median across them.
+
+    >>> typical_mean([1.0, 3.0, 2.0, 2.0, 9.0, 9.0], 3)  # launch means 2, 2, 9
+    2.0
+    >>> typical_mean([1.0, 3.0, 2.0], None)  # one launch: the mean
+    2.0
+    """
+    return statistics.median(statistics.fmean(chunk) for chunk in launch_chunks(samples, launches))

@@ -43,7 +43,7 @@ from scaletrain.efficient.channels_last import resolved_memory_format
 from scaletrain.efficient.surgery import apply_architecture
 from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
-from scaletrain.estimate.profile import Profile
+from scaletrain.estimate.profile import Profile, typical_mean
 from scaletrain.measure.machine import machine_info
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.launch import Process, spawn_rank, stop_processes
@@ -225,10 +225,11 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     for workers in sorted(set(config.exchange_counts)):
         for kind in exchanges:
             pooled_parts = _time_exchange(config, transfer_job, kind, workers)
-            timed[kind][workers] = statistics.median(pooled_parts["exchange"])
+            # a run's pace is its steps' mean, at the typical launch's level (typical_mean)
+            timed[kind][workers] = typical_mean(pooled_parts["exchange"], config.launches)
             spread.setdefault(kind, {})[str(workers)] = pooled_parts["exchange"]
             if pooled_parts["compute"]:  # none for a profile of another device
-                computed.setdefault(kind, {})[workers] = statistics.median(pooled_parts["compute"])
+                computed.setdefault(kind, {})[workers] = typical_mean(pooled_parts["compute"], config.launches)
                 # a wait is mostly nothing with a tail, and a step pays its mean
                 waited.setdefault(kind, {})[workers] = statistics.fmean(pooled_parts["wait"])
     profile = Profile(
