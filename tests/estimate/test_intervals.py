@@ -56,9 +56,7 @@ def test_the_range_of_a_planted_profile_by_hand():
     assert low < point < high
     # the time to train 128 batches: 64 join steps of 2 batches, at the model's, the fast and the slow step
     times = train_seconds_range(PLANTED, ALLREDUCE, 2, batches=128)
-    assert times == pytest.approx(
-        (64 * (0.095 + 0.0092) * 0.95, 64 * (0.1 + 0.01), 64 * (0.105 + 0.0108) * 1.05)
-    )
+    assert times == pytest.approx((64 * (0.095 + 0.0092) * 0.95, 64 * (0.1 + 0.01), 64 * (0.105 + 0.0108) * 1.05))
 
 
 def test_contention_and_an_exchange_move_at_their_own_samples():
