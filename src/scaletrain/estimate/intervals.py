@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scaletrain.estimate.models import Configuration, predicted_speedup
-from scaletrain.estimate.profile import Profile
+from scaletrain.estimate.profile import Profile, launch_chunks
 from scaletrain.estimate.refined import Terms
 
 __all__ = [
@@ -104,8 +104,7 @@ def _run_noise(t_grad: list[float], launches: object) -> tuple[float, str]:
     launch), where the profile says how many launches; else the default."""
     if not isinstance(launches, int) or launches < 2 or len(t_grad) < launches or len(t_grad) % launches:
         return DEFAULT_RUN_NOISE, "assumed (launches not recorded)"
-    size = len(t_grad) // launches
-    medians = [statistics.median(t_grad[i * size : (i + 1) * size]) for i in range(launches)]
+    medians = [statistics.median(chunk) for chunk in launch_chunks(t_grad, launches)]
     return (max(medians) - min(medians)) / 2 / statistics.median(t_grad), f"{launches} launches' median t_grad"
 
 
