@@ -30,16 +30,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 def test_bf16_autocast_lenet_is_within_one_point_of_float32_on_real_fashion_mnist(
     real_fmnist: Path, trained: TrainedOnce
 ) -> None:
-    # bf16 for the first of float32's two epochs (the rate schedule does not depend on the epochs to come, so
-    # float32's first epoch is the run of one epoch): one epoch of autocast on the CPU takes 30 s here
+    # Both runs whole (2 epochs): after the first epoch the two differ by which kernels the CPU has, not by how
+    # well bf16 trains. On a CPU with AMX, bf16 was 1.5 points behind float32 after one epoch (0.8542 against
+    # 0.8696) and ahead after two (0.8742 against 0.8705); the same CPU without AMX's kernels (ONEDNN_MAX_CPU_ISA=
+    # AVX512_CORE_BF16) was 0.4 behind after one (2026-12-06).
     fp32, run = trained("lenet", data_dir=real_fmnist, **REAL_LENET)
-    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **{**REAL_LENET, "epochs": 1})
+    bf16, _ = trained("lenet", data_dir=real_fmnist, precision="bf16", **REAL_LENET)
     assert bf16["precision"] == "bf16" and fp32["precision"] == "fp32"
     assert fp32["test_accuracy"] > 0.8
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     first = next(record for record in logged if record["kind"] == "epoch")
     assert first["epoch"] == 0 and first["test_accuracy"] > 0.7  # 0-based
-    assert bf16["test_accuracy"] >= first["test_accuracy"] - 0.01
+    assert bf16["test_accuracy"] >= fp32["test_accuracy"] - 0.01
 
 
 @pytest.mark.alone
