@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scaletrain.estimate.intervals import (
@@ -16,6 +18,7 @@ from scaletrain.estimate.intervals import (
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.estimate.recommend import recommend
+from scaletrain.estimate.refined import Terms
 
 #: two launches of five gradients each, 0.095 s then 0.105 s; five round trips of 18–22 ms (t_comm: half of 20 ms)
 PLANTED = Profile(
@@ -57,6 +60,21 @@ def test_the_range_of_a_planted_profile_by_hand():
     # the time to train 128 batches: 64 join steps of 2 batches, at the model's, the fast and the slow step
     times = train_seconds_range(PLANTED, ALLREDUCE, 2, batches=128)
     assert times == pytest.approx((64 * (0.095 + 0.0092) * 0.95, 64 * (0.1 + 0.01), 64 * (0.105 + 0.0108) * 1.05))
+
+
+def test_a_measured_reference_is_what_every_speedup_is_over_and_moves_with_the_gradient():
+    # the profile's real one-process runs took 0.12 s a batch where forward and backward took 0.1 (and no update)
+    measured = dataclasses.replace(PLANTED, t_step=0.12)
+    assert Terms(measured, None).sequential == 0.12 and Terms(PLANTED, None).sequential == pytest.approx(0.1)
+    low, point, high = speedup_range(measured, ALLREDUCE, 2, batches=128)
+    assert point == pytest.approx(2 / (0.1 + 0.01) * 0.12)
+    # the bounds as above, the reference at the gradient's 10th and 90th percentile of 0.12
+    assert low == pytest.approx(2 / (0.105 + 0.0108) * 0.12 * 0.95 * (1 - 0.05))
+    assert high == pytest.approx(2 / (0.095 + 0.0092) * 0.12 * 1.05 * (1 + 0.05))
+    # the workers' rate is the same: so is the time they take, whatever the reference
+    assert train_seconds_range(measured, ALLREDUCE, 2, batches=128) == pytest.approx(
+        train_seconds_range(PLANTED, ALLREDUCE, 2, batches=128)
+    )
 
 
 def test_contention_and_an_exchange_move_at_their_own_samples():

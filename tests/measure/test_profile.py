@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 
 import pytest
 import torch
@@ -47,6 +48,11 @@ def test_profile_measures_every_input_and_round_trips_through_json(tiny_fmnist, 
     assert list(profile.samples["t_grad_contended"]) == ["3"] and len(profile.samples["t_grad_contended"]["3"]) == 18
     # the launches the samples were pooled over (the run-to-run noise of a range) and the machine that measured them
     assert profile.samples["launches"] == 2
+    # the one-process reference: a real run of one process per launch, its seconds a batch (forward, backward, the
+    # update and the run's own work for a fresh batch), their median what every speedup is over
+    reference = profile.samples["reference"]
+    assert len(reference) == 2 and profile.t_step == statistics.median(reference)
+    assert all(profile.t_grad / 3 < seconds < 20 * (profile.t_grad + profile.t_update) for seconds in reference)
     assert profile.machine["isa"] == torch.backends.cpu.get_cpu_capability() and profile.machine["cpu_model"]
     assert Profile.load(out) == profile
     assert json.loads(out.read_text())["batch_size"] == 32

@@ -169,6 +169,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="measure t_grad and t_comm (and the refined model's inputs) for a workload",
         description=(
             "Measure forward+backward time of one batch (t_grad, median after warm-up), the optimizer step, "
+            "one process's seconds a batch in short real runs (t_step, the reference of every speedup), "
             "t_grad with several processes at once (contention), and the transfer of all weights between two "
             "real processes over the parameter server's transport (t_comm, latency, bandwidth). With --framework "
             "tensorflow or mxnet, the engine's own program times them, t_comm in its own exchange."
@@ -200,6 +201,7 @@ def describe(result: Profile) -> str:
     kvstore = ", ".join(f"{k} workers {v * 1000:.2f} ms" for k, v in sorted(result.kvstore.items()))
     engine = f"{result.framework} engine: " if result.framework != "scaletrain" else ""
     codec = ", ".join(f"{part} {seconds * 1000:.2f} ms" for part, seconds in sorted(result.codec_seconds.items()))
+    step = [f"t_step   {result.t_step * 1000:10.2f} ms   one process, a batch in real runs"] if result.t_step else []
     message = ""
     if result.gradient_bytes is not None:
         gathered = "all-gathered" if result.collective == "all_gather" else "all-reduced"
@@ -215,6 +217,7 @@ def describe(result: Profile) -> str:
             f"{result.threads} thread(s), {result.network or 'loopback'}",
             f"t_grad   {result.t_grad * 1000:10.2f} ms" + (f"   ({parts})" if parts else ""),
             f"t_update {result.t_update * 1000:10.2f} ms",
+            *step,
             f"t_comm   {result.t_comm * 1000:10.2f} ms   latency {result.latency * 1e6:.0f} µs, "
             f"bandwidth {result.bytes_per_second * 8 / 1e6:,.0f} Mbit/s",
         ]

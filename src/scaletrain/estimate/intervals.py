@@ -10,11 +10,11 @@ profile to the slow one; the reference, one worker alone, moves the other way (a
     low  = rate(slow) × reference(fast) × (1 − noise)
     high = rate(fast) × reference(slow) × (1 + noise)
 
-rate in batches per second, reference the one-worker t_grad + t_update, ``noise`` the run-to-run noise: half the
-range of the launches' median t_grad over the pooled median where the profile records its launches
-(``samples["launches"]``), else :data:`DEFAULT_RUN_NOISE`. The point prediction is the model's, unchanged. Nominal
-level 90 %; the validation measures the real one (coverage). docs/prediction.md says more. A profile without
-samples (two times given) has no spread: :func:`measured_spread` is None and no range is made.
+rate in batches per second, reference one worker alone (the runs' ``t_step``, else t_grad + t_update), ``noise``
+the run-to-run noise: half the range of the launches' median t_grad over the pooled median where the profile records
+its launches (``samples["launches"]``), else :data:`DEFAULT_RUN_NOISE`. The point prediction is the model's,
+unchanged. Nominal level 90 %; the validation measures the real one (coverage). docs/prediction.md says more. A
+profile without samples (two times given) has no spread: :func:`measured_spread` is None and no range is made.
 
 >>> from scaletrain.estimate.models import Configuration
 >>> p = Profile("toy", 32, t_grad=0.1, t_comm=0.01, samples={"t_grad": [0.09, 0.1, 0.11], "launches": 3})
@@ -131,6 +131,7 @@ def _at(profile: Profile, spread: Spread, end: int) -> Profile:
     return dataclasses.replace(
         profile,
         t_grad=profile.t_grad * grad,
+        t_step=profile.t_step * grad if profile.t_step is not None else None,
         t_grad_parts={n: t * grad for n, t in profile.t_grad_parts.items()},
         t_backward=profile.t_backward * grad if profile.t_backward is not None else None,
         contention=contention,

@@ -36,6 +36,9 @@ class Profile:
     t_comm: float
     t_grad_parts: dict[int, float] = field(default_factory=dict)  # n → t_grad of batch/n
     t_update: float = 0.0
+    #: seconds a batch of one process training alone, measured in real runs (the median of their launches'), which
+    #: every speedup is over; None: not measured, t_grad + t_update stands for it
+    t_step: float | None = None
     t_backward: float | None = None  # backward's part of t_grad (whole batch); None: not measured
     #: the runs predicted all-reduce buckets of this many bytes of gradient while backward computes
     #: (``train --overlap``); None: after backward

@@ -8,7 +8,8 @@ closed queueing network solved exactly by mean value analysis, and ring all-redu
 runs the model is judged on; docs/prediction.md describes each term and how well the model predicts.
 
 Throughput is in batches per second as SPEC §3 counts them (a join step is N batches, a split step one);
-speedup = throughput × (t_grad + t_update), i.e. against one worker training alone.
+speedup = throughput × the reference, one worker training alone: the seconds a batch real one-process runs took
+(``Profile.t_step``), else t_grad + t_update.
 
 Each predicted strategy (:func:`scaletrain.estimate.models.predicted_configurations`) declares its own formulas
 (:meth:`~scaletrain.parallel.strategies.base.Strategy.estimator_terms`, :mod:`~scaletrain.parallel.strategies.terms`;
@@ -262,8 +263,8 @@ class Terms:
         # --async-batches split: each asynchronous update a gradient of batch // N, a (batch // N) / batch of a batch
         self.async_split = async_split
         self._columns: dict[str, dict[int, Any]] = {}
-        # The sequential reference: one worker alone, t_grad + t_update per batch.
-        self.sequential = profile.t_grad * profile.slowest_of(1) + profile.t_update
+        # The sequential reference: one worker alone, as real runs measured it, else t_grad + t_update per batch.
+        self.sequential = profile.t_step or profile.t_grad * profile.slowest_of(1) + profile.t_update
 
     def using(self, options: Mapping[str, Any]) -> Terms:
         """These terms for a configuration with strategy options ``options``: the per-count terms computed so far

@@ -3,6 +3,7 @@
 - **t_grad**: forward + backward of one batch on one worker, median after warm-up (clocks read after a GPU
   synchronisation), under ``precision``'s autocast if given; also at 1/n of the batch for a ``split`` run's workers
   (``split_workers``); and the optimizer step, **t_update**.
+- **t_step**: the one-process reference, a batch of short real one-process runs (:mod:`scaletrain.measure.reference`).
 - **contention**: t_grad while k processes compute at once on this machine over t_grad alone, for
   k = 2..``concurrency`` or only at ``contention_counts`` (interpolated between); every time taken is kept
   (``samples["t_grad_contended"]``).
@@ -45,6 +46,7 @@ from scaletrain.engines.registry import FRAMEWORKS
 from scaletrain.errors import ConfigError, ScaletrainError
 from scaletrain.estimate.profile import Profile, typical_mean
 from scaletrain.measure.machine import machine_info
+from scaletrain.measure.reference import time_reference
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
 from scaletrain.parallel.launch import Process, spawn_rank, stop_processes
 from scaletrain.parallel.ports import free_port
@@ -201,6 +203,8 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     pooled = {n: [x for result in alone for x in result["t_grad"][str(n)]] for n in parts}
     t_grad_parts = {n: statistics.median(samples) for n, samples in pooled.items()}
     t_grad = t_grad_parts.pop(1)
+    # the one-process reference every speedup is over: real runs, timed as a sweep times its one-worker run
+    reference = time_reference(config, batch_size)
     cores = os.cpu_count() or 1
     contention = {1: 1.0}
     contended: dict[str, list[float]] = {}  # k → every t_grad timed while k processes computed (the spread at k)
@@ -239,6 +243,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
         t_comm=t_comm,
         t_grad_parts=t_grad_parts,
         t_update=statistics.median(x for result in alone for x in result["t_update"]),
+        t_step=statistics.median(reference) if reference else None,
         t_backward=statistics.median(x for result in alone for x in result.get("t_backward", [])),
         overlap_bucket_bytes=int(config.overlap_bucket_mb * 2**20) if config.overlap_bucket_mb else None,
         latency=latency,
@@ -262,6 +267,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
             "t_grad": pooled[1],
             "round_trip": worker[str(weight_bytes)]["round_trip"],
             "t_grad_contended": contended,
+            "reference": reference,  # each reference run's seconds a batch
             "exchange": spread,
             "launches": config.launches,  # t_grad's samples are pooled launch after launch: the run-to-run noise
         },

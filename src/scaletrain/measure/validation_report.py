@@ -55,7 +55,8 @@ def markdown(
         f"{profile.network or 'loopback'}{wire_suffix(profile)}",
         "",
         f"Profile: t_grad {profile.t_grad * 1000:.1f} ms, t_update {profile.t_update * 1000:.2f} ms, "
-        f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
+        + (f"one process {profile.t_step * 1000:.1f} ms a batch in real runs, " if profile.t_step else "")
+        + f"t_comm {profile.t_comm * 1000:.2f} ms for {profile.weight_bytes} bytes, latency "
         f"{profile.latency * 1e6:.0f} µs, contention "
         + ", ".join(f"{k}: ×{v:.3f}" for k, v in sorted(profile.contention.items()))
         + "."
