@@ -13,6 +13,7 @@ from scaletrain.errors import ConfigError
 from scaletrain.estimate.intervals import speedup_range
 from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.cases import CASES, Case, run_cases
 from scaletrain.measure.ranking import coverage
 from scaletrain.measure.validate import ValidationConfig, compare, mean_errors, run_validation
 from scaletrain.measure.validation_report import markdown
@@ -106,6 +107,20 @@ def test_validation_config_refuses_local_and_too_few_steps(tmp_path):
         ValidationConfig("lenet", tmp_path, strategies=("local",))
     with pytest.raises(ConfigError, match="--steps"):
         ValidationConfig("lenet", tmp_path, steps=5, warmup_steps=5)
+
+
+def test_a_batch_the_workers_cannot_split_is_refused_before_profiling_and_before_any_case_runs(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="a batch of 25 cannot be split over 2 workers .*pick a multiple"):
+        ValidationConfig("lenet", tmp_path, batch_size=25, workers=(1, 2))
+    with pytest.raises(ConfigError, match="a batch of 20 cannot be split over 3 workers"):  # the LSTM's default batch
+        ValidationConfig("ptb-lstm", tmp_path, workers=(1, 2, 3))
+    ValidationConfig("lenet", tmp_path, batch_size=25, workers=(1,))  # one worker splits nothing
+    # a selection of cases whose last cannot be split: refused before the first one's profile
+    bad = Case("bad", "lenet", False, "a batch 2 workers cannot split", batch_size=25, workers=(1, 2))
+    monkeypatch.setitem(CASES, "bad", bad)
+    with pytest.raises(ConfigError, match="cannot be split"):
+        run_cases("lenet-loopback,bad", tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def test_validation_refuses_a_wire_one_of_its_strategies_cannot_carry_before_profiling(tmp_path):

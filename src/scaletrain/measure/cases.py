@@ -204,8 +204,9 @@ CASES: dict[str, Case] = {case.name: case for case in (
          batch_size=128, steps=30, warmup_steps=5),
     Case("resnet20-b80-250mbit", "resnet20", False, "ResNet-20 at a batch and a link it was not seen at",
          network="250mbit", batch_size=80, options={"dataset": "fashion-mnist"}, steps=24, warmup_steps=4),
-    Case("ptb-lstm-b25-300mbit", "ptb-lstm", False, "the LSTM at a batch and a link it was not seen at",
-         network="300mbit", **{**_LSTM, "batch_size": 25, "steps": 30, "warmup_steps": 8}),
+    # (b25 in the commit that chose it: refused before any of its runs, a batch 2 workers cannot split)
+    Case("ptb-lstm-b24-300mbit", "ptb-lstm", False, "the LSTM at a batch and a link it was not seen at",
+         network="300mbit", **{**_LSTM, "batch_size": 24, "steps": 30, "warmup_steps": 8}),
     Case("gpt-b12-300mbit", "gpt", False, "the gpt transformer at a batch and a link it was not seen at",
          network="300mbit", **{**_LSTM, "batch_size": 12, "steps": 30, "warmup_steps": 8}),
 )}  # fmt: skip
@@ -239,10 +240,9 @@ def run_cases(
     cases = select_cases(selection)
     if rescore_from is not None:  # every folder checked before anything is written
         results = {case.name: rescore(case, rescore_from / case.name) for case in cases}
-    else:
-        results = {
-            case.name: run_validation(case.validation(out / case.name, data_dir=data_dir))["rows"] for case in cases
-        }
+    else:  # every case's settings checked before the first one runs
+        validations = {case.name: case.validation(out / case.name, data_dir=data_dir) for case in cases}
+        results = {name: run_validation(validation)["rows"] for name, validation in validations.items()}
     summary = summarize(results)
     return {**summary, "report": write_summary(summary, out)}
 

@@ -46,6 +46,7 @@ from scaletrain.measure.sweep import SweepConfig
 from scaletrain.measure.validation_report import markdown, wire_label, wire_suffix
 from scaletrain.measure.validation_rows import COLUMNS, VALIDATED_ASYNC_BATCHES, compare, validated
 from scaletrain.parallel.strategies import check_strategy_settings, get_strategy
+from scaletrain.workloads import create_workload
 
 __all__ = [
     "DEFAULT_STRATEGIES",
@@ -120,6 +121,12 @@ class ValidationConfig:
             )
         if self.steps <= self.warmup_steps:
             raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
+        # the profile times t_grad at batch/N for every N > 1 here: refused now, not after the cases before this one
+        batch = self.batch_size or create_workload(self.workload, self.options).defaults.batch_size
+        if uneven := [n for n in self.workers if n > 1 and batch % n]:
+            raise ConfigError(
+                f"a batch of {batch} cannot be split over {uneven[0]} workers (--workers {uneven[0]}); pick a multiple"
+            )
 
     def run_settings(self) -> dict[str, Any]:
         """The device every run trains on (the profile's), and the wire and precision not at their defaults."""
