@@ -12,6 +12,7 @@ import torch
 
 from scaletrain.errors import ConfigError, DataError
 from scaletrain.estimate.profile import Profile
+from scaletrain.measure.probe import time_gradient
 from scaletrain.measure.profile import ProfileConfig, ProfileError, run_profile
 from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.workloads import create_workload
@@ -168,3 +169,21 @@ def test_contention_counts_below_two_are_refused_in_one_line() -> None:
     named = r"--exchanges takes allreduce, central, sharded, central-async \(comma-separated\), not ring"
     with pytest.raises(ConfigError, match=named):
         ProfileConfig("lenet", exchanges=("ring", "central"))
+
+
+def test_every_timed_round_of_the_gradient_probe_computes_on_the_first_weights(tiny_fmnist):
+    """One batch, stepped at a rate that would diverge: each timed round's loss is the same, the weights put back
+    after every step (the LSTM's rate of 1 on one batch diverged after 4 steps and then computed 15-29 times slower)."""
+    job = {
+        "workload": "lenet", "options": {}, "threads": 1, "data_dir": str(tiny_fmnist), "download": False,
+        "batch_size": 16, "parts": [1, 2], "warmup": 2, "repeats": 4, "lr": 10.0, "momentum": 0.9,
+        "optimizer": "sgd", "optimizer_options": {}, "device": "cpu",
+    }  # fmt: skip
+    threads = torch.get_num_threads()
+    try:
+        result = time_gradient(job)
+    finally:
+        torch.set_num_threads(threads)
+    losses = result["losses"]
+    assert len(losses) == 4 and max(losses) - min(losses) <= 1e-6 * abs(losses[0])
+    assert len(result["t_grad"]["1"]) == len(result["t_grad"]["2"]) == 4

@@ -204,8 +204,10 @@ CASES: dict[str, Case] = {case.name: case for case in (
          batch_size=128, steps=30, warmup_steps=5),
     Case("resnet20-b80-250mbit", "resnet20", False, "ResNet-20 at a batch and a link it was not seen at",
          network="250mbit", batch_size=80, options={"dataset": "fashion-mnist"}, steps=24, warmup_steps=4),
-    # (b25 in the commit that chose it: refused before any of its runs, a batch 2 workers cannot split)
-    Case("ptb-lstm-b24-300mbit", "ptb-lstm", False, "the LSTM at a batch and a link it was not seen at",
+    # (b25 in the commit that chose it: refused before any of its runs, a batch 2 workers cannot split); looked at
+    # after round 8: its probe diverged on one batch at the LSTM's rate (t_grad 1,240 ms against the runs' 80), and
+    # the probe now puts the first weights back after every timed round
+    Case("ptb-lstm-b24-300mbit", "ptb-lstm", True, "seen: held out in round 8, its probe diverged",
          network="300mbit", **{**_LSTM, "batch_size": 24, "steps": 30, "warmup_steps": 8}),
     Case("gpt-b12-300mbit", "gpt", False, "the gpt transformer at a batch and a link it was not seen at",
          network="300mbit", **{**_LSTM, "batch_size": 12, "steps": 30, "warmup_steps": 8}),
