@@ -54,7 +54,15 @@ from scaletrain.tensors.codec import TensorLayout, WireCodec
 from scaletrain.tensors.device import resolve_device
 from scaletrain.workloads import Workload, create_workload
 
-__all__ = ["ProfileConfig", "ProfileError", "contention_counts", "measure_codec", "network", "run_profile"]
+__all__ = [
+    "ProfileConfig",
+    "ProfileError",
+    "check_split",
+    "contention_counts",
+    "measure_codec",
+    "network",
+    "run_profile",
+]
 
 POLL_SECONDS = 0.05
 #: the exchanges a profile can time (probe kinds): the synchronous three and the asynchronous central server's
@@ -145,6 +153,14 @@ class ProfileConfig:
             parse_rate(self.network)
 
 
+def check_split(batch_size: int, counts: tuple[int, ...], flag: str | None = None) -> None:
+    """Refuse, in one line, a batch that one of ``counts`` workers cannot share evenly (``flag``: the option that
+    asked for that count, named in the line)."""
+    if uneven := [n for n in counts if batch_size % n]:
+        asked = f" (--{flag} {uneven[0]})" if flag else ""
+        raise ConfigError(f"a batch of {batch_size} cannot be split over {uneven[0]} workers{asked}; pick a multiple")
+
+
 def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     """Measure everything :class:`Profile` holds; write it as JSON to ``out`` when given.
 
@@ -155,9 +171,7 @@ def run_profile(config: ProfileConfig, *, out: Path | None = None) -> Profile:
     workload = create_workload(config.workload, config.options)
     defaults = workload.defaults
     batch_size = config.batch_size or defaults.batch_size
-    for parts in config.split_workers:
-        if batch_size % parts:
-            raise ConfigError(f"a batch of {batch_size} cannot be split over {parts} workers; pick a multiple")
+    check_split(batch_size, config.split_workers)
     if config.framework != "scaletrain":
         from scaletrain.measure.engine_profile import run_engine_profile
 

@@ -23,18 +23,15 @@ __all__ = ["REFERENCE_STEPS", "time_reference"]
 REFERENCE_STEPS = 20
 
 
-def reference_settings(config: Any, batch_size: int, out: Path) -> dict[str, Any] | None:
+def reference_settings(config: Any, batch_size: int, out: Path) -> dict[str, Any]:
     """The :func:`scaletrain.train` settings of one reference run of ``config`` (a
-    :class:`~scaletrain.measure.profile.ProfileConfig`, which imports this module); None where no run trains what
-    the profile times (a network a run left, ``architecture``: training starts from the workload's own network).
+    :class:`~scaletrain.measure.profile.ProfileConfig`, which imports this module).
 
     >>> from scaletrain.measure.profile import ProfileConfig
     >>> settings = reference_settings(ProfileConfig("lenet", warmup=3, repeats=10), 64, Path("out"))
     >>> [settings[key] for key in ("workers", "batch_size", "steps", "warmup_steps", "threads")]
     [1, 64, 23, 3, 1]
     """
-    if config.architecture:
-        return None
     chosen = {
         "lr": config.lr,
         "momentum": config.momentum,
@@ -61,14 +58,13 @@ def reference_settings(config: Any, batch_size: int, out: Path) -> dict[str, Any
 
 
 def time_reference(config: Any, batch_size: int) -> list[float]:
-    """Seconds a batch of one process training alone, one value per launch (``config.launches`` runs); empty where
-    no run trains what the profile times (:func:`reference_settings`)."""
+    """Seconds a batch of one process training alone, one value per launch (``config.launches`` runs); empty for a
+    profile of a network a run left (``architecture``): training starts from the workload's own network."""
+    if config.architecture:
+        return []
     seconds = []
     for _ in range(config.launches):
         with tempfile.TemporaryDirectory(prefix="scaletrain-reference-") as folder:
-            settings = reference_settings(config, batch_size, Path(folder))
-            if settings is None:
-                return []
-            summary = train_in_fresh_process(config.workload, settings)
+            summary = train_in_fresh_process(config.workload, reference_settings(config, batch_size, Path(folder)))
         seconds.append(1.0 / summary["batches_per_second"])
     return seconds

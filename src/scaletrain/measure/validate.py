@@ -39,7 +39,7 @@ from scaletrain.estimate.models import Configuration, predicted_speedup
 from scaletrain.estimate.profile import Profile
 from scaletrain.measure.bench import run_bench
 from scaletrain.measure.machine import machine_label
-from scaletrain.measure.profile import EXCHANGES, ProfileConfig, run_profile
+from scaletrain.measure.profile import EXCHANGES, ProfileConfig, check_split, run_profile
 from scaletrain.measure.ranking import RANK_NOISE, coverage, mean_errors, rank_agreement
 from scaletrain.measure.results import framework_of
 from scaletrain.measure.sweep import SweepConfig
@@ -123,10 +123,7 @@ class ValidationConfig:
             raise ConfigError(f"--steps ({self.steps}) must exceed --warmup-steps ({self.warmup_steps})")
         # the profile times t_grad at batch/N for every N > 1 here: refused now, not after the cases before this one
         batch = self.batch_size or create_workload(self.workload, self.options).defaults.batch_size
-        if uneven := [n for n in self.workers if n > 1 and batch % n]:
-            raise ConfigError(
-                f"a batch of {batch} cannot be split over {uneven[0]} workers (--workers {uneven[0]}); pick a multiple"
-            )
+        check_split(batch, tuple(self.workers), flag="workers")
 
     def run_settings(self) -> dict[str, Any]:
         """The device every run trains on (the profile's), and the wire and precision not at their defaults."""
