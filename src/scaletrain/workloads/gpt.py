@@ -58,7 +58,12 @@ class Block(nn.Module):
         super().__init__()
         self.heads, self.dropout = heads, dropout
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-        self.attention, self.projection = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        # q, k and v in one layer, without a bias: a key's bias adds one amount to a whole row of scores, which
+        # softmax ignores, so its gradient is zero in exact arithmetic and AdamW's m/√v makes steps of rounding noise
+        # (different in every summation order, so split workers would drift from one process); the query's and the
+        # value's biases go with it, as in PaLM and LLaMA (the projection's bias covers the value's)
+        self.attention = nn.Linear(width, 3 * width, bias=False)
+        self.projection = nn.Linear(width, width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
         self.drop = nn.Dropout(dropout)
 

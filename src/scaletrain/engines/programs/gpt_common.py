@@ -4,8 +4,8 @@ update. Like the programs it needs only the standard library and NumPy.
 
 The model is :class:`scaletrain.workloads.gpt.GPT`: a token embedding ``(V, W)`` tied to the output layer (one
 weight, stored by torch under both ``embedding.weight`` and ``output.weight``), learned positions ``(C, W)``, per
-block ``norm1``, ``attention`` (q, k, v in one ``(3W, W)`` linear layer), ``projection``, ``norm2`` and the MLP
-``mlp.0`` ``(4W, W)``, GELU, ``mlp.2`` ``(W, 4W)``, then the final ``norm``.
+block ``norm1``, ``attention`` (q, k, v in one ``(3W, W)`` linear layer without a bias), ``projection``,
+``norm2`` and the MLP ``mlp.0`` ``(4W, W)``, GELU, ``mlp.2`` ``(W, 4W)``, then the final ``norm``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 #: a block's weights as torch names them, after ``blocks.<k>.``
 BLOCK = (
-    "norm1.weight", "norm1.bias", "attention.weight", "attention.bias", "projection.weight", "projection.bias",
+    "norm1.weight", "norm1.bias", "attention.weight", "projection.weight", "projection.bias",
     "norm2.weight", "norm2.bias", "mlp.0.weight", "mlp.0.bias", "mlp.2.weight", "mlp.2.bias",
 )  # fmt: skip
 TIED = "output.weight"  # the output layer's weight: torch's name of the embedding it is tied to
@@ -28,7 +28,7 @@ def weight_names(layers: int) -> list[str]:
 
     >>> names = weight_names(2)
     >>> len(names), names[:3]
-    (28, ['embedding.weight', 'positions', 'blocks.0.norm1.weight'])
+    (26, ['embedding.weight', 'positions', 'blocks.0.norm1.weight'])
     >>> names[-3:]
     ['blocks.1.mlp.2.bias', 'norm.weight', 'norm.bias']
     """
@@ -41,10 +41,10 @@ def weight_shapes(model: dict) -> list[tuple[int, ...]]:
 
     >>> model = {"vocab_size": 10000, "width": 128, "context": 16, "layers": 1}
     >>> sum(math.prod(shape) for shape in weight_shapes(model))  # scaletrain's gpt at its defaults
-    1480576
+    1480192
     """
     v, w, c = model["vocab_size"], model["width"], model["context"]
-    block = [(w,), (w,), (3 * w, w), (3 * w,), (w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
+    block = [(w,), (w,), (3 * w, w), (w, w), (w,), (w,), (w,), (4 * w, w), (4 * w,), (w, 4 * w), (w,)]
     return [(v, w), (c, w), *block * model["layers"], (w,), (w,)]
 
 

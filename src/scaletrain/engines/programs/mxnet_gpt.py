@@ -49,7 +49,7 @@ def build_network(mx: Any, model: dict, values: list[np.ndarray]) -> tuple[Any, 
             super().__init__(**kwargs)
             with self.name_scope():
                 self.norm1, self.norm2 = nn.LayerNorm(in_channels=width), nn.LayerNorm(in_channels=width)
-                self.attention = nn.Dense(3 * width, flatten=False, in_units=width)
+                self.attention = nn.Dense(3 * width, use_bias=False, flatten=False, in_units=width)
                 self.projection = nn.Dense(width, flatten=False, in_units=width)
                 self.mlp0 = nn.Dense(4 * width, flatten=False, in_units=width)
                 self.mlp2 = nn.Dense(width, flatten=False, in_units=4 * width)

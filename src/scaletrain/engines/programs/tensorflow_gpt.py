@@ -53,8 +53,8 @@ def forward(tf, weights, words, model: dict, training: bool):
     x = tf.reshape(x, [rows * steps, width])
     later = 1.0 - tf.linalg.band_part(tf.ones([steps, steps]), -1, 0)  # 1 above the diagonal
     for k in range(model["layers"]):
-        n1w, n1b, aw, ab, pw, pb, n2w, n2b, m0w, m0b, m2w, m2b = weights[2 + 12 * k : 14 + 12 * k]
-        qkv = linear(tf, layer_norm(tf, x, n1w, n1b), aw, ab)
+        n1w, n1b, aw, pw, pb, n2w, n2b, m0w, m0b, m2w, m2b = weights[2 + 11 * k : 13 + 11 * k]
+        qkv = tf.matmul(layer_norm(tf, x, n1w, n1b), aw, transpose_b=True)  # no bias, as torch's
         q, key, value = (
             tf.transpose(tf.reshape(t, [rows, steps, heads, size]), [0, 2, 1, 3]) for t in tf.split(qkv, 3, 1)
         )
