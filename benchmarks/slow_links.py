@@ -150,7 +150,7 @@ def predicted(args: argparse.Namespace, profile: Profile, row: Row, layout: Tens
     return predicted_speedup("refined", profile, configuration, 2, batches=1000, cores=os.cpu_count())
 
 
-def profiled(args: argparse.Namespace, data_dir: Path, out: Path, network: str) -> Profile:
+def profiled(args: argparse.Namespace, data_dir: Path, out: Path, network: str, rows: list[str]) -> Profile:
     """The user's profile for a validation: the exchanges the rows use timed among 2 workers on the link, beside a
     real gradient (without them the all-reduce would be the point-to-point formula's: at 10 Mbit/s 0.89 s where
     the runs took 0.99 s)."""
@@ -158,7 +158,8 @@ def profiled(args: argparse.Namespace, data_dir: Path, out: Path, network: str) 
     return scaletrain.profile(
         workload, out=out, batch_size=args.batch_size if workload != "gpt" else None, network=network,
         split_workers=(2,), contention_counts=(2,), threads=args.threads, options=options, launches=3, repeats=8,
-        exchange_counts=(2,), exchanges=("allreduce", "central-async"), data_dir=data_dir, download=False,
+        exchange_counts=(2,), exchanges=("allreduce", *(["central-async"] if "async central" in rows else [])),
+        data_dir=data_dir, download=False,
     )  # fmt: skip
 
 
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     checks: dict[str, bool] = {}
     report: dict[str, Any] = {"one_process": alone, "links": {}}
     for network in args.networks.split(","):
-        profile = profiled(args, data_dir, folder / f"profile-{network}.json", network)
+        profile = profiled(args, data_dir, folder / f"profile-{network}.json", network, rows)
         runs = report["links"][network] = {}
         for name in rows:
             run = runs[name] = train(args, data_dir, folder / network / name.replace(" ", "-").replace("%", "pc"),
