@@ -25,7 +25,7 @@ from scaletrain.tensors.device import synchronize, to_device
 from scaletrain.train.accumulate import micro_batches
 from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_save, checkpoint_payload
 from scaletrain.train.divergence import Diverged, check_loss, loss_bound
-from scaletrain.train.exchange import PeerLost
+from scaletrain.train.exchange import ExchangeTimes, PeerLost
 from scaletrain.train.membership import MembershipLog, admit, regroup
 from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
 from scaletrain.train.peak import step_peak
@@ -341,6 +341,18 @@ class Trainer:
         saved = torch.load(path, weights_only=False)
         if saved["step"] == self.prepared.resumed_from:
             self.role.exchange.load_state_dict(saved["state"])
+
+    def count_concluding(self, times: ExchangeTimes | None) -> None:
+        """The exchange a run owes after its last step (diloco's outer step over the inner steps since its last) is
+        training: its bytes count with the steps', its seconds with the measured steps' time (as communication and
+        wait), so a run whose last outer step comes after its last step is not reported faster than it was."""
+        if times is None:
+            return
+        self.gradient_bytes_sent += times.sent_bytes
+        if self.meter.measured_steps:
+            self.meter.measured_seconds += times.communication + times.wait
+            self.communication += times.communication
+            self.wait += times.wait
 
     def stats(self) -> WorkerStats:
         """This worker's measurements, for the summary."""

@@ -20,6 +20,7 @@ their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -214,7 +215,8 @@ class DiLoCoExchange(AllReduceExchange):
         with torch.no_grad():
             unflatten_into(averaged, buffers)
         sent = averaged.numel() * averaged.element_size() + (times.sent_bytes if times is not None else 0)
-        return ExchangeTimes(sent_bytes=sent)
+        # the outer step's seconds stay training's; the statistics' mean is the evaluation's
+        return dataclasses.replace(times, sent_bytes=sent) if times is not None else ExchangeTimes(sent_bytes=sent)
 
     def _averages_only(self) -> bool:
         """Whether the outer step takes the workers' mean and nothing more (plain SGD at rate 1)."""

@@ -122,7 +122,8 @@ class ShardedOuterExchange(GradientExchange):
         with torch.no_grad():
             unflatten_into(flat, buffers)
         sent = flat.numel() * flat.element_size() + (times.sent_bytes if times is not None else 0)
-        return ExchangeTimes(sent_bytes=sent)
+        # the outer step's seconds stay training's; the statistics' mean is the evaluation's
+        return dataclasses.replace(times, sent_bytes=sent) if times is not None else ExchangeTimes(sent_bytes=sent)
 
     def finish(self, model: nn.Module) -> None:
         self.server_side.finish(model)  # the owners are told
