@@ -138,7 +138,7 @@ def step_split(
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
     probe = _probe(strategy, server)
     compute = part * float(terms.contention(n, probe)[0])
-    gradient = terms.gradient(sync, n, probe, _steps_per_wait(terms, strategy, server))
+    gradient = terms.gradient(sync, n, probe)
     total = float(gradient[0])
     exchange = float(_exchange(terms, strategy, server, sync, n, gradient)[0])
     split = {"compute": compute, "wait": max(total - compute, 0.0), "exchange": exchange}
@@ -153,7 +153,7 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks)) * terms.update_share(n)
-    gradient = terms.gradient(sync, n, _probe(strategy, server), _steps_per_wait(terms, strategy, server))
+    gradient = terms.gradient(sync, n, _probe(strategy, server))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
@@ -242,12 +242,6 @@ def _probe(strategy: str, server: str) -> str | None:
     return terms.probe if terms is not None else None
 
 
-def _steps_per_wait(terms: Terms, strategy: str, server: str) -> int:
-    """How many steps share one wait for the slowest worker (``EstimatorTerms.steps_per_wait``; 1 by default)."""
-    declared = get_strategy(strategy).estimator_terms(server)
-    return declared.steps_per_wait(terms.options) if declared is not None and declared.steps_per_wait else 1
-
-
 def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | None:
     """The strategy's own formula for a step of ``sync`` with ``server``, None where it declares none."""
     terms = get_strategy(strategy).estimator_terms(server)
@@ -304,10 +298,10 @@ class Terms:
         column.update((n, compute(n)) for n in counts if n not in column)
         return [column[n] for n in counts]
 
-    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None, steps_per_wait: int = 1) -> np.ndarray:
+    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """t_grad of one worker's part of a step among N: its batch share, contention, stragglers (the expected
         slowest of N draws of t_grad, or where the profile timed the strategy's exchange among N, the mean wait
-        for the slowest measured beside it: ``exchange_wait``, once in ``steps_per_wait`` steps)."""
+        for the slowest measured beside it: ``exchange_wait``)."""
         profile = self.profile
         if sync == "split" or (sync == "async" and self.async_split):
             part = np.array(self.per_count("split", workers, profile.t_grad_at))
@@ -325,10 +319,7 @@ class Terms:
         share = part / profile.t_grad_at(1)
         steps = zip(computed, slowest, waits, share, strict=True)
         return np.array(
-            [
-                alone * factor if wait is None else alone + wait * fraction / steps_per_wait
-                for alone, factor, wait, fraction in steps
-            ]
+            [alone * factor if wait is None else alone + wait * fraction for alone, factor, wait, fraction in steps]
         )
 
     def contention(self, workers: np.ndarray, probe: str | None = None) -> np.ndarray:

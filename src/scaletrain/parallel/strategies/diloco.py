@@ -79,8 +79,7 @@ class DiLoCo(Strategy):
     )
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
-        # the thesis has no formula for it; the workers wait for each other only at an outer step
-        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce", steps_per_wait=outer_every)
+        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce")  # the thesis has no formula for it
 
     def elastic(self, layout: Layout) -> bool:
         return True  # through the sharded server it is refused in check_options
@@ -145,11 +144,6 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     values = DiLoCo().option_values(inputs.options)
     exchange = sharded_exchange if values["outer_exchange"] == "sharded" else ring_allreduce_seconds
     return inputs.profile.t_update + exchange(inputs, n) / values["sync_every"]
-
-
-def outer_every(options: Mapping[str, Any]) -> int:
-    """H, the inner steps between two outer steps, from the strategy options (its default where not given)."""
-    return DiLoCo().option_values(options)["sync_every"]
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:

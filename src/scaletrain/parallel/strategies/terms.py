@@ -93,9 +93,9 @@ class StepInputs(Protocol):
     @property
     def options(self) -> Mapping[str, Any]: ...  # the configuration's strategy options (every one, defaults filled)
 
-    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None, steps_per_wait: int = 1) -> np.ndarray:
+    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
         """t_grad of one worker's part of a step among N (batch share, CPU contention, stragglers); ``probe``: an
-        exchange the profile may have timed it beside (``exchange_compute``), its wait once in ``steps_per_wait``."""
+        exchange the profile may have timed it beside (``exchange_compute``)."""
         ...
 
     def per_count(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
@@ -130,9 +130,6 @@ class EstimatorTerms:
     #: where the profile timed it among N, the gradient's seconds measured beside it (``exchange_compute``) replace
     #: the contention of N processes that only compute
     probe: str | None = None
-    #: how many steps share one wait for the slowest worker, from the strategy's options (diloco: its H, the workers
-    #: meeting only at an outer step); None: every step waits. Scales the wait timed beside the probe's exchange.
-    steps_per_wait: Callable[[Mapping[str, Any]], int] | None = None
     #: the asynchronous exchange the profile times for it (``central-async``): where the profile timed it among N,
     #: the network's queues are scaled so that it gives the measured exchange (``scaletrain.estimate.refined``)
     network_probe: str | None = None
