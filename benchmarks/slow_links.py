@@ -237,10 +237,16 @@ def predict_again(args: argparse.Namespace, rows: list[str]) -> int:
         for name, run in runs.items():
             run["predicted"] = predicted(args, profile, ROWS[name], layout)
         checks |= link_table(network, runs)
+    return close(args, report, checks, [name for name in rows if name in next(iter(saved["links"].values()))])
+
+
+def close(args: argparse.Namespace, report: dict[str, Any], checks: dict[str, bool], rows: list[str]) -> int:
+    """Print the checks, draw the picture if asked, write the report; the exit status."""
     for text, passed in checks.items():
         print(f"{'PASS' if passed else 'FAIL'}: {text}")
     if args.plot:
-        draw(args.plot, report, [name for name in rows if name in next(iter(saved["links"].values()))])
+        draw(args.plot, report, rows)
+        print(f"picture: {args.plot}")
     return finish(args, {**report, "checks": checks}, all(checks.values()))
 
 
@@ -290,13 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:  # what was measured so far survives an interrupted run
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
         checks |= link_table(network, runs)
-    for text, passed in checks.items():
-        print(f"{'PASS' if passed else 'FAIL'}: {text}")
-    if args.plot:
-        draw(args.plot, report, rows)
-        print(f"picture: {args.plot}")
     print(f"runs in {folder}")
-    return finish(args, {**report, "checks": checks}, all(checks.values()))
+    return close(args, report, checks, rows)
 
 
 if __name__ == "__main__":
