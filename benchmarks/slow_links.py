@@ -116,6 +116,7 @@ def train(args: argparse.Namespace, data_dir: Path, out: Path, extra: list[str])
         "train_seconds": summary["train_seconds"],
         "bytes_per_sample": sum(w["gradient_bytes_sent"] for w in workers) / max(samples, 1),
         "outer_steps": summary.get("outer_steps"),
+        "steps": summary["steps"],
         "epochs": epochs,
     }
 
@@ -131,8 +132,9 @@ def at_equal_time(alone: dict[str, Any], seconds: float) -> float | None:
     return quality
 
 
-def predicted(args: argparse.Namespace, profile: Profile, row: Row, layout: TensorLayout) -> float:
-    """The refined estimator's speedup of ``row`` on 2 workers from the dense profile, as the row's codec sends."""
+def predicted(args: argparse.Namespace, profile: Profile, row: Row, layout: TensorLayout, steps: int) -> float:
+    """The refined estimator's speedup of ``row`` on 2 workers from the dense profile, as the row's codec sends, for
+    a run of ``steps`` batches (DiLoCo's last outer step concludes a shorter stretch of inner steps)."""
     if row.wire != "fp32":
         workload, options, _ = recipe(args, Path())
         wire_options = dict(row.wire_options)
@@ -150,7 +152,7 @@ def predicted(args: argparse.Namespace, profile: Profile, row: Row, layout: Tens
     configuration = Configuration.parse(row.spec).with_options(dict(row.options))
     if row.spec.endswith("-async"):
         configuration = dataclasses.replace(configuration, async_batches="split")
-    return predicted_speedup("refined", profile, configuration, 2, batches=1000, cores=os.cpu_count())
+    return predicted_speedup("refined", profile, configuration, 2, batches=steps, cores=os.cpu_count())
 
 
 def profiled(args: argparse.Namespace, data_dir: Path, out: Path, network: str, rows: list[str]) -> Profile:
@@ -232,10 +234,12 @@ def predict_again(args: argparse.Namespace, rows: list[str]) -> int:
     layout = TensorLayout.of([p for p in built_network(create_workload(workload, options), {}).parameters()])
     checks: dict[str, bool] = {}
     report = {"one_process": saved["one_process"], "links": saved["links"], "predicted_from": str(args.predict_from)}
+    # a report from before the runs' length was kept: the recipe's (gpt's runs are always given --steps)
+    steps = saved["one_process"].get("steps") or args.steps or args.epochs * args.train_samples // args.batch_size
     for network, runs in saved["links"].items():
         profile = Profile.load(folder / f"profile-{network}.json")
         for name, run in runs.items():
-            run["predicted"] = predicted(args, profile, ROWS[name], layout)
+            run["predicted"] = predicted(args, profile, ROWS[name], layout, steps)
         checks |= link_table(network, runs)
     return close(args, report, checks, [name for name in rows if name in next(iter(saved["links"].values()))])
 
@@ -289,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             run = runs[name] = train(args, data_dir, folder / network / name.replace(" ", "-").replace("%", "pc"),
                                      [*ROWS[name].flags(), "--network", network])  # fmt: skip
             run["speedup"] = run["samples_per_second"] / alone["samples_per_second"]
-            run["predicted"] = predicted(args, profile, ROWS[name], layout)
+            run["predicted"] = predicted(args, profile, ROWS[name], layout, alone["steps"])
             run["alone_at_equal_time"] = at_equal_time(alone, run["train_seconds"])
             print(f"  {network} {name}: speedup {run['speedup']:.2f} (predicted {run['predicted']:.2f}), "
                   f"{run['metric']} {run['quality']:.4f}", flush=True)  # fmt: skip

@@ -289,7 +289,7 @@ def predicted_speedups(
         return {
             c: (
                 refined.batches_per_second(
-                    terms[c.async_split].using(c.option_values),
+                    terms[c.async_split].using(c.option_values, batches=batches),
                     strategy=c.strategy,
                     server=c.server,
                     sync=c.sync,
@@ -325,7 +325,11 @@ def best_per_workers(
         workers = np.arange(1, max_workers + 1)
         curves = {
             c: refined.batches_per_second(
-                terms.using(c.option_values), strategy=c.strategy, server=c.server, sync=c.sync, workers=workers
+                terms.using(c.option_values, batches=batches),
+                strategy=c.strategy,
+                server=c.server,
+                sync=c.sync,
+                workers=workers,
             )
             * terms.sequential
             for c in configurations

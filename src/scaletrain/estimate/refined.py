@@ -81,7 +81,7 @@ def predict(
     ``async_split``: asynchronous workers divide each batch (``--async-batches split``). ``options``: the
     strategy's own options its formulas read (e.g. diloco's ``sync_every``; None: its defaults).
     """
-    terms = Terms(profile, cores, async_split, options)
+    terms = Terms(profile, cores, async_split, options, batches)
     return predict_many(
         profile, strategy=strategy, sync=sync, workers=[workers], server=server, batches=batches, terms=terms
     )[0]
@@ -102,7 +102,7 @@ def predict_many(
 
     ``terms``: the profile's per-worker-count terms, to share them between configurations.
     """
-    terms = terms or Terms(profile, cores)
+    terms = terms or Terms(profile, cores, batches=batches)
     rates = batches_per_second(terms, strategy=strategy, server=server, sync=sync, workers=workers)
     sequential = terms.sequential
     return [
@@ -138,7 +138,8 @@ def step_split(
     part = profile.t_grad_at(workers) if sync == "split" else profile.t_grad_at(1)
     probe = _probe(strategy, server)
     compute = part * float(terms.contention(n, probe)[0])
-    gradient = terms.gradient(sync, n, probe)
+    terms = terms.using(terms.options, sync=sync)
+    gradient = terms.gradient(sync, n, probe, _meetings(terms, strategy, server, n))
     total = float(gradient[0])
     exchange = float(_exchange(terms, strategy, server, sync, n, gradient)[0])
     split = {"compute": compute, "wait": max(total - compute, 0.0), "exchange": exchange}
@@ -153,7 +154,8 @@ def batches_per_second(terms: Terms, *, strategy: str, server: str, sync: str, w
     if sync == "async":
         networks = asynchronous_networks(terms, strategy=strategy, server=server, workers=n)
         return np.array(mean_value_throughputs(networks)) * terms.update_share(n)
-    gradient = terms.gradient(sync, n, _probe(strategy, server))
+    terms = terms.using(terms.options, sync=sync)
+    gradient = terms.gradient(sync, n, _probe(strategy, server), _meetings(terms, strategy, server, n))
     step = gradient + _exchange(terms, strategy, server, sync, n, gradient)
     # A join step trains N batches, a split step one.
     return (n if sync == "join" else 1) / step
@@ -242,6 +244,12 @@ def _probe(strategy: str, server: str) -> str | None:
     return terms.probe if terms is not None else None
 
 
+def _meetings(terms: Terms, strategy: str, server: str, n: np.ndarray) -> np.ndarray | None:
+    """The share of steps at which the workers wait for each other (``EstimatorTerms.meetings``; None: every one)."""
+    meetings = getattr(get_strategy(strategy).estimator_terms(server), "meetings", None)
+    return meetings(terms, n) if meetings is not None else None
+
+
 def _declared(strategy: str, server: str, sync: str) -> Exchange | Networks | None:
     """The strategy's own formula for a step of ``sync`` with ``server``, None where it declares none."""
     terms = get_strategy(strategy).estimator_terms(server)
@@ -254,26 +262,45 @@ class Terms:
     """The profile's terms that depend on the worker count, each computed once however often it is asked for."""
 
     def __init__(
-        self, profile: Profile, cores: int | None, async_split: bool = False, options: Mapping[str, Any] | None = None
+        self,
+        profile: Profile,
+        cores: int | None,
+        async_split: bool = False,
+        options: Mapping[str, Any] | None = None,
+        batches: float | None = None,
     ) -> None:
-        self.profile = profile
-        self.cores = cores
+        self.profile, self.cores = profile, cores
         #: the configuration's strategy options, which its formulas may read (``StepInputs.options``)
         self.options: Mapping[str, Any] = dict(options or {})
+        #: the batches the predicted run trains (D), and the mode of its steps: :meth:`run_steps`
+        self.batches, self.sync = batches, "split"
         # --async-batches split: each asynchronous update a gradient of batch // N, a (batch // N) / batch of a batch
         self.async_split = async_split
         self._columns: dict[str, dict[int, Any]] = {}
         # The sequential reference: one worker alone, as real runs measured it, else t_grad + t_update per batch.
         self.sequential = profile.t_step or profile.t_grad * profile.slowest_of(1) + profile.t_update
 
-    def using(self, options: Mapping[str, Any]) -> Terms:
-        """These terms for a configuration with strategy options ``options``: the per-count terms computed so far
-        and later are shared (they depend on the profile alone)."""
-        if dict(options) == self.options:
+    def using(self, options: Mapping[str, Any], *, batches: float | None = None, sync: str | None = None) -> Terms:
+        """These terms for a configuration with strategy options ``options`` (a run of ``batches`` in steps of ``sync``
+        where given), sharing the per-count terms computed so far and later (they depend on the profile alone)."""
+        batches = self.batches if batches is None else batches
+        sync = sync or self.sync
+        if dict(options) == self.options and (batches, sync) == (self.batches, self.sync):
             return self
         other = copy.copy(self)  # the same _columns: one cache
-        other.options = dict(options)
+        other.options, other.batches, other.sync = dict(options), batches, sync
         return other
+
+    def run_steps(self, workers: np.ndarray) -> np.ndarray | None:
+        """The steps each worker takes in the predicted run of D batches: D split, D / N join; None: no run length.
+
+        >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.01)
+        >>> Terms(toy, None, batches=120).using({}, sync="join").run_steps(np.array([1, 2, 4])).tolist()
+        [120.0, 60.0, 30.0]
+        """
+        if self.batches is None:
+            return None
+        return self.batches / workers if self.sync == "join" else np.full(workers.shape, float(self.batches))
 
     def update_share(self, workers: np.ndarray) -> np.ndarray:
         """The batches of ``--batch-size`` one asynchronous update trains among N workers: 1, or split ``(b // N) / b``.
@@ -298,10 +325,13 @@ class Terms:
         column.update((n, compute(n)) for n in counts if n not in column)
         return [column[n] for n in counts]
 
-    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
+    def gradient(
+        self, sync: str, workers: np.ndarray, probe: str | None = None, meetings: np.ndarray | None = None
+    ) -> np.ndarray:
         """t_grad of one worker's part of a step among N: its batch share, contention, stragglers (the expected
         slowest of N draws of t_grad, or where the profile timed the strategy's exchange among N, the mean wait
-        for the slowest measured beside it: ``exchange_wait``)."""
+        for the slowest measured beside it: ``exchange_wait``, at the share ``meetings`` of steps where the workers
+        meet only at some: ``EstimatorTerms.meetings``)."""
         profile = self.profile
         if sync == "split" or (sync == "async" and self.async_split):
             part = np.array(self.per_count("split", workers, profile.t_grad_at))
@@ -317,7 +347,11 @@ class Terms:
         beside = profile.exchange_compute.get(probe, {}) if probe is not None else {}
         waits = [timed[n] if n in timed and n in beside and n > 1 else None for n in workers.tolist()]
         share = part / profile.t_grad_at(1)
-        steps = zip(computed, slowest, waits, share, strict=True)
+        # Workers that meet once in 1/m steps wait there for the slowest sum of 1/m gradients: a drift of √(1/m)
+        # draws' spread, √m of it a step; the wait timed beside the exchange comes after each of its ends, m a step.
+        met = np.ones(workers.shape) if meetings is None else np.asarray(meetings, dtype=float)
+        drift = 1 + (np.array(slowest) - 1) * np.sqrt(met)
+        steps = zip(computed, drift, waits, share * met, strict=True)
         return np.array(
             [alone * factor if wait is None else alone + wait * fraction for alone, factor, wait, fraction in steps]
         )

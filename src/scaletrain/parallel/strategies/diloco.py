@@ -79,7 +79,8 @@ class DiLoCo(Strategy):
     )
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
-        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce")  # the thesis has no formula for it
+        # the thesis has no formula for it; the workers meet only at an outer step
+        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce", meetings=outer_share)
 
     def elastic(self, layout: Layout) -> bool:
         return True  # through the sharded server it is refused in check_options
@@ -143,7 +144,26 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     """
     values = DiLoCo().option_values(inputs.options)
     exchange = sharded_exchange if values["outer_exchange"] == "sharded" else ring_allreduce_seconds
-    return inputs.profile.t_update + exchange(inputs, n) / values["sync_every"]
+    return inputs.profile.t_update + exchange(inputs, n) * outer_share(inputs, n)
+
+
+def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """The outer steps a run takes per inner step: 1/H, or in a run of S steps ⌈S/H⌉/S, the last (concluding) outer
+    step taken after fewer than H inner ones (2 workers, 120 steps of gpt at H = 64: 2 outer steps, not 1.9).
+
+    >>> from scaletrain.estimate.profile import Profile
+    >>> from scaletrain.estimate.refined import Terms
+    >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.04)
+    >>> runs = [Terms(toy, None, options={"sync_every": 64}, batches=d) for d in (None, 120)]
+    >>> [round(outer_share(terms, np.array([2])).item(), 5) for terms in runs]  # 1/64; 2/120
+    [0.01562, 0.01667]
+    """
+    every = DiLoCo().option_values(inputs.options)["sync_every"]
+    steps = inputs.run_steps(n)
+    if steps is None:
+        return np.full(n.shape, 1 / every)
+    steps = np.maximum(steps, 1.0)
+    return np.ceil(steps / every) / steps
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:

@@ -93,9 +93,17 @@ class StepInputs(Protocol):
     @property
     def options(self) -> Mapping[str, Any]: ...  # the configuration's strategy options (every one, defaults filled)
 
-    def gradient(self, sync: str, workers: np.ndarray, probe: str | None = None) -> np.ndarray:
+    def gradient(
+        self, sync: str, workers: np.ndarray, probe: str | None = None, meetings: np.ndarray | None = None
+    ) -> np.ndarray:
         """t_grad of one worker's part of a step among N (batch share, CPU contention, stragglers); ``probe``: an
-        exchange the profile may have timed it beside (``exchange_compute``)."""
+        exchange the profile may have timed it beside (``exchange_compute``); ``meetings``: the share of steps at
+        which the workers wait for each other (None: every step)."""
+        ...
+
+    def run_steps(self, workers: np.ndarray) -> np.ndarray | None:
+        """The steps each worker takes in the predicted run (its D batches; a join step trains N); None where the
+        prediction is for no run length."""
         ...
 
     def per_count(self, name: str, workers: np.ndarray, compute: Callable[[int], Any]) -> list[Any]:
@@ -130,6 +138,9 @@ class EstimatorTerms:
     #: where the profile timed it among N, the gradient's seconds measured beside it (``exchange_compute``) replace
     #: the contention of N processes that only compute
     probe: str | None = None
+    #: the share of steps at which its workers wait for each other, per worker count (diloco: its outer steps in
+    #: the run); None: every step. Scales the wait timed beside ``probe`` and the stragglers' term.
+    meetings: Exchange | None = None
     #: the asynchronous exchange the profile times for it (``central-async``): where the profile timed it among N,
     #: the network's queues are scaled so that it gives the measured exchange (``scaletrain.estimate.refined``)
     network_probe: str | None = None
