@@ -40,6 +40,10 @@ DIVERGENCE_FACTOR = 1e4
 LR_SCHEDULES = ("step", "constant", "cosine", "linear")
 
 
+#: the first steps of each process a run's throughput leaves out (``--warmup-steps``; :mod:`scaletrain.train.meter`)
+WARMUP_STEPS = 5
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs; ``None`` fields take the workload's default. Each field is the
@@ -85,7 +89,7 @@ class TrainConfig:
     options: dict[str, Any] = field(default_factory=dict)
     log_every: int = 50
     checkpoint_every: int = 200
-    warmup_steps: int = 5
+    warmup_steps: int = WARMUP_STEPS
     progress: str = "auto"
     tensorboard: bool = True
     download: bool = True

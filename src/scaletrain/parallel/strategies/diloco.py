@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scaletrain.config import TrainConfig
+from scaletrain.config import WARMUP_STEPS, TrainConfig
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange, ring_allreduce_seconds
 from scaletrain.parallel.strategies.base import (
@@ -148,22 +148,24 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
 
 
 def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
-    """The outer steps a run takes per inner step: 1/H, or in a run of S steps ⌈S/H⌉/S, the last (concluding) outer
-    step taken after fewer than H inner ones (2 workers, 120 steps of gpt at H = 64: 2 outer steps, not 1.9).
+    """The outer steps a run takes per inner step its throughput counts: 1/H, or in a run of S steps ⌈S/H⌉, the last
+    (concluding) one after fewer than H inner steps, over the S − w steps after the w warm-up steps the throughput
+    leaves out (``--warmup-steps``, 5), which hold ⌊w/H⌋ of them (gpt, 120 steps at H = 64: 2 in 115, not 1.9 in 120).
 
     >>> from scaletrain.estimate.profile import Profile
     >>> from scaletrain.estimate.refined import Terms
     >>> toy = Profile("toy", 8, t_grad=0.1, t_comm=0.04)
     >>> runs = [Terms(toy, None, options={"sync_every": 64}, batches=d) for d in (None, 120)]
-    >>> [round(outer_share(terms, np.array([2])).item(), 5) for terms in runs]  # 1/64; 2/120
-    [0.01562, 0.01667]
+    >>> [round(outer_share(terms, np.array([2])).item(), 5) for terms in runs]  # 1/64; 2/115
+    [0.01562, 0.01739]
     """
     every = DiLoCo().option_values(inputs.options)["sync_every"]
     steps = inputs.run_steps(n)
     if steps is None:
         return np.full(n.shape, 1 / every)
     steps = np.maximum(steps, 1.0)
-    return np.ceil(steps / every) / steps
+    warmup = np.minimum(WARMUP_STEPS, steps - 1)
+    return (np.ceil(steps / every) - np.floor(warmup / every)) / (steps - warmup)
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
