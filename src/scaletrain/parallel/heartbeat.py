@@ -92,8 +92,11 @@ class Heartbeat:
         return self._store.add(_beat_key(rank), 0)
 
     def stop(self, *, finished: bool = False) -> None:
-        """Stop beating; ``finished``: this process did its part, so it is named as having left, not stopped."""
+        """Stop beating, waiting for a beat under way (at most a count's timeout), so that none lands after this
+        returns (a survivor would read it as life); ``finished``: this process did its part, so it is named as
+        having left, not stopped."""
         self._stop.set()
+        self._thread.join(timeout=STORE_TIMEOUT_SECONDS + INTERVAL_SECONDS)
         if finished:
             with contextlib.suppress(RuntimeError):  # the store's host may have left already
                 self._store.set(_finished_key(self.rendezvous.rank), "1")
