@@ -16,6 +16,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from scaletrain.config import WARMUP_STEPS
+
 __all__ = ["EpochSteps", "ThroughputMeter", "minor_faults"]
 
 
@@ -29,7 +31,7 @@ class ThroughputMeter:
     (2, 4.0)
     """
 
-    warmup_steps: int = 5
+    warmup_steps: int = WARMUP_STEPS
     steps_seen: int = 0
     measured_steps: int = 0
     measured_seconds: float = 0.0
