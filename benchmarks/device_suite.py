@@ -100,7 +100,7 @@ DEVICE = Budget(
 )  # fmt: skip
 DRY = Budget(
     suite=230, machine=30,
-    parts={"gpu-tests": 60, "mixed-precision": 150, "slow-link": 150, "holdout": 60, "scaling": 150,
+    parts={"gpu-tests": 60, "mixed-precision": 150, "slow-link": 200, "holdout": 60, "scaling": 150,
            "precision": 40, "gpu-vs-cpu": 30, "prunetrain": 45, "adaptive-batch": 50},
 )  # fmt: skip
 

@@ -37,8 +37,10 @@ def benchmark(name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 # Not alone: the dry run took 79–127 s by itself on 2 shared cores (issue 24's parts alone: 49 s); beside two other
-# tests it has room under the limit of 240 s and its parts' budgets (30 to 150 s each). The mixed-precision part
+# tests it has room under the limit of 240 s and its parts' budgets (30 to 200 s each). The mixed-precision part
 # took 65 s alone (34 s of it compiling gpt) and ran out of a 90 s budget beside two other tests in CI (2026-12-06).
+# The slow-link part's five runs took 34 s alone and did not all fit its 150 s beside two other tests in CI
+# (2026-12-06: top-k was not started); it has 200 s now, within the suite's 230.
 def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     environment = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
