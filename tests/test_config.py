@@ -1,4 +1,6 @@
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -241,6 +243,32 @@ def test_optimizer_and_schedule_refusals_are_one_line_exit_2_and_write_nothing(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and re.search(message, lines[0]), lines
     assert not (tmp_path / "run").exists()
+
+
+def test_the_launcher_checks_an_optimizer_without_loading_the_compiler_and_leaves_torch_as_it_was() -> None:
+    """Building the check's stand-in loaded torch._dynamo (1.0-1.3 s of every ``scaletrain train``'s launcher)."""
+    program = """
+import sys
+import torch
+from scaletrain.tensors.optimizers import build_optimizer, check_optimizer
+from scaletrain.errors import ConfigError
+check_optimizer("adamw", {"betas": "0.9,0.95"}, momentum=None, weight_decay=0.01, lr=1e-3)
+try:
+    check_optimizer("adamw", {"betas": "1.5,0.9"}, momentum=None, weight_decay=0.0, lr=1e-3)
+except ConfigError as refused:
+    print("refused:", refused)
+loaded = "torch._dynamo" in sys.modules
+plain = torch.optim.Optimizer.add_param_group.__wrapped__
+left = hasattr(plain, "__dynamo_disable")
+build_optimizer("adamw", {}, [torch.zeros(2, requires_grad=True)], lr=1e-3, momentum=None, weight_decay=0.0)
+print(loaded, left, "torch._dynamo" in sys.modules, getattr(plain, "__dynamo_disable") is not plain)
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    refused, flags = done.stdout.strip().splitlines()
+    assert refused.startswith("refused: --optimizer adamw refuses its settings") and "beta" in refused
+    # not loaded by the checks, nothing left behind; a real optimizer loads it and gets torch's own wrapper
+    assert flags == "False False True True"
 
 
 def test_accumulating_a_stateful_workload_is_refused_before_any_process(tmp_path: Path) -> None:

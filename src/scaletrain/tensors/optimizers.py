@@ -9,12 +9,15 @@ AdamW's 0.01 included). ``-O`` holds the rest (``betas=0.9,0.95``, ``eps=1e-8``,
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+import torch._compile
 
 from scaletrain.errors import ConfigError
 
@@ -142,10 +145,35 @@ def check_optimizer(
         raise ConfigError(f"--weight-decay is not a setting of {kind.__name__}; drop it")
     stand_in = torch.zeros(2, requires_grad=True)
     try:
-        build_optimizer(name, options, [stand_in], lr=lr or 1e-3, momentum=momentum, weight_decay=weight_decay)
+        with _uncompiled(kind):
+            build_optimizer(name, options, [stand_in], lr=lr or 1e-3, momentum=momentum, weight_decay=weight_decay)
     except (TypeError, ValueError, RuntimeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"--optimizer {name} refuses its settings (-O …): {reason}") from None
+
+
+@contextlib.contextmanager
+def _uncompiled(kind: type) -> Iterator[None]:
+    """Run ``kind``'s methods that torch keeps torch.compile out of (``add_param_group``, which every constructor
+    calls) as written while a stand-in is built: torch's wrapper imports ``torch._dynamo`` on its first call, 1.0 to
+    1.3 s here, in the launcher that only checks the settings and never compiles. Afterwards they are torch's again;
+    where torch._dynamo is loaded already, or torch wraps them some other way, nothing is changed."""
+    plain = []
+    if "torch._dynamo" not in sys.modules:
+        marker = torch._compile._disable_dynamo(lambda: None).__code__  # the code of every such wrapper
+        wrapped = (value for klass in kind.__mro__ for value in vars(klass).values())
+        plain = [
+            value.__wrapped__
+            for value in wrapped
+            if getattr(value, "__code__", None) is marker and not hasattr(value.__wrapped__, "__dynamo_disable")
+        ]
+    for function in plain:
+        setattr(function, "__dynamo_disable", function)  # what the wrapper calls once it has one
+    try:
+        yield
+    finally:
+        for function in plain:
+            delattr(function, "__dynamo_disable")
 
 
 def optimizer_label(optimizer: torch.optim.Optimizer) -> str:
