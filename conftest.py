@@ -3,11 +3,10 @@
 * Each test file runs whole on one xdist worker (``--dist loadfile``), so a module's fixtures are made
   once, as without xdist. Tests that read one session-scoped run (the ``trained`` fixture) sit in one
   file for the same reason (tests/parallel/test_real_lenet.py).
-* Files are handed out in the order collected (``--no-loadscope-reorder``, pyproject.toml; xdist otherwise puts
-  the files with the most tests first): files that hold an ``alone`` test first, so that those tests wait for one
-  another at the start instead of each emptying the machine mid-run; then the longest files by the seconds a CI
-  run took (``tests/durations.json``, ``tests/durations.py`` rewrites it), so that no long file is left for one
-  worker at the end.
+* Files are handed out longest first, by the seconds a CI run took (``tests/durations.json``;
+  ``tests/durations.py`` rewrites it), in the order collected (``--no-loadscope-reorder``, pyproject.toml: xdist
+  would otherwise hand out the files with the most tests first, the 5-test files of 150-280 s last), so that no
+  long file is left for one worker at the end.
 * A test marked ``alone`` measures time or speed: its body runs with no other test beside it. It takes a
   lock exclusively for its call phase while every other test holds it shared (an alone test's setup and
   teardown hold it shared: its fixtures, the container image among them, are made beside other tests); a
@@ -39,15 +38,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    alone_files = {item.path for item in items if _alone(item)}
     seconds = durations.load()
     root = config.rootpath
 
     def took(path: Path) -> float:
         return seconds.get(path.relative_to(root).as_posix(), 0.0) if path.is_relative_to(root) else 0.0
 
-    # stable: the order within a file is kept
-    items.sort(key=lambda item: (item.path not in alone_files, -took(item.path)))
+    items.sort(key=lambda item: -took(item.path))  # stable: the order within a file is kept
 
 
 def _take(handle: int, mode: int, what: str) -> None:

@@ -1,10 +1,8 @@
-"""The order in which the test files are handed to pytest-xdist's workers (conftest.py): the files with an
-``alone`` test first, then the longest by ``tests/durations.json``, which ``tests/durations.py`` writes from a JUnit
-report."""
+"""The order in which the test files are handed to pytest-xdist's workers (conftest.py): the longest first by
+``tests/durations.json``, which ``tests/durations.py`` writes from a JUnit report."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,19 +26,13 @@ def test_a_junit_report_becomes_seconds_per_test_file(tmp_path: Path) -> None:
     assert durations.file_seconds(report) == {"tests/parallel/test_faults.py": 12.8, "tests/test_config.py": 0.5}
 
 
-def test_files_with_an_alone_test_come_first_then_the_longest() -> None:
+def test_the_longest_files_come_first() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     files = list(dict.fromkeys(line.split("::")[0] for line in done.stdout.splitlines() if "::" in line))
-    alone = {
-        path.relative_to(REPO).as_posix()
-        for path in (REPO / "tests").rglob("test_*.py")
-        if re.search(r"pytest\.mark\.alone\b", path.read_text())
-    }
-    assert alone and set(files[: len(alone)]) == alone
     seconds = durations.load()
-    rest = [seconds.get(name, 0.0) for name in files[len(alone) :]]
-    assert rest == sorted(rest, reverse=True) and rest[0] > 60  # the longest measured file leads the rest
+    took = [seconds.get(name, 0.0) for name in files]
+    assert took == sorted(took, reverse=True) and took[0] == max(seconds.values()) > 60
