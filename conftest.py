@@ -5,8 +5,8 @@
   file for the same reason (tests/parallel/test_real_lenet.py).
 * Files that hold ``slow`` tests are collected first. pytest-xdist hands the files out most tests first (its
   ``--loadscope-reorder``, on by default), so under xdist this order only breaks ties. Two orders that hand out
-  long files first were slower in CI on 2 cores (2026-12-06, pytest 1436 s and 1459 s, against 1323 s):
-  the long files, most of them several processes each, then ran side by side.
+  long files first took pytest 1436 s and 1459 s in CI on 2 cores, this one 1323 s and 1495 s (2026-12-06): no
+  order measured better beyond the noise between runs.
 * A test marked ``alone`` measures time or speed: its body runs with no other test beside it. It takes a
   lock exclusively for its call phase while every other test holds it shared (an alone test's setup and
   teardown hold it shared: its fixtures, the container image among them, are made beside other tests); a
