@@ -162,11 +162,13 @@ def _uncompiled(kind: type) -> Iterator[None]:
     if "torch._dynamo" not in sys.modules:
         marker = torch._compile._disable_dynamo(lambda: None).__code__  # the code of every such wrapper
         wrapped = (value for klass in kind.__mro__ for value in vars(klass).values())
-        plain = [
-            value.__wrapped__
-            for value in wrapped
-            if getattr(value, "__code__", None) is marker and not hasattr(value.__wrapped__, "__dynamo_disable")
-        ]
+        plain = list(
+            dict.fromkeys(  # once each, should two classes of the MRO hold the same method
+                value.__wrapped__
+                for value in wrapped
+                if getattr(value, "__code__", None) is marker and not hasattr(value.__wrapped__, "__dynamo_disable")
+            )
+        )
     for function in plain:
         setattr(function, "__dynamo_disable", function)  # what the wrapper calls once it has one
     try:
