@@ -5,6 +5,9 @@ the same tensors as the whole files loaded at once."""
 from __future__ import annotations
 
 import os
+import re
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -52,10 +55,61 @@ class Slow(Dataset):
         return torch.zeros(1), 0
 
 
+SLOW_LINE = Slow.__getitem__.__code__.co_firstlineno + 1  # its sleep
+
+
 def test_a_batch_that_does_not_come_within_the_timeout_is_one_line_and_the_workers_stop() -> None:
     before = children()
-    with pytest.raises(DataError, match=r"^the data loader's 1 worker processes gave no batch within 0.5 s"):
+    with pytest.raises(DataError, match=r"^the data loader's 1 worker processes gave no batch within 0.5 s") as caught:
         list(load_batches(Slow(), [[0], [1]], Loading(workers=1, timeout=0.5), seed=0))
+    assert children() <= before
+    # the note under the traceback: the worker's stack, down to the line of the dataset it was in
+    [note] = caught.value.__notes__
+    assert re.search(rf'File "{re.escape(__file__)}", line {SLOW_LINE} in __getitem__', note), note
+
+
+class Stuck(Dataset):
+    """Every sample takes 3 s."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep(3)
+        return torch.zeros(1), 0
+
+
+STUCK_LINE = Stuck.__getitem__.__code__.co_firstlineno + 1
+
+
+def test_a_timeout_notes_where_each_worker_was_a_stopped_one_included() -> None:
+    """One of the two workers frozen (``SIGSTOP``) as soon as it started: the note says it was stopped, and where
+    the other one was; both are gone afterwards."""
+    before, stopped = children(), []
+
+    def stop_one() -> None:
+        deadline = time.monotonic() + 30
+        while len(children() - before) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stopped.append(min(children() - before))
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    freezer = threading.Thread(target=stop_one)
+    freezer.start()
+    try:
+        with pytest.raises(DataError, match="where each worker was is noted under the traceback") as caught:
+            list(load_batches(Stuck(), [[0], [1], [2], [3]], Loading(workers=2, timeout=1.5), seed=0))
+    finally:
+        freezer.join()
+        os.kill(stopped[0], signal.SIGCONT)  # it ends on the SIGTERM the loader's shutdown left pending
+    [note] = caught.value.__notes__
+    assert f"loader worker pid {stopped[0]}: stopped (state T: SIGSTOP, or a debugger); it cannot answer" in note
+    [other] = [line for line in note.splitlines() if line.startswith("loader worker pid ") and "stopped" not in line]
+    assert re.fullmatch(r"loader worker pid \d+ \(state [RS]\):", other), note
+    assert re.search(rf"line {STUCK_LINE} in __getitem__", note), note
+    deadline = time.monotonic() + 10
+    while not children() <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert children() <= before
 
 

@@ -7,10 +7,15 @@ A run's reading settings are a :class:`Loading`: how many worker processes read 
 
 The workers are forked: a fork starts in milliseconds and takes the dataset as it is (a lambda, a class
 defined in a notebook or test module, an open file), where ``spawn`` or ``forkserver`` would import torch
-again in every worker and pickle the dataset to it. A worker computes nothing with gloo or CUDA, so the
-threads of a training process's process group do not matter to it (a dataset must not touch CUDA). Each
+again in every worker and pickle the dataset to it. The forked process has threads (gloo's, the
+heartbeat's), whose locks a child must not need: a worker only reads and collates (a dataset must not touch
+CUDA or the process group), and the one C call of its own, ``prctl``, is looked up before the fork. Each
 worker gets ``SIGKILL`` when its parent dies (``PR_SET_PDEATHSIG``, as the launcher's processes do), and
 :func:`load_batches` shuts the workers down whenever its iteration ends: finished, failed or interrupted.
+
+A batch that does not come within the timeout ends the run with one line, and a note under its traceback says
+where each worker was at that moment: its Python stack (every worker dumps it with :mod:`faulthandler` on
+``SIGUSR2``), or that it was stopped (``SIGSTOP``, a debugger) or waiting in the kernel and could not answer.
 
     >>> from torch.utils.data import TensorDataset
     >>> dataset = TensorDataset(torch.arange(6.0), torch.arange(6))
@@ -20,14 +25,19 @@ worker gets ``SIGKILL`` when its parent dies (``PR_SET_PDEATHSIG``, as the launc
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import faulthandler
 import functools
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +49,10 @@ __all__ = ["Loading", "load_batches"]
 
 #: How the loader's workers start: fork where the platform has it (see the module's docstring).
 START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+#: The signal on which a loader worker writes its Python stack (:func:`_worker_stacks`).
+STACK_SIGNAL = signal.SIGUSR2
+#: libc's ``prctl``, looked up here: a worker forked from a process with threads calls it, and does not ``dlopen``.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 @dataclass(frozen=True)
@@ -72,39 +86,93 @@ def load_batches(dataset: Dataset, batch_sampler: Iterable[list[int]], loading: 
     :class:`~scaletrain.errors.DataError`; the workers are shut down when the iteration ends in any way.
     """
     workers = loading.workers
-    loader = DataLoader(
-        dataset,
-        batch_sampler=batch_sampler,
-        num_workers=workers,
-        pin_memory=loading.pin_memory,
-        timeout=loading.timeout if workers else 0,
-        worker_init_fn=functools.partial(_die_with_parent, os.getpid()) if workers else None,
-        multiprocessing_context=START_METHOD if workers else None,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    iterator = iter(loader)
+    # where the forked workers write their stacks when asked (a spawned worker cannot inherit the file)
+    asks = workers and START_METHOD == "fork"
+    with tempfile.TemporaryFile() if asks else contextlib.nullcontext() as stacks:
+        loader = DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=workers,
+            pin_memory=loading.pin_memory,
+            timeout=loading.timeout if workers else 0,
+            worker_init_fn=functools.partial(_prepare_worker, os.getpid(), stacks and stacks.fileno())
+            if workers
+            else None,
+            multiprocessing_context=START_METHOD if workers else None,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        iterator = iter(loader)
+        try:
+            yield from iterator
+        except RuntimeError as exc:
+            if "timed out" not in str(exc):
+                raise
+            error = DataError(
+                f"the data loader's {workers} worker processes gave no batch within {loading.timeout:g} s "
+                "(--timeout); reading one batch takes longer than that, or the dataset hangs: raise --timeout, or "
+                "check the dataset's __getitem__ (where each worker was is noted under the traceback)"
+            )
+            error.add_note(_worker_stacks(getattr(iterator, "_workers", []), stacks))
+            raise error from None
+        finally:
+            shutdown = getattr(iterator, "_shutdown_workers", None)  # now, not when the iterator is collected
+            if shutdown is not None:
+                shutdown()
+
+
+def _worker_stacks(processes: list, stacks: Any) -> str:
+    """Where each of the loader's worker ``processes`` is: its Python stack, written into ``stacks`` on
+    :data:`STACK_SIGNAL`, or why it cannot answer (stopped, waiting in the kernel, gone)."""
+    notes = []
+    for process in processes:
+        pid, state = process.pid, _state(process.pid)
+        if state is None or state in "ZX":
+            notes.append(f"loader worker pid {pid}: it has exited")
+        elif state in "Tt":
+            notes.append(f"loader worker pid {pid}: stopped (state {state}: SIGSTOP, or a debugger); it cannot answer")
+        elif stacks is None:
+            notes.append(f"loader worker pid {pid}: state {state} (its stack is only asked of forked workers)")
+        else:
+            notes.append(f"loader worker pid {pid} (state {state}):\n{_stack_of(pid, stacks)}")
+    return "\n".join(notes) or "the loader's workers were not found"
+
+
+def _stack_of(pid: int, stacks: Any, wait: float = 2.0) -> str:
+    """What worker ``pid`` writes into ``stacks`` on :data:`STACK_SIGNAL` within ``wait`` seconds."""
+    begin = os.fstat(stacks.fileno()).st_size
     try:
-        yield from iterator
-    except RuntimeError as exc:
-        if "timed out" not in str(exc):
-            raise
-        raise DataError(
-            f"the data loader's {workers} worker processes gave no batch within {loading.timeout:g} s (--timeout); "
-            "reading one batch takes longer than that, or the dataset hangs: raise --timeout, or check the "
-            "dataset's __getitem__"
-        ) from None
-    finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)  # now, not when the iterator is collected
-        if shutdown is not None:
-            shutdown()
+        os.kill(pid, STACK_SIGNAL)
+    except ProcessLookupError:
+        return "  it exited before it could answer"
+    deadline, size = time.monotonic() + wait, begin
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        grown = os.fstat(stacks.fileno()).st_size
+        if grown > begin and grown == size:  # written, and nothing more came in the last 50 ms
+            break
+        size = grown
+    written = os.pread(stacks.fileno(), size - begin, begin).decode("utf-8", errors="replace")
+    return written.rstrip() or f"  no stack came within {wait:g} s (state D: waiting in the kernel, or not scheduled)"
 
 
-def _die_with_parent(parent: int, worker_id: int) -> None:
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``D``, ``T``, ``Z`` …) from ``/proc``; None: no such one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _prepare_worker(parent: int, stacks: int | None, worker_id: int) -> None:
     """In each loader worker (Linux): ``SIGKILL`` when the training process ``parent`` dies, whatever kills it
-    (the launcher's ``SIGTERM``, an ``os._exit``), instead of torch's check of the parent every 5 s."""
-    if not sys.platform.startswith("linux"):
+    (the launcher's ``SIGTERM``, an ``os._exit``), instead of torch's check of the parent every 5 s; and its
+    Python stack written to the file ``stacks`` on :data:`STACK_SIGNAL`."""
+    if stacks is not None:
+        faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
+    if _PRCTL is None:
         return
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    _PRCTL(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # it died before the request: nobody is left to read for
         os._exit(1)
