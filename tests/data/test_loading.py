@@ -47,11 +47,16 @@ def test_two_loader_workers_give_each_part_the_rows_of_the_epochs_order() -> Non
 
 
 class Slow(Dataset):
+    """Every sample takes ``seconds``."""
+
+    def __init__(self, seconds: float = 1.5) -> None:
+        self.seconds = seconds
+
     def __len__(self) -> int:
         return 4
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        time.sleep(1.5)
+        time.sleep(self.seconds)
         return torch.zeros(1), 0
 
 
@@ -66,20 +71,6 @@ def test_a_batch_that_does_not_come_within_the_timeout_is_one_line_and_the_worke
     # the note under the traceback: the worker's stack, down to the line of the dataset it was in
     [note] = caught.value.__notes__
     assert re.search(rf'File "{re.escape(__file__)}", line {SLOW_LINE} in __getitem__', note), note
-
-
-class Stuck(Dataset):
-    """Every sample takes 3 s."""
-
-    def __len__(self) -> int:
-        return 4
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        time.sleep(3)
-        return torch.zeros(1), 0
-
-
-STUCK_LINE = Stuck.__getitem__.__code__.co_firstlineno + 1
 
 
 def test_a_timeout_notes_where_each_worker_was_a_stopped_one_included() -> None:
@@ -98,7 +89,7 @@ def test_a_timeout_notes_where_each_worker_was_a_stopped_one_included() -> None:
     freezer.start()
     try:
         with pytest.raises(DataError, match="where each worker was is noted under the traceback") as caught:
-            list(load_batches(Stuck(), [[0], [1], [2], [3]], Loading(workers=2, timeout=1.5), seed=0))
+            list(load_batches(Slow(3), [[0], [1], [2], [3]], Loading(workers=2, timeout=1.5), seed=0))
     finally:
         freezer.join()
         os.kill(stopped[0], signal.SIGCONT)  # it ends on the SIGTERM the loader's shutdown left pending
@@ -106,7 +97,7 @@ def test_a_timeout_notes_where_each_worker_was_a_stopped_one_included() -> None:
     assert f"loader worker pid {stopped[0]}: stopped (state T: SIGSTOP, or a debugger); it cannot answer" in note
     [other] = [line for line in note.splitlines() if line.startswith("loader worker pid ") and "stopped" not in line]
     assert re.fullmatch(r"loader worker pid \d+ \(state [RS]\):", other), note
-    assert re.search(rf"line {STUCK_LINE} in __getitem__", note), note
+    assert re.search(rf"line {SLOW_LINE} in __getitem__", note), note
     deadline = time.monotonic() + 10
     while not children() <= before and time.monotonic() < deadline:
         time.sleep(0.05)
