@@ -187,11 +187,18 @@ def test_a_run_grows_without_changing_what_it_computes_at_the_change(local_run: 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("strategy", "server"), [("allreduce", "central"), ("ps", "sharded")])
-def test_two_workers_grow_lenet_exactly_as_one_process(strategy: str, server: str, data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "extra"),
+    [
+        ("allreduce", {}),
+        ("ps", {"server": "sharded"}),
+        ("diloco", {"sync_every": 1, "strategy_options": {"outer_lr": 1, "outer_momentum": 0}}),  # local SGD, H = 1
+    ],
+)
+def test_two_workers_grow_lenet_exactly_as_one_process(strategy: str, extra: dict, data: Path, tmp_path: Path) -> None:
     """LeNet has no batch norm, so a split run computes one process's gradients and must end equal."""
     local = grow(data, tmp_path / "local", "lenet")
-    summary = grow(data, tmp_path / "run", "lenet", workers=2, strategy=strategy, server=server, sync="split")
+    summary = grow(data, tmp_path / "run", "lenet", workers=2, strategy=strategy, sync="split", **extra)
     assert summary["architecture"] == local["architecture"] and "classifier.3" in summary["architecture"]
     assert summary["parameters"] == local["parameters"] > local["parameters_initial"]
     assert_same_weights(weights(tmp_path / "local"), weights(tmp_path / "run"))

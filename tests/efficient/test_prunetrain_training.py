@@ -130,6 +130,21 @@ def test_two_workers_split_prune_exactly_as_one_process(
 
 
 @pytest.mark.multiprocess
+def test_two_workers_of_local_sgd_at_h_1_prune_exactly_as_one_process(data: Path, tmp_path: Path) -> None:
+    """diloco averages the workers' steps, so the penalty is the objective's (a subgradient step), whose average
+    is the average gradient's; the proximal step shrinks each worker's weights apart, which an average does not
+    undo exactly."""
+    subgradient = {"technique_options": {"step": "subgradient"}}
+    local = lenet_train(data, tmp_path / "local", **subgradient)
+    assert local["parameters"] < local["parameters_initial"]
+    layout = {"workers": 2, "strategy": "diloco", "sync": "split", "sync_every": 1}
+    local_sgd = {"strategy_options": {"outer_lr": 1, "outer_momentum": 0}}
+    summary = lenet_train(data, tmp_path / "run", **subgradient, **layout, **local_sgd)
+    assert summary["architecture"] == local["architecture"] and summary["outer_steps"] == summary["steps"]
+    assert_same_weights(weights(tmp_path / "run"), weights(tmp_path / "local"))
+
+
+@pytest.mark.multiprocess
 def test_a_two_worker_resnet_run_prunes_and_its_server_keeps_the_workers_batch_norm_statistics(
     data: Path, tmp_path: Path
 ) -> None:

@@ -19,7 +19,6 @@ from tests.jobs import diloco_buffers_job
 
 import scaletrain
 from scaletrain.data.sampler import Part
-from scaletrain.errors import ConfigError
 from scaletrain.workloads import create_workload
 
 pytestmark = pytest.mark.multiprocess
@@ -95,6 +94,8 @@ def test_the_change_travels_through_powersgd(data: Path, tmp_path: Path) -> None
         (["--overlap"], "--overlap reduces gradients during backward under all-reduce, not --strategy diloco"),
         (["-S", "outer_optimizer=lion"], "unknown optimizer 'lion'"),
         (["--strategy", "allreduce", "--sync-every", "4"], "--sync-every is an option of --strategy diloco"),
+        (["--technique", "rebatch", "-T", "batch_size=8", "--min-workers", "1"], "--technique and --min-workers"),
+        (["--technique", "rebatch", "-T", "batch_size=8", "-S", "outer_exchange=sharded"], "sharded does not work w"),
     ],
 )
 def test_refusals_are_one_line_exit_2_and_write_nothing(flags: list[str], message: str, tmp_path: Path) -> None:
@@ -104,11 +105,34 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(flags: list[str], messag
     assert not (tmp_path / "run").exists()
 
 
-def test_a_technique_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not work with --technique yet"):
-        scaletrain.train(
-            "lenet", workers=2, strategy="diloco", technique="rebatch", technique_options={"batch_size": 8}
-        )
+GROW = {"technique": "net2net", "technique_options": {"plan": "1:wider:features.0:26;2:deeper:classifier.2"}}
+
+
+def test_a_technique_decides_at_an_outer_step_and_a_run_resumed_after_its_change_ends_as_the_whole_run(
+    data: Path, tmp_path: Path
+) -> None:
+    """Net2Net widens LeNet after epoch 1 and deepens it after epoch 2 (6 steps an epoch, H = 4, Nesterov outer
+    step): each epoch's end is an outer step too (at 4, 6, 8, 12, 16 and 18), the grown network's anchor and outer
+    momentum are saved with it, and a run cut two inner steps past the outer step at 8 resumes to the whole run's
+    weights."""
+    settings = {"workers": 2, "strategy": "diloco", "sync_every": 4, **COMMON, "epochs": 3, **GROW}
+    whole = scaletrain.train("lenet", data_dir=data, out=tmp_path / "whole", **settings)
+    assert whole["outer_steps"] == 6 and whole["steps"] == 18  # without the technique: 5
+    assert whole["parameters"] > whole["parameters_initial"] and "classifier.3" in whole["architecture"]
+    assert len({worker["weights_digest"] for worker in whole["per_worker"]}) == 1
+    records = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    changes = [record for record in records if record["kind"] == "reconfiguration"]
+    assert [change["step"] for change in changes] == [6, 12]
+    for change in changes:  # made on the shared weights, the function unchanged
+        assert change["quality_after"]["test_loss"] == pytest.approx(change["quality_before"]["test_loss"], rel=1e-5)
+    scaletrain.train("lenet", data_dir=data, out=tmp_path / "cut", steps=10, **settings)
+    resumed = scaletrain.train("lenet", data_dir=data, out=tmp_path / "cut", resume=True, **settings)
+    assert resumed["resumed_from_step"] == 10 and resumed["outer_steps"] == 6
+    reference = weights(tmp_path / "whole")
+    cut = weights(tmp_path / "cut")
+    assert cut.keys() == reference.keys()
+    for name, tensor in cut.items():
+        torch.testing.assert_close(tensor, reference[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_the_outer_step_averages_the_workers_batch_norm_statistics(tmp_path: Path) -> None:

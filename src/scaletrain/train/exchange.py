@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from scaletrain.efficient.base import Reconfiguration
 from scaletrain.tensors.flat import finite
 
 __all__ = ["ExchangeTimes", "GradientExchange", "LocalExchange", "PeerLost", "clip_and_step"]
@@ -74,11 +75,19 @@ class GradientExchange(ABC):
     def finish(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """After the last step: leave the final weights in ``model`` on the coordinator."""
 
+    def settle(self, model: nn.Module) -> ExchangeTimes | None:
+        """At an epoch's end, before a technique decides, and before a decision changes the network: an exchange
+        whose workers' weights differ between its meetings (diloco between outer steps) brings every worker to the
+        shared weights here, so that the decision is made on them and every worker applies it to the same network.
+        What it sent and how long it took count as training, as :meth:`conclude`'s do. None: nothing to do."""
+        return None
+
     def prepare_reconfiguration(  # noqa: B027 - optional hook
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, decision: Reconfiguration
     ) -> None:
-        """At an agreed step boundary, before the network changes (after ``epoch``): bring the current
-        weights and optimizer state into ``model`` and ``optimizer`` wherever they are kept."""
+        """At an agreed step boundary, before the network changes as ``decision`` says (after ``epoch``): bring the
+        current weights and optimizer state into ``model`` and ``optimizer`` wherever they are kept, and reshape
+        what the exchange keeps of its own for the new network."""
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:  # noqa: B027 - optional hook
         """The network in ``model`` changed shape: re-make whatever was sized for the old one."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from scaletrain.train.checkpoint import CHECKPOINT_NAME, EXCHANGE_NAME, atomic_s
 from scaletrain.train.divergence import Diverged, check_loss, loss_bound
 from scaletrain.train.exchange import ExchangeTimes, PeerLost
 from scaletrain.train.membership import MembershipLog, admit, regroup
-from scaletrain.train.meter import EpochSteps, ThroughputMeter, now
+from scaletrain.train.meter import EpochSteps, ThroughputMeter, now, timed_batches
 from scaletrain.train.peak import step_peak
 from scaletrain.train.plan import WorkerPlan
 from scaletrain.train.reconfigure import apply_decision, describe_decision
@@ -137,7 +137,7 @@ class Trainer:
             rows = self.prepared.update_batch * plan.global_batch_factor // plan.part.count
             self.state = self.workload.initial_state(self.model, rows)
         # closed however the epoch ends, so that a loader's worker processes stop with it
-        with contextlib.closing(_timed(batches)) as timed:
+        with contextlib.closing(timed_batches(batches)) as timed:
             return self._steps(numbers, timed)
 
     def _steps(self, numbers: range, batches: Iterator[tuple[float, float, Any]]) -> bool:
@@ -270,7 +270,10 @@ class Trainer:
             self.last_quality = (self.position.step, quality)
 
     def _decide(self, epoch: int) -> None:
-        """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary."""
+        """The technique's decision after ``epoch``, agreed by every process, applied at this step boundary. A
+        technique chosen by name decides on the workers' shared weights (diloco takes an outer step first)."""
+        if self.config.technique is not None:
+            self.count_owed(self.role.exchange.settle(self.model))
         end = EpochEnd(epoch=epoch, batch_size=self.prepared.batch_size, step=self.schedule.first_step(epoch + 1))
         decision = self.role.agreement.agree(
             epoch, lambda: self.technique.amend(self.technique.epoch_end(end, self.model), end, self.model)
@@ -284,8 +287,10 @@ class Trainer:
         re-make what it sized for the old network."""
         exchange, prepared = self.role.exchange, self.prepared
         recording = self.records.metrics is not None and decision.changes_network
+        if decision.changes_network:
+            self.count_owed(exchange.settle(self.model))
         before = self._network_record() if recording else None
-        exchange.prepare_reconfiguration(self.model, self.optimizer, epoch)
+        exchange.prepare_reconfiguration(self.model, self.optimizer, epoch, decision)
         apply_decision(prepared, decision, epoch)
         self.model = prepared.model
         self._named_parameters = dict(self.model.named_parameters())
@@ -342,10 +347,9 @@ class Trainer:
         if saved["step"] == self.prepared.resumed_from:
             self.role.exchange.load_state_dict(saved["state"])
 
-    def count_concluding(self, times: ExchangeTimes | None) -> None:
-        """The exchange a run owes after its last step (diloco's outer step over the inner steps since its last) is
-        training: its bytes count with the steps', its seconds with the measured steps' time (as communication and
-        wait), so a run whose last outer step comes after its last step is not reported faster than it was."""
+    def count_owed(self, times: ExchangeTimes | None) -> None:
+        """An exchange made between steps (diloco's outer step after the last step, or before a decision) is
+        training: its bytes count with the steps', its seconds with the measured steps' (as communication and wait)."""
         if times is None:
             return
         self.gradient_bytes_sent += times.sent_bytes
@@ -379,21 +383,3 @@ class Trainer:
 
     def close(self) -> None:
         self.records.close()
-
-
-def _timed(batches: Iterable[Any]) -> Iterator[tuple[float, float, Any]]:
-    """``(asked, got, batch)`` for each batch: the clock when the step asked for it and when it came. The time
-    between is the step's data part: reading and collating in this process, or waiting for a loader's workers."""
-    iterator = iter(batches)
-    try:
-        while True:
-            asked = now()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            yield asked, now(), batch
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()

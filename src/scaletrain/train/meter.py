@@ -14,11 +14,13 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from scaletrain.config import WARMUP_STEPS
 
-__all__ = ["EpochSteps", "ThroughputMeter", "minor_faults"]
+__all__ = ["EpochSteps", "ThroughputMeter", "minor_faults", "now", "timed_batches"]
 
 
 @dataclass
@@ -140,3 +142,21 @@ class EpochSteps:
             "seconds_per_step": computed * compute + moved + statistics.median(self.data),
             "communication_seconds_per_step": moved,
         }
+
+
+def timed_batches(batches: Iterable[Any]) -> Iterator[tuple[float, float, Any]]:
+    """``(asked, got, batch)`` for each batch: the clock when the step asked for it and when it came. The time
+    between is the step's data part: reading and collating in this process, or waiting for a loader's workers."""
+    iterator = iter(batches)
+    try:
+        while True:
+            asked = now()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            yield asked, now(), batch
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()

@@ -351,7 +351,7 @@ def train_worker(prepared: Prepared, role: Role, store: dist.Store) -> Trainer:
     trainer = Trainer(prepared, role)
     try:
         trainer.train()
-        trainer.count_concluding(role.exchange.conclude(prepared.model, lambda n: refresh_batch_norm(trainer, n)))
+        trainer.count_owed(role.exchange.conclude(prepared.model, lambda n: refresh_batch_norm(trainer, n)))
         # Measurements go to the store before the exchange's goodbye, so rank 0 finds them.
         store.set(f"stats/{role.rank}", json.dumps(asdict(trainer.stats())))
         role.exchange.finish(prepared.model)

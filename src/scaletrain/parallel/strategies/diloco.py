@@ -14,12 +14,18 @@ survivors of a lost worker drop its inner steps since the last outer step and go
 (``--join``) take the anchor and the outer optimizer's state at an outer step (:mod:`.diloco_elastic`).
 ``-S outer_exchange=sharded`` sends the change to the sharded parameter server instead, whose owners each step
 their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The estimators predict it
-(:func:`outer_step_seconds`: a step that talks once in H). Not built yet: techniques that change the network,
-``--overlap``, ``--min-workers`` and ``--resume`` through the sharded server (each refused in one line).
+(:func:`outer_step_seconds`: a step that talks once in H).
+
+With ``--technique``, every epoch's end is an outer step too (:meth:`DiLoCoExchange.settle`): the technique decides
+on the shared weights, every worker applies the decision to them, and the anchor and the outer optimizer's state
+are reshaped by the same surgery as the network and the inner optimizer's (:func:`reshaped_anchor`). Not built yet:
+``--technique`` with ``--min-workers`` or through the sharded server, ``--overlap``, and ``--min-workers`` and
+``--resume`` through the sharded server (each refused in one line).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -30,6 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from scaletrain.config import WARMUP_STEPS, TrainConfig
+from scaletrain.efficient.base import Reconfiguration
+from scaletrain.efficient.surgery import reconfigure
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange, ring_allreduce_seconds
 from scaletrain.parallel.strategies.base import (
@@ -93,10 +101,13 @@ class DiLoCo(Strategy):
             raise ConfigError(f"--sync-every must be 1 or more inner steps, got {values['sync_every']}")
         if not values["outer_lr"] > 0 or not 0 <= values["outer_momentum"] < 1:
             raise ConfigError("--strategy diloco: -S outer_lr must be > 0 and -S outer_momentum in [0, 1)")
-        if config.technique is not None:
-            raise ConfigError("--strategy diloco does not work with --technique yet; drop --technique")
+        if config.technique is not None and config.min_workers is not None:
+            raise ConfigError(
+                "--strategy diloco does not work with --technique and --min-workers together yet; drop one of them"
+            )
         if values["outer_exchange"] == "sharded":
-            for given, flag in ((config.min_workers, "--min-workers"), (config.resume or None, "--resume")):
+            refused = (config.min_workers, "--min-workers"), (config.resume or None, "--resume")
+            for given, flag in (*refused, (config.technique, "--technique")):
                 if given is not None:
                     raise ConfigError(f"-S outer_exchange=sharded does not work with {flag} yet; drop one of them")
             if CODECS[config.wire].all_reduce_only:
@@ -168,6 +179,39 @@ def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     return (np.ceil(steps / every) - np.floor(warmup / every)) / (steps - warmup)
 
 
+def reshaped_anchor(
+    model: nn.Module,
+    anchor: list[nn.Parameter],
+    outer: torch.optim.Optimizer,
+    decision: Reconfiguration,
+    make_outer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+    """The anchor and the outer optimizer for the network ``decision`` makes of ``model``: a copy of the network
+    holding the anchor goes through the surgery the network goes through, which carries the outer optimizer's
+    state (its momentum: kept channels keep theirs, copied ones are scaled as their weights are) as it carries
+    the inner optimizer's, and whose new parameters are the new anchor.
+
+    >>> net = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    >>> anchor = [nn.Parameter(p.detach().clone()) for p in net.parameters()]
+    >>> outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9)
+    >>> for p in anchor:
+    ...     outer.state[p]["momentum_buffer"] = torch.arange(p.numel(), dtype=torch.float).reshape(p.shape)
+    >>> keep = Reconfiguration(keep={"0": {"out": [0, 2]}, "1": {"in": [0, 2]}})
+    >>> new, stepper = reshaped_anchor(net, anchor, outer, keep, lambda ps: torch.optim.SGD(ps, lr=0.7, momentum=0.9))
+    >>> [tuple(p.shape) for p in new], stepper.state[new[1]]["momentum_buffer"].tolist()
+    ([(2, 2), (2,), (1, 2), (1,)], [0.0, 2.0])
+    """
+    twin = copy.deepcopy(model)
+    parameters = list(twin.parameters())
+    with torch.no_grad():
+        for parameter, value in zip(parameters, anchor, strict=True):
+            parameter.copy_(value)
+    stepper = make_outer(parameters)
+    stepper.load_state_dict(outer.state_dict())
+    stepper = reconfigure(twin, stepper, decision, make_outer)
+    return list(twin.parameters()), stepper
+
+
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
     """The outer optimizer over ``parameters`` (the anchor) as the options say."""
     name = values["outer_optimizer"]
@@ -195,6 +239,7 @@ class DiLoCoExchange(AllReduceExchange):
         self._handed = handed
         self.values, self.every = values, values["sync_every"]
         self.inner_steps = self.outer_steps = 0
+        self._last_outer = 0  # the inner steps taken when the last outer step was
         self._anchor: list[nn.Parameter] = []
         self._outer: torch.optim.Optimizer | None = None
         self._model: nn.Module | None = None
@@ -222,12 +267,32 @@ class DiLoCoExchange(AllReduceExchange):
             self.inner_steps -= 1
             raise
 
+    def settle(self, model: nn.Module) -> ExchangeTimes | None:
+        """An outer step over the inner steps since the last one, if any: every worker then holds the shared
+        weights (with ``--technique``, at every epoch's end)."""
+        if self.inner_steps == self._last_outer:
+            return None
+        return self._outer_step(model, False)
+
+    def prepare_reconfiguration(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, decision: Reconfiguration
+    ) -> None:
+        """The anchor and the outer optimizer's state for the network the decision makes; the loop settled the
+        workers first, so the anchor is the weights every worker reshapes."""
+        if decision.changes_network:
+            make = lambda parameters: outer_optimizer(self.values, parameters)  # noqa: E731
+            self._anchor, self._outer = reshaped_anchor(model, self._anchor, self._outer, decision, make)
+
+    def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        super().reconfigure(model, optimizer)
+        self._model, self._inner = model, optimizer
+
     def conclude(self, model: nn.Module, refresh: Callable[[int], int]) -> ExchangeTimes | None:
         """The inner steps since the last outer step go into one more outer step: every worker ends with the
         shared weights, which rank 0 evaluates and saves. Unless each outer step is the synchronous all-reduce's
         (H = 1, a plain average), the shared weights are not those batch norm's running statistics were gathered
         for: each worker re-estimates them on its share of H batches and the workers take their mean."""
-        times = self._outer_step(model, False) if self.inner_steps % self.every else None
+        times = self.settle(model)
         if not self.outer_steps or (self.every == 1 and self._averages_only()) or not refresh(self.every):
             return times
         buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
@@ -270,6 +335,7 @@ class DiLoCoExchange(AllReduceExchange):
             if averaged is not None:
                 unflatten_into(averaged, buffers)
         self.outer_steps += 1
+        self._last_outer = self.inner_steps
         buffer_bytes = 0 if averaged is None else averaged.numel() * averaged.element_size()
         sent = self.codec.payload_bytes(layout) + buffer_bytes if self.workers > 1 else 0
         return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
@@ -287,6 +353,7 @@ class DiLoCoExchange(AllReduceExchange):
             "outer": self._outer.state_dict(),
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
+            "last_outer": self._last_outer,
         }
 
     def take_outer_state(self, state: dict[str, Any]) -> None:
@@ -294,7 +361,12 @@ class DiLoCoExchange(AllReduceExchange):
             for anchor, value in zip(self._anchor, state["anchor"], strict=True):
                 anchor.copy_(value)
         self._outer.load_state_dict(state["outer"])
+        self._take_counts(state)
+
+    def _take_counts(self, state: dict[str, Any]) -> None:
         self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]
+        # saved before an epoch's end could be an outer step: the last was at the last multiple of H
+        self._last_outer = state.get("last_outer", self.inner_steps - self.inner_steps % self.every)
 
     def state_dict(self) -> dict | None:
         """Beside each checkpoint, per worker: the codec's state, the anchor and the outer optimizer's state, and
@@ -308,6 +380,7 @@ class DiLoCoExchange(AllReduceExchange):
             "inner": self._inner.state_dict(),
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
+            "last_outer": self._last_outer,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -322,4 +395,4 @@ class DiLoCoExchange(AllReduceExchange):
                 parameter.copy_(value)
         self._outer.load_state_dict(state["outer"])
         self._inner.load_state_dict(state["inner"])
-        self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]
+        self._take_counts(state)

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from scaletrain.efficient.base import Reconfiguration
 from scaletrain.parallel.strategies.ps.membership import REDO
 from scaletrain.parallel.strategies.ps.protocol import (
     DONE,
@@ -301,7 +302,9 @@ class PSExchange(GradientExchange):
             self._await_grant(owner)
             self._request(owner, kind, self.versions[owner] if epoch is None else epoch)
 
-    def prepare_reconfiguration(self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> None:
+    def prepare_reconfiguration(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, decision: Reconfiguration
+    ) -> None:
         """At the agreed step boundary: tell every remote owner (their serving threads end), then bring the
         owners' master weights and optimizer state into ``model`` and ``optimizer``."""
         self._tell_owners(RECONFIGURE, epoch)
