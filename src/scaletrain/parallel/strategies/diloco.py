@@ -19,8 +19,8 @@ their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The
 With ``--technique``, every epoch's end is an outer step too (:meth:`DiLoCoExchange.settle`): the technique decides
 on the shared weights, every worker applies the decision to them, and the anchor and the outer optimizer's state
 are reshaped by the same surgery as the network and the inner optimizer's (:func:`reshaped_anchor`). Not built yet:
-``--technique`` with ``--min-workers`` or through the sharded server, ``--overlap``, and ``--min-workers`` and
-``--resume`` through the sharded server (each refused in one line).
+``--technique`` with ``--min-workers`` or through the sharded server, ``--overlap``, and ``--min-workers``
+through the sharded server (each refused in one line).
 """
 
 from __future__ import annotations
@@ -106,8 +106,7 @@ class DiLoCo(Strategy):
                 "--strategy diloco does not work with --technique and --min-workers together yet; drop one of them"
             )
         if values["outer_exchange"] == "sharded":
-            refused = (config.min_workers, "--min-workers"), (config.resume or None, "--resume")
-            for given, flag in (*refused, (config.technique, "--technique")):
+            for given, flag in ((config.min_workers, "--min-workers"), (config.technique, "--technique")):
                 if given is not None:
                     raise ConfigError(f"-S outer_exchange=sharded does not work with {flag} yet; drop one of them")
             if CODECS[config.wire].all_reduce_only:

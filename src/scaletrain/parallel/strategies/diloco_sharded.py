@@ -8,9 +8,10 @@ planned by :func:`~scaletrain.parallel.sharding.assign_greedy`, one two-process 
 :class:`~scaletrain.parallel.strategies.ps.server.ShardServer` per owner, the worker's side
 :class:`~scaletrain.parallel.strategies.ps.exchange.PSExchange`. Only the gradient it is given and the owners'
 optimizer differ: the pseudo-gradient, once per outer step, and the outer optimizer at its own constant rate,
-unclipped. Each owner's outer optimizer state lives with its shard and is not saved: a run through the sharded
-server writes no checkpoint to resume from, and loses its owners' state with a lost worker (``--resume`` and
-``--min-workers`` are refused). The averaged change is the same as the all-reduce's (up to the order of the sum).
+unclipped. Each owner's outer optimizer state lives with its shard; each worker saves its owner's shard and that
+state beside every checkpoint, with its own weights, inner optimizer state and anchor, so a resumed run goes on
+exactly. A lost worker takes its shard's state with it (``--min-workers`` is refused). The averaged change is the
+same as the all-reduce's (up to the order of the sum).
 """
 
 from __future__ import annotations
@@ -76,8 +77,7 @@ def run_sharded(
         codec=wire_codec(config),
     )
     exchange = ShardedOuterExchange(server_side, every)
-    # the owners hold the outer state: rank 0's checkpoint could not resume the run
-    role = dataclasses.replace(worker_role(prepared, layout, rank, store, exchange), checkpoints=False)
+    role = worker_role(prepared, layout, rank, store, exchange)
     trainer = train_worker(prepared, role, store)
     if server_side.local_server is not None:  # more workers than tensors: some own nothing
         server_side.local_server.join()
@@ -97,10 +97,13 @@ class ShardedOuterExchange(GradientExchange):
         self.server_side, self.every = server_side, every
         self.inner_steps = self.outer_steps = 0
         self._anchor: list[torch.Tensor] = []
+        self._model: nn.Module | None = None
+        self._inner: torch.optim.Optimizer | None = None
 
     def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.server_side.start(model, optimizer)  # every worker takes the owners' weights
         self._anchor = [p.detach().clone() for p in model.parameters()]
+        self._model, self._inner = model, optimizer
 
     def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
         skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
@@ -140,7 +143,35 @@ class ShardedOuterExchange(GradientExchange):
         return times
 
     def state_dict(self) -> dict | None:
-        return self.server_side.state_dict()
+        """Beside each checkpoint, per worker: the codec's state, the owners' versions, this worker's owner's shard
+        with the outer optimizer's state (between outer steps, when no update can start without this worker's
+        change), the anchor, and this worker's weights and inner optimizer state since the last outer step."""
+        owner = self.server_side.local_server
+        return {
+            "codec": self.server_side.state_dict(),
+            "versions": dict(self.server_side.versions),
+            "owner": owner.saved() if owner is not None else None,
+            "anchor": [anchor.clone() for anchor in self._anchor],
+            "weights": [p.detach().clone() for p in self._model.parameters()],
+            "inner": self._inner.state_dict(),
+            "inner_steps": self.inner_steps,
+            "outer_steps": self.outer_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        self.server_side.load_state_dict(state)
+        """Before this worker's first step of the resumed run, so its owner's next update waits for it."""
+        if state.get("codec"):
+            self.server_side.load_state_dict(state["codec"])
+        if state.get("anchor") is None:
+            return
+        owner = self.server_side.local_server
+        if owner is not None and state["owner"] is not None:
+            owner.restore(state["owner"])
+        self.server_side.versions.update(state["versions"])
+        with torch.no_grad():
+            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
+                anchor.copy_(value)
+            for parameter, value in zip(self._model.parameters(), state["weights"], strict=True):
+                parameter.copy_(value)
+        self._inner.load_state_dict(state["inner"])
+        self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]

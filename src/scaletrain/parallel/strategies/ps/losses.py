@@ -1,12 +1,15 @@
 """What a parameter server does when a peer is lost: an elastic central server drops it and the survivors go
 on (:mod:`.membership`); an elastic sharded owner gives up its own worker's wait as soon as
 a peer was lost, is closed when the survivors regroup, and keeps the momentum its last update started from
-(the survivors undo a step a lost peer took part in). A part of :class:`~.server.ShardServer`."""
+(the survivors undo a step a lost peer took part in); and what an owner's checkpoint holds. A part of
+:class:`~.server.ShardServer`."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -115,6 +118,20 @@ class LossHandling:
             if self._before is not None and self._before[0] == version:
                 return self._before[1]
             return None
+
+    def saved(self) -> dict[str, Any]:
+        """The master tensors, their optimizer's state and the version, for a checkpoint of a run whose owners keep
+        state of their own (diloco's outer step); taken between updates, as :meth:`restore` takes it back."""
+        with self._condition:
+            master = [parameter.detach().clone() for parameter in self.master]
+            return {"master": master, "optimizer": copy.deepcopy(self.optimizer.state_dict()), "version": self.version}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        with self._condition, torch.no_grad():
+            for parameter, value in zip(self.master, saved["master"], strict=True):
+                parameter.copy_(value)  # in place: the master tensors are views of the flat buffer replies send
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.version = saved["version"]
 
     def _state(self) -> dict[str, torch.Tensor]:
         if getattr(self, "_layout", None) is None:  # learned once: a step of a like optimizer
