@@ -82,12 +82,33 @@ def test_a_run_stopped_between_outer_steps_resumes_to_the_uninterrupted_weights(
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-5, msg=name)
 
 
+def test_asynchronous_owners_step_with_each_change_as_it_comes_and_record_how_stale_it_was(
+    data: Path, tmp_path: Path
+) -> None:
+    """3 workers, H = 2, 4 steps of 3 × 16 each: every owner applies each worker's change alone (rank 0's owner: 3
+    workers' 2 outer steps, 6 updates), and as all start from the same anchor, a change that follows another's update
+    was computed on an older anchor: at least one is stale. The run learns: each worker's loss falls."""
+    async_options = {"outer_exchange": "sharded-async"}
+    settings = {"workers": 3, "sync": "join", "sync_every": 2, "strategy_options": async_options, **COMMON}
+    summary = scaletrain.train("lenet", data_dir=data, out=tmp_path / "run", steps=4, **settings)
+    assert (summary["steps"], summary["outer_steps"], summary["server_updates"]) == (4, 2, 6)
+    staleness = summary["staleness"]
+    assert sum(staleness["histogram"].values()) == 6 and staleness["max"] >= 1
+    for worker in summary["per_worker"]:
+        assert worker["last_step_loss"] < worker["first_step_loss"]
+    assert summary["test_loss"] < summary["per_worker"][0]["first_step_loss"]
+
+
 @pytest.mark.parametrize(
     ("settings", "says"),
     [
         ({"min_workers": 1}, "-S outer_exchange=sharded does not work with --min-workers yet"),
         ({"technique": "rebatch", "technique_options": {"batch_size": 8}}, "does not work with --technique yet"),
         ({"wire": "powersgd"}, "--wire powersgd needs -S outer_exchange=allreduce"),
+        (
+            {"resume": True, "strategy_options": {"outer_exchange": "sharded-async"}},
+            "-S outer_exchange=sharded-async does not work with --resume yet",
+        ),
     ],
 )
 def test_what_the_sharded_route_lacks_is_refused_before_anything_starts(
@@ -95,6 +116,6 @@ def test_what_the_sharded_route_lacks_is_refused_before_anything_starts(
 ) -> None:
     with pytest.raises(ConfigError, match=says):
         scaletrain.train(
-            "lenet", out=tmp_path / "run", workers=2, strategy="diloco", strategy_options=SHARDED, **settings
+            "lenet", out=tmp_path / "run", workers=2, strategy="diloco", **{"strategy_options": SHARDED, **settings}
         )
     assert not (tmp_path / "run").exists()

@@ -35,6 +35,7 @@ __all__ = [
     "apply_architecture",
     "identity_module",
     "reconfigure",
+    "reshaped_copy",
     "resized_architecture",
 ]
 
@@ -107,6 +108,40 @@ def reconfigure(
         + [(f"optimizer state {key}", v) for state in states for key, v in state.items() if torch.is_tensor(v)]
     )
     return renewed
+
+
+def reshaped_copy(
+    model: nn.Module,
+    values: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    decision: Reconfiguration,
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
+    """``values`` (a tensor per parameter of ``model``, in order) and ``optimizer``'s state over them, reshaped as
+    ``decision`` reshapes ``model``: a copy of the network holding ``values`` goes through the same surgery, which
+    carries the optimizer's state (momentum: kept channels keep theirs, copied ones are scaled as their weights
+    are); its new parameters, and the new optimizer over them. diloco's anchor and outer optimizer go through a
+    decision this way.
+
+    >>> net = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
+    >>> anchor = [nn.Parameter(p.detach().clone()) for p in net.parameters()]
+    >>> outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9)
+    >>> for p in anchor:
+    ...     outer.state[p]["momentum_buffer"] = torch.arange(p.numel(), dtype=torch.float).reshape(p.shape)
+    >>> keep = Reconfiguration(keep={"0": {"out": [0, 2]}, "1": {"in": [0, 2]}})
+    >>> new, stepper = reshaped_copy(net, anchor, outer, keep, lambda ps: torch.optim.SGD(ps, lr=0.7, momentum=0.9))
+    >>> [tuple(p.shape) for p in new], stepper.state[new[1]]["momentum_buffer"].tolist()
+    ([(2, 2), (2,), (1, 2), (1,)], [0.0, 2.0])
+    """
+    twin = copy.deepcopy(model)
+    parameters = list(twin.parameters())
+    with torch.no_grad():
+        for parameter, value in zip(parameters, values, strict=True):
+            parameter.copy_(value)
+    stepper = make_optimizer(parameters)
+    stepper.load_state_dict(optimizer.state_dict())
+    stepper = reconfigure(twin, stepper, decision, make_optimizer)
+    return list(twin.parameters()), stepper
 
 
 def _start_momentum(optimizer: torch.optim.Optimizer) -> None:

@@ -13,19 +13,20 @@ beside every checkpoint with the codec's state, so that a resumed run goes on ex
 survivors of a lost worker drop its inner steps since the last outer step and go on, and workers started later
 (``--join``) take the anchor and the outer optimizer's state at an outer step (:mod:`.diloco_elastic`).
 ``-S outer_exchange=sharded`` sends the change to the sharded parameter server instead, whose owners each step
-their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`). The estimators predict it
-(:func:`outer_step_seconds`: a step that talks once in H).
+their share of the anchor with the outer optimizer (:mod:`.diloco_sharded`); ``sharded-async`` has each owner step
+its share with each worker's change as it comes, at ``outer_lr`` / N, and the staleness recorded. The estimators
+predict it (:func:`outer_step_seconds`: a step that talks once in H).
 
 With ``--technique``, every epoch's end is an outer step too (:meth:`DiLoCoExchange.settle`): the technique decides
 on the shared weights, every worker applies the decision to them, and the anchor and the outer optimizer's state
-are reshaped by the same surgery as the network and the inner optimizer's (:func:`reshaped_anchor`). Not built yet:
+are reshaped by the same surgery as the network and the inner optimizer's
+(:func:`~scaletrain.efficient.surgery.reshaped_copy`). Not built yet:
 ``--technique`` with ``--min-workers`` or through the sharded server, ``--overlap``, and ``--min-workers``
 through the sharded server (each refused in one line).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -37,7 +38,7 @@ from torch import nn
 
 from scaletrain.config import WARMUP_STEPS, TrainConfig
 from scaletrain.efficient.base import Reconfiguration
-from scaletrain.efficient.surgery import reconfigure
+from scaletrain.efficient.surgery import reshaped_copy
 from scaletrain.errors import ConfigError
 from scaletrain.parallel.strategies.allreduce import AllReduceExchange, ring_allreduce_seconds
 from scaletrain.parallel.strategies.base import (
@@ -80,15 +81,16 @@ class DiLoCo(Strategy):
         StrategyOption(
             "outer_exchange",
             "allreduce: the workers average the change; sharded: each owner of the sharded parameter server steps "
-            "its share of the anchor",
+            "its share of the anchor with the workers' mean change; sharded-async: with each worker's change as it "
+            "comes, at outer_lr / N",
             "allreduce",
-            choices=("allreduce", "sharded"),
+            choices=("allreduce", "sharded", "sharded-async"),
         ),
     )
 
     def estimator_terms(self, server: str) -> EstimatorTerms | None:
         # the thesis has no formula for it; the workers meet only at an outer step
-        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce", meetings=outer_share)
+        return EstimatorTerms(exchange=outer_step_seconds, probe="allreduce", meetings=outer_meetings)
 
     def elastic(self, layout: Layout) -> bool:
         return True  # through the sharded server it is refused in check_options
@@ -105,10 +107,14 @@ class DiLoCo(Strategy):
             raise ConfigError(
                 "--strategy diloco does not work with --technique and --min-workers together yet; drop one of them"
             )
-        if values["outer_exchange"] == "sharded":
-            for given, flag in ((config.min_workers, "--min-workers"), (config.technique, "--technique")):
+        route = values["outer_exchange"]
+        if route != "allreduce":
+            refused = [(config.min_workers, "--min-workers"), (config.technique, "--technique")]
+            # an asynchronous owner's shard moves whenever a worker's change comes: no step to resume all from
+            refused += [(config.resume or None, "--resume")] if route == "sharded-async" else []
+            for given, flag in refused:
                 if given is not None:
-                    raise ConfigError(f"-S outer_exchange=sharded does not work with {flag} yet; drop one of them")
+                    raise ConfigError(f"-S outer_exchange={route} does not work with {flag} yet; drop one of them")
             if CODECS[config.wire].all_reduce_only:
                 raise ConfigError(f"--wire {config.wire} needs -S outer_exchange=allreduce (its factors add up there)")
         outer_optimizer(values, [torch.zeros(1, requires_grad=True)])  # refuses an outer optimizer it cannot make
@@ -116,10 +122,12 @@ class DiLoCo(Strategy):
     def run(self, prepared: Prepared, layout: Layout, rank: int, store: dist.Store) -> dict[str, Any] | None:
         config = prepared.config
         values = self.option_values(config.strategy_options)
-        if values["outer_exchange"] == "sharded":
-            return run_sharded(
-                prepared, layout, rank, store, values["sync_every"], lambda master: outer_optimizer(values, master)
-            )
+        if values["outer_exchange"] != "allreduce":
+            asynchronous = values["outer_exchange"] == "sharded-async"
+            # one worker's change at a time: N of them move the anchor as one synchronous step of their mean
+            each = {**values, "outer_lr": values["outer_lr"] / layout.workers} if asynchronous else values
+            make = lambda master: outer_optimizer(each, master)  # noqa: E731
+            return run_sharded(prepared, layout, rank, store, values["sync_every"], make, asynchronous=asynchronous)
         if config.min_workers is not None and (layout.workers > 1 or config.join):
             return run_elastic(
                 prepared,
@@ -143,7 +151,7 @@ class DiLoCo(Strategy):
 def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     """What an inner step adds to its gradient: the inner optimizer's step, and one H-th of an outer step: the
     change's exchange as the synchronous strategy sends a gradient of the same size (the all-reduce through the wire
-    codec, or with ``outer_exchange=sharded`` the sharded server's push and pull), and the outer optimizer's step,
+    codec, or through the sharded server its push and pull, in turn or not), and the outer optimizer's step,
     taken to cost what the inner one does (on every worker, or on each owner's share). H is ``sync_every``.
 
     >>> from scaletrain.estimate.profile import Profile
@@ -153,8 +161,16 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     [0.014, 0.0032]
     """
     values = DiLoCo().option_values(inputs.options)
-    exchange = sharded_exchange if values["outer_exchange"] == "sharded" else ring_allreduce_seconds
+    exchange = ring_allreduce_seconds if values["outer_exchange"] == "allreduce" else sharded_exchange
     return inputs.profile.t_update + exchange(inputs, n) * outer_share(inputs, n)
+
+
+def outer_meetings(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
+    """The share of inner steps at which the workers wait for each other: their outer steps (:func:`outer_share`),
+    or none where each owner takes each worker's change as it comes (``outer_exchange=sharded-async``)."""
+    if DiLoCo().option_values(inputs.options)["outer_exchange"] == "sharded-async":
+        return np.zeros(n.shape)
+    return outer_share(inputs, n)
 
 
 def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
@@ -176,39 +192,6 @@ def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     steps = np.maximum(steps, 1.0)
     warmup = np.minimum(WARMUP_STEPS, steps - 1)
     return (np.ceil(steps / every) - np.floor(warmup / every)) / (steps - warmup)
-
-
-def reshaped_anchor(
-    model: nn.Module,
-    anchor: list[nn.Parameter],
-    outer: torch.optim.Optimizer,
-    decision: Reconfiguration,
-    make_outer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-) -> tuple[list[nn.Parameter], torch.optim.Optimizer]:
-    """The anchor and the outer optimizer for the network ``decision`` makes of ``model``: a copy of the network
-    holding the anchor goes through the surgery the network goes through, which carries the outer optimizer's
-    state (its momentum: kept channels keep theirs, copied ones are scaled as their weights are) as it carries
-    the inner optimizer's, and whose new parameters are the new anchor.
-
-    >>> net = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))
-    >>> anchor = [nn.Parameter(p.detach().clone()) for p in net.parameters()]
-    >>> outer = torch.optim.SGD(anchor, lr=0.7, momentum=0.9)
-    >>> for p in anchor:
-    ...     outer.state[p]["momentum_buffer"] = torch.arange(p.numel(), dtype=torch.float).reshape(p.shape)
-    >>> keep = Reconfiguration(keep={"0": {"out": [0, 2]}, "1": {"in": [0, 2]}})
-    >>> new, stepper = reshaped_anchor(net, anchor, outer, keep, lambda ps: torch.optim.SGD(ps, lr=0.7, momentum=0.9))
-    >>> [tuple(p.shape) for p in new], stepper.state[new[1]]["momentum_buffer"].tolist()
-    ([(2, 2), (2,), (1, 2), (1,)], [0.0, 2.0])
-    """
-    twin = copy.deepcopy(model)
-    parameters = list(twin.parameters())
-    with torch.no_grad():
-        for parameter, value in zip(parameters, anchor, strict=True):
-            parameter.copy_(value)
-    stepper = make_outer(parameters)
-    stepper.load_state_dict(outer.state_dict())
-    stepper = reconfigure(twin, stepper, decision, make_outer)
-    return list(twin.parameters()), stepper
 
 
 def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
@@ -280,7 +263,7 @@ class DiLoCoExchange(AllReduceExchange):
         workers first, so the anchor is the weights every worker reshapes."""
         if decision.changes_network:
             make = lambda parameters: outer_optimizer(self.values, parameters)  # noqa: E731
-            self._anchor, self._outer = reshaped_anchor(model, self._anchor, self._outer, decision, make)
+            self._anchor, self._outer = reshaped_copy(model, self._anchor, self._outer, decision, make)
 
     def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().reconfigure(model, optimizer)

@@ -44,10 +44,19 @@ OuterOptimizer = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
 def run_sharded(
-    prepared: Prepared, layout: Layout, rank: int, store: dist.Store, every: int, make_outer: OuterOptimizer
+    prepared: Prepared,
+    layout: Layout,
+    rank: int,
+    store: dist.Store,
+    every: int,
+    make_outer: OuterOptimizer,
+    *,
+    asynchronous: bool = False,
 ) -> dict[str, Any] | None:
     """One worker of a diloco run through the sharded server (every process is a worker and an owner), an outer
-    step every ``every`` inner steps; rank 0 gathers the final anchor from the owners and returns the summary."""
+    step every ``every`` inner steps; rank 0 gathers the final anchor from the owners and returns the summary.
+    ``asynchronous``: each owner steps its share with each worker's change as it comes, and records how many
+    updates the change's anchor was behind (its staleness); rank 0's owner's record goes into the summary."""
     config = prepared.config
     workers = layout.worker_ranks()
     pairs = [(a, b) for a in workers for b in workers if a < b]
@@ -62,7 +71,7 @@ def run_sharded(
             optimizer=make_outer(master),
             peers=peers,
             contributors=layout.workers,
-            synchronous=True,
+            synchronous=not asynchronous,
             timeout=config.timeout,
             codec=wire_codec(config),
         )
@@ -86,6 +95,9 @@ def run_sharded(
         return None
     stats = collect_stats(store, workers, set(), config.timeout)
     fields = layout_fields(layout, config) | {"outer_steps": exchange.outer_steps}
+    if asynchronous:  # rank 0 owns a shard: the first tensor goes to the first worker (assign_greedy's ties)
+        owner = server_side.local_server.stats
+        fields |= {"staleness": owner.staleness_summary(), "server_updates": owner.updates}
     return write_summary(prepared, trainer.final_quality(), stats, layout_fields=fields)
 
 
