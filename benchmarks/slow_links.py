@@ -4,7 +4,8 @@ links of 50 and 10 Mbit/s (``--networks``; namespaces + veth + tc, root), with e
 Rows (``--rows``, each a fresh ``scaletrain train`` process tree, one after another): the dense all-reduce,
 PowerSGD rank 4 and top-k 1 % (with error feedback), local SGD (``--strategy diloco -S outer_lr=1 -S
 outer_momentum=0``) and DiLoCo (outer Nesterov SGD at 0.7, momentum 0.9) at ``--sync-every`` 16 and 64; when
-named (they take long), the asynchronous central server (``--async-batches split``) and DiLoCo at H = 128. Every
+named (they take long), the asynchronous central server (``--async-batches split``), DiLoCo at H = 128 and 256, and
+at H = 128 through the sharded server's asynchronous owners (``-S outer_exchange=sharded-async``). Every
 synchronous row splits each global batch over the two workers, and DiLoCo's workers each take their share's
 inner steps, so every row trains the same samples; the asynchronous row's workers each update with half a batch.
 ResNet-20's recipe is SGD or AdamW (``--optimizer``: the inner optimizer for DiLoCo, as in the paper), with a
@@ -79,9 +80,11 @@ ROWS = {
     "diloco H=128": Row("diloco-split", options=(("sync_every", 128),)),
     "diloco H=128 bf16": Row("diloco-split", "bf16", options=(("sync_every", 128),)),
     "diloco H=256": Row("diloco-split", options=(("sync_every", 256),)),
+    # each owner of the sharded server steps its share with each worker's change as it comes
+    "diloco H=128 async": Row("diloco-split", options=(("sync_every", 128), ("outer_exchange", "sharded-async"))),
 }
 #: what --rows leaves out unless named: the slow ones, whose figures a shorter run gives as well, and the rarer H
-SLOW_ROWS = ("async central", "diloco H=128", "diloco H=128 bf16", "diloco H=256")
+SLOW_ROWS = ("async central", "diloco H=128", "diloco H=128 bf16", "diloco H=256", "diloco H=128 async")
 
 
 def recipe(args: argparse.Namespace, data_dir: Path) -> tuple[str, dict[str, str], list[str]]:
