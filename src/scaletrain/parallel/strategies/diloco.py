@@ -49,7 +49,7 @@ from scaletrain.parallel.strategies.base import (
     layout_fields,
     train_worker,
 )
-from scaletrain.parallel.strategies.diloco_elastic import Rollback, run_elastic
+from scaletrain.parallel.strategies.diloco_elastic import Rollback, own_state, run_elastic, take_own_state
 from scaletrain.parallel.strategies.diloco_sharded import run_sharded
 from scaletrain.parallel.strategies.ps.terms import sharded_exchange
 from scaletrain.parallel.strategies.roles import worker_role
@@ -356,10 +356,8 @@ class DiLoCoExchange(AllReduceExchange):
         0's only)."""
         return {
             "codec": super().state_dict(),
-            "anchor": [anchor.detach().clone() for anchor in self._anchor],
+            **own_state(self._anchor, self._model, self._inner),
             "outer": self._outer.state_dict(),
-            "weights": [p.detach().clone() for p in self._model.parameters()],
-            "inner": self._inner.state_dict(),
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
             "last_outer": self._last_outer,
@@ -370,11 +368,6 @@ class DiLoCoExchange(AllReduceExchange):
             super().load_state_dict(state["codec"])
         if state.get("anchor") is None:
             return
-        with torch.no_grad():
-            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
-                anchor.copy_(value)
-            for parameter, value in zip(self._model.parameters(), state["weights"], strict=True):
-                parameter.copy_(value)
+        take_own_state(state, self._anchor, self._model, self._inner)
         self._outer.load_state_dict(state["outer"])
-        self._inner.load_state_dict(state["inner"])
         self._take_counts(state)

@@ -33,7 +33,7 @@ from scaletrain.train.membership import elastic_fields, take_live_state
 from scaletrain.train.state import Membership, Prepared, Regrouped, Role
 from scaletrain.train.summary import write_summary
 
-__all__ = ["OuterState", "OuterStepMembership", "Rollback", "run_elastic"]
+__all__ = ["OuterState", "OuterStepMembership", "Rollback", "own_state", "run_elastic", "take_own_state"]
 
 
 class OuterState(Protocol):
@@ -63,6 +63,25 @@ class Rollback:
             for parameter, value in zip(model.parameters(), self.weights, strict=True):
                 parameter.copy_(value)
         optimizer.load_state_dict(self.optimizer)
+
+
+def own_state(anchor: list[torch.Tensor], model: nn.Module, inner: torch.optim.Optimizer) -> dict[str, Any]:
+    """What a worker holds between outer steps and a checkpoint (rank 0's weights) does not: the anchor, and its
+    own weights and inner optimizer state since the last outer step."""
+    weights = [p.detach().clone() for p in model.parameters()]
+    return {"anchor": [a.detach().clone() for a in anchor], "weights": weights, "inner": inner.state_dict()}
+
+
+def take_own_state(
+    state: dict[str, Any], anchor: list[torch.Tensor], model: nn.Module, inner: torch.optim.Optimizer
+) -> None:
+    """Go on from :func:`own_state`."""
+    with torch.no_grad():
+        for tensor, value in zip(anchor, state["anchor"], strict=True):
+            tensor.copy_(value)
+        for parameter, value in zip(model.parameters(), state["weights"], strict=True):
+            parameter.copy_(value)
+    inner.load_state_dict(state["inner"])
 
 
 class OuterStepMembership(StoreMembership):

@@ -26,6 +26,7 @@ from torch import nn
 
 from scaletrain.parallel.sharding import assign_greedy
 from scaletrain.parallel.strategies.base import Layout, collect_stats, layout_fields, train_worker
+from scaletrain.parallel.strategies.diloco_elastic import own_state, take_own_state
 from scaletrain.parallel.strategies.ps.exchange import PSExchange
 from scaletrain.parallel.strategies.ps.protocol import pair_groups
 from scaletrain.parallel.strategies.ps.server import ShardServer
@@ -163,9 +164,7 @@ class ShardedOuterExchange(GradientExchange):
             "codec": self.server_side.state_dict(),
             "versions": dict(self.server_side.versions),
             "owner": owner.saved() if owner is not None else None,
-            "anchor": [anchor.clone() for anchor in self._anchor],
-            "weights": [p.detach().clone() for p in self._model.parameters()],
-            "inner": self._inner.state_dict(),
+            **own_state(self._anchor, self._model, self._inner),
             "inner_steps": self.inner_steps,
             "outer_steps": self.outer_steps,
         }
@@ -180,10 +179,5 @@ class ShardedOuterExchange(GradientExchange):
         if owner is not None and state["owner"] is not None:
             owner.restore(state["owner"])
         self.server_side.versions.update(state["versions"])
-        with torch.no_grad():
-            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
-                anchor.copy_(value)
-            for parameter, value in zip(self._model.parameters(), state["weights"], strict=True):
-                parameter.copy_(value)
-        self._inner.load_state_dict(state["inner"])
+        take_own_state(state, self._anchor, self._model, self._inner)
         self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]
