@@ -1,7 +1,8 @@
 """``--strategy diloco``: H inner steps on each worker, then an outer step with the averaged change. With H = 1 and
 an outer SGD step at rate 1 without momentum it is the synchronous all-reduce; a run stopped between two outer
-steps resumes to the uninterrupted weights; the change travels through any codec (PowerSGD here); what is not
-built is refused in one line. Real processes on loopback, LeNet on generated Fashion-MNIST files."""
+steps resumes to the uninterrupted weights, also after a technique changed the network at an epoch's end (an outer
+step then); the change travels through any codec (PowerSGD here); what is not built is refused in one line. Real
+processes on loopback, LeNet on generated Fashion-MNIST files."""
 
 from __future__ import annotations
 
