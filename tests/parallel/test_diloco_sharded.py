@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import make_fashion_mnist
+from tests.helpers import make_fashion_mnist, run_cli
 from tests.helpers import model_weights as weights
 
 import scaletrain
 from scaletrain.errors import ConfigError
+from scaletrain.parallel.strategies.diloco import ASYNC_MOMENTUM
 
 pytestmark = pytest.mark.multiprocess
 
@@ -97,6 +98,19 @@ def test_asynchronous_owners_step_with_each_change_as_it_comes_and_record_how_st
     for worker in summary["per_worker"]:
         assert worker["last_step_loss"] < worker["first_step_loss"]
     assert summary["test_loss"] < summary["per_worker"][0]["first_step_loss"]
+
+
+def test_an_outer_momentum_through_the_asynchronous_owners_is_warned_of_in_one_line(data: Path, tmp_path: Path) -> None:
+    """It cost ResNet-20 5 to 11 points (results/slow-links-2026-12-07/); the run goes on."""
+    common = ["lenet", "--workers", "2", "--strategy", "diloco", "--sync-every", "2", "--steps", "2", "--threads", "1"]
+    common += ["--data-dir", str(data), "-S", "outer_exchange=sharded-async", "--progress", "off"]
+    warned = run_cli("train", *common, "--out", str(tmp_path / "warned"))
+    assert warned.returncode == 0, warned.stderr[-2000:]
+    assert [line for line in warned.stderr.splitlines() if line.startswith("warning:")] == [
+        f"warning: {ASYNC_MOMENTUM}"
+    ]
+    plain = run_cli("train", *common, "-S", "outer_lr=1", "-S", "outer_momentum=0", "--out", str(tmp_path / "plain"))
+    assert plain.returncode == 0 and "warning:" not in plain.stderr, plain.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

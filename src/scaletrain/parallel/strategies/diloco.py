@@ -28,6 +28,7 @@ through the sharded server (each refused in one line).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -63,6 +64,13 @@ from scaletrain.train.state import Membership, Prepared
 from scaletrain.train.summary import write_summary
 
 __all__ = ["DiLoCo", "DiLoCoExchange"]
+
+#: What a run through the asynchronous owners with an outer momentum is told at its start (measured on ResNet-20:
+#: results/slow-links-2026-12-07/).
+ASYNC_MOMENTUM = (
+    "an outer momentum through the asynchronous owners cost ResNet-20 5 to 11 points of accuracy against the same "
+    "run in turn (H = 128, 6 epochs); a plain average kept it: -S outer_lr=1 -S outer_momentum=0"
+)
 
 
 class DiLoCo(Strategy):
@@ -124,6 +132,8 @@ class DiLoCo(Strategy):
         values = self.option_values(config.strategy_options)
         if values["outer_exchange"] != "allreduce":
             asynchronous = values["outer_exchange"] == "sharded-async"
+            if asynchronous and rank == 0 and values["outer_optimizer"] == "sgd" and values["outer_momentum"] > 0:
+                print(f"warning: {ASYNC_MOMENTUM}", file=sys.stderr, flush=True)  # the launcher shows rank 0's
             # one worker's change at a time: N of them move the anchor as one synchronous step of their mean
             each = {**values, "outer_lr": values["outer_lr"] / layout.workers} if asynchronous else values
             make = lambda master: outer_optimizer(each, master)  # noqa: E731
