@@ -86,8 +86,10 @@ def run_sharded(
         serve=serve,
         codec=wire_codec(config),
     )
-    exchange = ShardedOuterExchange(server_side, every)
+    exchange = ShardedOuterExchange(server_side, every, resumable=not asynchronous)
     role = worker_role(prepared, layout, rank, store, exchange)
+    if asynchronous:  # an owner's shard moves whenever a change comes: no step to resume every process from
+        role = dataclasses.replace(role, checkpoints=False)
     trainer = train_worker(prepared, role, store)
     if server_side.local_server is not None:  # more workers than tensors: some own nothing
         server_side.local_server.join()
@@ -106,8 +108,9 @@ class ShardedOuterExchange(GradientExchange):
     """Inner steps here; every ``every`` steps the change since the anchor goes to the owners as a gradient
     (``server_side``: the worker's side of the sharded server), whose replies are the new anchor."""
 
-    def __init__(self, server_side: PSExchange, every: int) -> None:
-        self.server_side, self.every = server_side, every
+    def __init__(self, server_side: PSExchange, every: int, *, resumable: bool = True) -> None:
+        # resumable: each checkpoint keeps what a resumed run needs (not asynchronously, which refuses --resume)
+        self.server_side, self.every, self.resumable = server_side, every, resumable
         self.inner_steps = self.outer_steps = 0
         self._anchor: list[torch.Tensor] = []
         self._model: nn.Module | None = None
@@ -159,6 +162,8 @@ class ShardedOuterExchange(GradientExchange):
         """Beside each checkpoint, per worker: the codec's state, the owners' versions, this worker's owner's shard
         with the outer optimizer's state (between outer steps, when no update can start without this worker's
         change), the anchor, and this worker's weights and inner optimizer state since the last outer step."""
+        if not self.resumable:
+            return self.server_side.state_dict()  # the codec's residuals only
         owner = self.server_side.local_server
         return {
             "codec": self.server_side.state_dict(),
