@@ -10,7 +10,8 @@
 * A test marked ``alone`` measures time or speed: its body runs with no other test beside it. It takes a
   lock exclusively for its call phase while every other test holds it shared (an alone test's setup and
   teardown hold it shared: its fixtures, the container image among them, are made beside other tests); a
-  test waiting to be alone keeps new tests from starting until it has run. Without xdist there is no lock.
+  test waiting to be alone keeps new tests from starting until it has run. An alone test followed by another of
+  its file keeps the lock for it (the second's setup then runs alone too). Without xdist there is no lock.
 """
 
 from __future__ import annotations
@@ -100,32 +101,66 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
 
 
-def _phase(item: pytest.Item, *, exclusive: bool) -> contextlib.AbstractContextManager:
-    """The lock around one phase of an alone test (nothing for the others: they hold it already)."""
-    return company(item.config, alone=exclusive) if _alone(item) else contextlib.nullcontext()
+def _shared_phase(item: pytest.Item) -> contextlib.AbstractContextManager:
+    """The shared lock around an alone test's setup or teardown (nothing for the other tests: they hold it already,
+    nor for a phase that runs under the exclusive lock an alone test before it kept)."""
+    return contextlib.nullcontext() if not _alone(item) or _kept.held else company(item.config, alone=False)
+
+
+class _Kept:
+    """The exclusive lock of an alone test whose next test on this worker is an alone test of the same file: kept
+    through the first's teardown and the second's setup, so that the other workers' tests, waiting to start, do not
+    start in between only to be waited for again (a file of eight alone tests waited for the others eight times)."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._stack is not None
+
+    def take(self, config: pytest.Config) -> None:
+        if self._stack is None:
+            stack = contextlib.ExitStack()
+            stack.enter_context(company(config, alone=True))
+            self._stack = stack
+
+    def release(self) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+
+_kept = _Kept()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     # An alone test's fixtures are made beside other tests (the container image is built in 70 s), shared:
     # nothing it makes there is measured; a fixture that measures would belong in the test's body.
-    with _phase(item, exclusive=False):
+    with _shared_phase(item):
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    with _phase(item, exclusive=True):
-        return (yield)
+    if _alone(item):
+        _kept.take(item.config)  # released after its teardown, or after the next one's (the same file's, alone too)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    with _phase(item, exclusive=False):
-        return (yield)
+    try:
+        with _shared_phase(item):
+            return (yield)
+    finally:
+        if _kept.held and not (nextitem is not None and _alone(nextitem) and nextitem.path == item.path):
+            _kept.release()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    _kept.release()
     # A worker that has finished runs no more tests; one still running makes new files and is alone.
     for path in _lock_files(session.config) or ():
         path.unlink(missing_ok=True)
