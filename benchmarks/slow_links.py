@@ -244,7 +244,7 @@ def link_table(network: str, runs: dict[str, Any]) -> dict[str, bool]:
             and run["speedup"] >= GOAL_SPEEDUP
             and run["quality"] >= runs[dense_of(name)]["quality"] - ACCURACY_POINTS
         ]
-        denses = ", ".join(f"{name} {run['quality']:.4f}" for name, run in runs.items() if name.startswith("dense"))
+        denses = ", ".join(f"{name} {runs[name]['quality']:.4f}" for name in sorted({dense_of(n) for n in runs}))
         checks[f"50mbit: a DiLoCo row at speedup ≥ {GOAL_SPEEDUP} within 1 point of its dense run's "
                f"({denses}: {', '.join(met) or 'none'})"] = bool(met)  # fmt: skip
     return checks
