@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -82,8 +83,7 @@ def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_p
     for name, sweep in sweeps.items():
         ok = {(row["strategy"], row["workers"]) for row in sweep["rows"] if row["status"] == "ok"}
         assert ("local", 1) in ok and any(workers == 2 for _, workers in ok), (name, json.dumps(sweep)[-3000:])
-        error = sweep["errors"]["refined"]["all"]  # the refined model's mean relative error, in percent
-        assert sweep["predictions"] and math.isfinite(error) and 0 <= error < 1000, (name, error)
+        check_predictions(sweep)
         assert all(row["speedup_common"] > 0 for row in sweep["rows"] if row["status"] == "ok")
 
     check_mixed_precision(parts["mixed-precision"]["result"])
@@ -99,6 +99,30 @@ def test_the_dry_run_runs_every_part_and_writes_the_figures_and_the_report(tmp_p
 
 def finite_positive(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
+
+
+def check_predictions(sweep: dict) -> None:
+    """Every run but the one-process reference is predicted; its measured speedup is the median rate over the median
+    one-process rate, each model's error is its distance from that, and the summary is their mean. How near the
+    models come is not asked: a dry run's four timed steps beside CI's other tests measure contention (a CI run
+    of 2026-12-07 put the 2-worker LSTM at 35 batches/s, a fifth of its rate alone, and the error at 2295 %)."""
+    ok = [row for row in sweep["rows"] if row["status"] == "ok"]
+    rates = {}
+    for row in ok:
+        rates.setdefault((row["strategy"], row["workers"]), []).append(row["batches_per_second"])
+    predicted = {(row["strategy"], row["workers"]): row for row in sweep["predictions"]}
+    assert set(predicted) == {key for key in rates if key[0] != "local"}, (sorted(predicted), sorted(rates))
+    local = statistics.median(rates["local", 1])
+    for key, row in predicted.items():
+        measured = statistics.median(rates[key]) / local
+        assert row["measured_speedup"] == pytest.approx(measured), key
+        for model in ("thesis", "refined"):
+            assert finite_positive(row[f"{model}_speedup"]), (key, model)
+            error = abs(row[f"{model}_speedup"] - measured) / measured * 100
+            assert row[f"{model}_error_percent"] == pytest.approx(error), (key, model)
+    for model in ("thesis", "refined"):
+        errors = [row[f"{model}_error_percent"] for row in sweep["predictions"]]
+        assert sweep["errors"][model]["all"] == pytest.approx(statistics.mean(errors)), model
 
 
 def check_mixed_precision(result: dict) -> None:
@@ -130,8 +154,7 @@ def check_holdout(result: dict) -> None:
     ok = {(row["strategy"], row["workers"]) for row in sweep["rows"] if row["status"] == "ok"}
     assert ok == {("local", 1), ("allreduce-join", 2), ("ps-central-async", 2)}, json.dumps(sweep)[-3000:]
     assert len(sweep["predictions"]) == 2 and set(sweep["ranking"]) == {"2"}
-    for model in ("thesis", "refined"):
-        assert math.isfinite(sweep["errors"][model]["all"])
+    check_predictions(sweep)
 
 
 def check_slow_link(result: dict) -> None:
