@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_checks import coverage_checks, stalls, step_checks, step_times, unrecorded_changes
+from scaletrain.processes import process_state
 from training_runs import ELASTIC_STRATEGIES, SRC, add_run_flags, fashion_mnist, finish, pid_of, run_records, train_run
 
 TRAIN_SAMPLES = 60_000
@@ -127,14 +128,6 @@ class MetricsTail:
                 self.step = record["step"]
             elif record.get("kind") == "membership":
                 self.members = record["members"]
-
-
-def process_state(pid: int) -> str | None:
-    """The process's state letter (``R``, ``S``, ``T`` stopped, ``Z`` zombie), or None once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return None
 
 
 def keep_logs(out: Path, why: str) -> Path:

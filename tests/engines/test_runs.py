@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from scaletrain.engines.launch import EngineFailed, run_engine
+from scaletrain.processes import process_state
 from tests.engines.settings import setting
 from tests.helpers import make_fashion_mnist
 
@@ -99,7 +100,7 @@ def _ours(out: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if spec in (entry / "cmdline").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                if spec in (entry / "cmdline").read_bytes() and process_state(int(entry.name)) not in (None, "Z"):
                     pids.append(int(entry.name))
             except OSError:
                 continue

@@ -37,13 +37,13 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from scaletrain.errors import ConfigError, DataError
+from scaletrain.processes import process_state
 
 __all__ = ["Loading", "load_batches"]
 
@@ -125,7 +125,7 @@ def _worker_stacks(processes: list, stacks: Any) -> str:
     :data:`STACK_SIGNAL`, or why it cannot answer (stopped, waiting in the kernel, gone)."""
     notes = []
     for process in processes:
-        pid, state = process.pid, _state(process.pid)
+        pid, state = process.pid, process_state(process.pid)
         if state is None or state in "ZX":
             notes.append(f"loader worker pid {pid}: it has exited")
         elif state in "Tt":
@@ -153,15 +153,6 @@ def _stack_of(pid: int, stacks: Any, wait: float = 2.0) -> str:
         size = grown
     written = os.pread(stacks.fileno(), size - begin, begin).decode("utf-8", errors="replace")
     return written.rstrip() or f"  no stack came within {wait:g} s (state D: waiting in the kernel, or not scheduled)"
-
-
-def _state(pid: int) -> str | None:
-    """The state letter of process ``pid`` (``R``, ``S``, ``D``, ``T``, ``Z`` …) from ``/proc``; None: no such one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def _prepare_worker(parent: int, stacks: int | None, worker_id: int) -> None:

@@ -28,9 +28,10 @@ from scaletrain.engines.install import engine_named, installed, python_of, requi
 from scaletrain.engines.prepare import EngineRun, prepare
 from scaletrain.errors import ConfigError, Interrupted, ScaletrainError
 from scaletrain.netem.network import EmulatedNetwork, parse_rate
-from scaletrain.parallel.launch import is_stopped, stop_processes
+from scaletrain.parallel.launch import stop_processes
 from scaletrain.parallel.ports import free_port
 from scaletrain.parallel.preloaded import die_with_parent
+from scaletrain.processes import is_stopped
 from scaletrain.train.summary import SUMMARY_NAME, THROUGHPUT_NOTE, WorkerStats, throughput
 
 __all__ = ["EngineFailed", "check_engine", "check_layout", "check_run", "known_engine", "run_engine"]

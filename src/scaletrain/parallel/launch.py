@@ -43,6 +43,7 @@ from scaletrain.parallel.rendezvous import (
     ENV_WORLD_SIZE,
 )
 from scaletrain.parallel.strategies import SERVER, Layout
+from scaletrain.processes import is_stopped
 from scaletrain.train.checkpoint import make_folder, refuse_overwrite, resume_advice
 from scaletrain.train.summary import SUMMARY_NAME
 from scaletrain.workloads import Workload
@@ -311,15 +312,6 @@ def _observe(child: _Child, clock: float) -> int | None:
     elif code != 0:
         child.failed_at = child.failed_at or clock
     return code
-
-
-def is_stopped(pid: int) -> bool:
-    """Whether ``pid`` is frozen (``SIGSTOP``/``SIGTSTP``, or traced), from ``/proc/PID/stat``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
 def _first_cause(children: list[_Child]) -> _Child:
