@@ -2,11 +2,11 @@
 
 The default ``--async-batches split`` (:mod:`scaletrain.parallel.strategies.ps.async_batches`) makes every update a
 batch of ``--batch-size // 3`` at the rate times its share, so a gradient two updates stale lags two thirds of
-one step of ``--batch-size`` instead of two. Measured at the issue's setting (2 epochs, hidden 200;
-docs/distributed.md): one process 448; Downpour's shares (``--async-batches share``) 639–708 (central) and 671 or
-diverging (sharded); split within 10 % of one process on both servers. This test runs a shortened setting (one
-epoch, hidden 64, one thread a process) on both servers against a bound of BOUND × one process (the figures
-measured there are in docs/distributed.md).
+one step of ``--batch-size`` instead of two. Measured at the issue's setting (2 epochs, hidden 200): one process
+448; Downpour's shares (``--async-batches share``) 639–708 (central) and 671 or diverging (sharded); split within
+10 % of one process on both servers. This test runs a shortened setting (one epoch, hidden 64, one thread a
+process) on both servers against a bound of BOUND × one process. Every figure, the shortened setting's too:
+results/async-remedies-2026-11-27/.
 """
 
 from __future__ import annotations
