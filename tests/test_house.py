@@ -1,7 +1,7 @@
 """House rules a reader of the code relies on: module docstrings say what and why in a few lines (no more than
-25), the code names no project issue (history lives in the commits and the docs), docs/ holds pages and the
-measurements live in results/, no function takes its trainer as ``Any``, and nothing outside the strategy
-registry compares a strategy's name: it asks the strategy's capabilities instead."""
+25), neither the code nor the pages a user reads name a project issue (history lives in the commits and results/),
+docs/ holds pages and the measurements live in results/, no function takes its trainer as ``Any``, and nothing
+outside the strategy registry compares a strategy's name: it asks the strategy's capabilities instead."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def test_the_code_names_no_issue_of_this_project() -> None:
         for path in modules()
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
         if re.search(r"\bissues? \d", line, re.IGNORECASE)
+    ]
+    assert not named, named
+
+
+def test_the_pages_name_no_issue_of_this_project() -> None:
+    """A reader of docs/ and README.md never saw our issues: a page says the goal or the change itself."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    pattern = re.compile(r"\b(issues? \d|stop \d|the issue\b)", re.IGNORECASE)
+    named = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in pages
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
     ]
     assert not named, named
 
