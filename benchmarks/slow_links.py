@@ -5,7 +5,8 @@ Rows (``--rows``, each a fresh ``scaletrain train`` process tree, one after anot
 PowerSGD rank 4 and top-k 1 % (with error feedback), local SGD (``--strategy diloco -S outer_lr=1 -S
 outer_momentum=0``) and DiLoCo (outer Nesterov SGD at 0.7, momentum 0.9) at ``--sync-every`` 16 and 64; when
 named (they take long), the asynchronous central server (``--async-batches split``), DiLoCo at H = 128 and 256, and
-at H = 128 through the sharded server's asynchronous owners (``-S outer_exchange=sharded-async``). Every
+at H = 128 through the sharded server's asynchronous owners (``-S outer_exchange=sharded-async``), and DiLoCo and
+local SGD at H = 16 with the outer exchange travelling beside 12 inner steps (``-S overlap_steps=12``). Every
 synchronous row splits each global batch over the two workers, and DiLoCo's workers each take their share's
 inner steps, so every row trains the same samples; the asynchronous row's workers each update with half a batch.
 The ``join`` rows (named only) give each worker a whole batch, as the DiLoCo paper does: the dense all-reduce then
@@ -86,6 +87,11 @@ ROWS = {
     "diloco H=256": Row("diloco-split", options=(("sync_every", 256),)),
     # each owner of the sharded server steps its share with each worker's change as it comes
     "diloco H=128 async": Row("diloco-split", options=(("sync_every", 128), ("outer_exchange", "sharded-async"))),
+    # the outer exchange travels while each worker takes 12 more inner steps
+    "diloco H=16 overlap 12": Row("diloco-split", options=(("sync_every", 16), ("overlap_steps", 12))),
+    "local SGD H=16 overlap 12": Row(
+        "diloco-split", options=(("sync_every", 16), ("overlap_steps", 12), *LOCAL_SGD.items())
+    ),
     # each worker a whole batch, as in the paper (an N-times larger batch a step; its dense run is the comparison)
     "dense join": Row("allreduce-join"),
     "diloco H=32 join": Row("diloco-join", options=(("sync_every", 32),)),
@@ -99,6 +105,8 @@ SLOW_ROWS = (
     "diloco H=128 bf16",
     "diloco H=256",
     "diloco H=128 async",
+    "diloco H=16 overlap 12",
+    "local SGD H=16 overlap 12",
     "dense join",
     "diloco H=32 join",
     "local SGD H=128 join",

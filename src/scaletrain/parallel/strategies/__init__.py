@@ -157,7 +157,7 @@ def check_strategy_settings(config: TrainConfig) -> dict[str, Any]:
     if config.overlap and not strategy.overlaps:
         raise ConfigError(
             f"--overlap reduces gradients during backward under all-reduce, not --strategy {strategy.name}; "
-            "use --strategy allreduce, or drop --overlap"
+            + (strategy.overlap_instead or "use --strategy allreduce, or drop --overlap")
         )
     values = strategy.option_values(config.strategy_options)
     strategy.check_options(values, Layout(config.strategy, config.workers, config.server, config.sync), config)

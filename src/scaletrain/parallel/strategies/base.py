@@ -158,6 +158,8 @@ class Strategy(ABC):
     all_reduce_codecs: ClassVar[bool] = False
     #: Whether it reduces gradients in buckets while backward runs (``--overlap``, ``--bucket-mb``).
     overlaps: ClassVar[bool] = False
+    #: What overlaps its communication instead of ``--overlap``: told to a run that asks for that flag.
+    overlap_instead: ClassVar[str | None] = None
 
     def label(self, server: str, sync: str) -> str:
         parts = [self.name, *([server] if self.servers else []), *([sync] if len(self.syncs) > 1 else [])]

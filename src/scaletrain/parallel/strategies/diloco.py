@@ -20,28 +20,24 @@ predict it (:func:`outer_step_seconds`: a step that talks once in H).
 With ``--technique``, every epoch's end is an outer step too (:meth:`DiLoCoExchange.settle`): the technique decides
 on the shared weights, every worker applies the decision to them, and the anchor and the outer optimizer's state
 are reshaped by the same surgery as the network and the inner optimizer's
-(:func:`~scaletrain.efficient.surgery.reshaped_copy`). Not built yet:
-``--technique`` with ``--min-workers`` or through the sharded server, ``--overlap``, and ``--min-workers``
-through the sharded server (each refused in one line).
+(:func:`~scaletrain.efficient.surgery.reshaped_copy`). ``-S overlap_steps=K``: the change travels while the worker
+takes K more inner steps (:mod:`.diloco_overlap`). Refused in one line for now: ``--technique`` with ``--min-workers``
+or the sharded server, the sharded server with ``--min-workers``, ``overlap_steps`` with any of them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from scaletrain.config import WARMUP_STEPS, TrainConfig
-from scaletrain.efficient.base import Reconfiguration
-from scaletrain.efficient.surgery import reshaped_copy
 from scaletrain.errors import ConfigError
-from scaletrain.parallel.strategies.allreduce import AllReduceExchange, ring_allreduce_seconds
+from scaletrain.parallel.strategies.allreduce import ring_allreduce_seconds
 from scaletrain.parallel.strategies.base import (
     Layout,
     Strategy,
@@ -50,17 +46,14 @@ from scaletrain.parallel.strategies.base import (
     layout_fields,
     train_worker,
 )
-from scaletrain.parallel.strategies.diloco_elastic import Rollback, own_state, run_elastic, take_own_state
+from scaletrain.parallel.strategies.diloco_elastic import run_elastic
+from scaletrain.parallel.strategies.diloco_exchange import DiLoCoExchange, outer_optimizer
 from scaletrain.parallel.strategies.diloco_sharded import run_sharded
 from scaletrain.parallel.strategies.ps.terms import sharded_exchange
 from scaletrain.parallel.strategies.roles import worker_role
 from scaletrain.parallel.strategies.terms import EstimatorTerms, StepInputs
-from scaletrain.tensors.codec import CODECS, TensorLayout, WireCodec, wire_codec
-from scaletrain.tensors.flat import mean_over, unflatten_into
-from scaletrain.tensors.optimizers import build_optimizer
-from scaletrain.train.exchange import ExchangeTimes, PeerLost, clip_and_step
-from scaletrain.train.meter import now
-from scaletrain.train.state import Membership, Prepared
+from scaletrain.tensors.codec import CODECS, wire_codec
+from scaletrain.train.state import Prepared
 from scaletrain.train.summary import write_summary
 
 __all__ = ["DiLoCo", "DiLoCoExchange"]
@@ -78,6 +71,7 @@ class DiLoCo(Strategy):
     description = "H inner steps on each worker, then an outer step with the averaged change (DiLoCo, local SGD)"
     syncs = ("join", "split")
     all_reduce_codecs = True
+    overlap_instead = "drop --overlap; -S overlap_steps=K overlaps its outer exchange with K inner steps"
     recommended_unasked = False  # fewer outer steps are always faster; what H costs in quality is not predicted
     one_process_options: ClassVar[dict[str, Any] | None] = {"sync_every": 1, "outer_lr": 1.0, "outer_momentum": 0.0}
     options = (
@@ -93,6 +87,12 @@ class DiLoCo(Strategy):
             "comes, at outer_lr / N",
             "allreduce",
             choices=("allreduce", "sharded", "sharded-async"),
+        ),
+        StrategyOption(
+            "overlap_steps",
+            "inner steps the outer exchange runs beside, its result applied after them (0: the workers wait for it)",
+            0,
+            type=int,
         ),
     )
 
@@ -111,6 +111,18 @@ class DiLoCo(Strategy):
             raise ConfigError(f"--sync-every must be 1 or more inner steps, got {values['sync_every']}")
         if not values["outer_lr"] > 0 or not 0 <= values["outer_momentum"] < 1:
             raise ConfigError("--strategy diloco: -S outer_lr must be > 0 and -S outer_momentum in [0, 1)")
+        overlap = values["overlap_steps"]
+        if not 0 <= overlap < values["sync_every"]:
+            raise ConfigError(
+                f"-S overlap_steps must be from 0 to --sync-every - 1 ({values['sync_every'] - 1}), got {overlap}: "
+                "an outer exchange lands before the next one leaves"
+            )
+        if overlap:
+            route = values["outer_exchange"]
+            refused = [(config.min_workers is not None, "--min-workers"), (config.technique is not None, "--technique")]
+            for given, flag in [*refused, (route != "allreduce", f"-S outer_exchange={route}")]:
+                if given:
+                    raise ConfigError(f"-S overlap_steps does not work with {flag} yet; drop one of them")
         if config.technique is not None and config.min_workers is not None:
             raise ConfigError(
                 "--strategy diloco does not work with --technique and --min-workers together yet; drop one of them"
@@ -148,7 +160,7 @@ class DiLoCo(Strategy):
                     workers, wire_codec(config), values, membership=membership, handed=handed
                 ),
             )
-        exchange = DiLoCoExchange(layout.workers, wire_codec(config), values)
+        exchange = DiLoCoExchange(layout.workers, wire_codec(config), values, timeout=config.timeout)
         role = worker_role(prepared, layout, rank, store, exchange)
         trainer = train_worker(prepared, role, store)
         if rank != 0:
@@ -171,8 +183,11 @@ def outer_step_seconds(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     [0.014, 0.0032]
     """
     values = DiLoCo().option_values(inputs.options)
-    exchange = ring_allreduce_seconds if values["outer_exchange"] == "allreduce" else sharded_exchange
-    return inputs.profile.t_update + exchange(inputs, n) * outer_share(inputs, n)
+    exchange = (ring_allreduce_seconds if values["outer_exchange"] == "allreduce" else sharded_exchange)(inputs, n)
+    if values["overlap_steps"]:  # what K inner steps (a gradient and an optimizer step each) do not hide
+        inner = inputs.gradient(inputs.sync, n, probe="allreduce", meetings=outer_meetings(inputs, n))
+        exchange = np.maximum(exchange - values["overlap_steps"] * (inner + inputs.profile.t_update), 0.0)
+    return inputs.profile.t_update + exchange * outer_share(inputs, n)
 
 
 def outer_meetings(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
@@ -202,182 +217,3 @@ def outer_share(inputs: StepInputs, n: np.ndarray) -> np.ndarray:
     steps = np.maximum(steps, 1.0)
     warmup = np.minimum(WARMUP_STEPS, steps - 1)
     return (np.ceil(steps / every) - np.floor(warmup / every)) / (steps - warmup)
-
-
-def outer_optimizer(values: Mapping[str, Any], parameters: list[torch.Tensor]) -> torch.optim.Optimizer:
-    """The outer optimizer over ``parameters`` (the anchor) as the options say."""
-    name = values["outer_optimizer"]
-    options = {"nesterov": values["outer_nesterov"] and values["outer_momentum"] > 0} if name == "sgd" else {}
-    momentum = values["outer_momentum"] if name == "sgd" else None
-    return build_optimizer(name, options, parameters, lr=values["outer_lr"], momentum=momentum, weight_decay=0.0)
-
-
-class DiLoCoExchange(AllReduceExchange):
-    """Inner steps here; every ``sync_every`` steps the averaged change since the anchor through the codec's
-    all-reduce, and the outer optimizer's step on the anchor, which every worker then takes as its weights."""
-
-    def __init__(
-        self,
-        workers: int,
-        codec: WireCodec,
-        values: Mapping[str, Any],
-        *,
-        membership: Membership | None = None,
-        handed: dict[str, Any] | None = None,
-    ) -> None:
-        # elastic (--min-workers): a lost peer interrupts an outer step (PeerLost); a joiner is ``handed`` the
-        # run's outer state and has its weights from a member already
-        super().__init__(workers, codec, membership=membership, synced=handed is not None)
-        self._handed = handed
-        self.values, self.every = values, values["sync_every"]
-        self.inner_steps = self.outer_steps = 0
-        self._last_outer = 0  # the inner steps taken when the last outer step was
-        self._anchor: list[nn.Parameter] = []
-        self._outer: torch.optim.Optimizer | None = None
-        self._model: nn.Module | None = None
-        self._inner: torch.optim.Optimizer | None = None
-
-    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        super().start(model, optimizer)  # every worker from rank 0's weights
-        self._model, self._inner = model, optimizer
-        self._anchor = [nn.Parameter(p.detach().clone()) for p in model.parameters()]
-        self._outer = outer_optimizer(self.values, self._anchor)
-        if self._handed is not None:
-            self.take_outer_state(self._handed)
-
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer, clip_norm: float | None) -> ExchangeTimes:
-        outer_due = (self.inner_steps + 1) % self.every == 0
-        rollback = Rollback(model, optimizer) if outer_due and self.membership is not None else None
-        skipped = clip_and_step(model, optimizer, clip_norm, self.skip_nonfinite)
-        self.inner_steps += 1
-        if not outer_due:
-            return ExchangeTimes(skipped=skipped)
-        try:
-            return self._outer_step(model, skipped)
-        except PeerLost:  # the survivors do this step again: undo its inner step (the loop's contract)
-            rollback.restore(model, optimizer)
-            self.inner_steps -= 1
-            raise
-
-    def settle(self, model: nn.Module) -> ExchangeTimes | None:
-        """An outer step over the inner steps since the last one, if any: every worker then holds the shared
-        weights (with ``--technique``, at every epoch's end)."""
-        if self.inner_steps == self._last_outer:
-            return None
-        return self._outer_step(model, False)
-
-    def prepare_reconfiguration(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, decision: Reconfiguration
-    ) -> None:
-        """The anchor and the outer optimizer's state for the network the decision makes; the loop settled the
-        workers first, so the anchor is the weights every worker reshapes."""
-        if decision.changes_network:
-            make = lambda parameters: outer_optimizer(self.values, parameters)  # noqa: E731
-            self._anchor, self._outer = reshaped_copy(model, self._anchor, self._outer, decision, make)
-
-    def reconfigure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        super().reconfigure(model, optimizer)
-        self._model, self._inner = model, optimizer
-
-    def conclude(self, model: nn.Module, refresh: Callable[[int], int]) -> ExchangeTimes | None:
-        """The inner steps since the last outer step go into one more outer step: every worker ends with the
-        shared weights, which rank 0 evaluates and saves. Unless each outer step is the synchronous all-reduce's
-        (H = 1, a plain average), the shared weights are not those batch norm's running statistics were gathered
-        for: each worker re-estimates them on its share of H batches and the workers take their mean."""
-        times = self.settle(model)
-        if not self.outer_steps or (self.every == 1 and self._averages_only()) or not refresh(self.every):
-            return times
-        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
-        averaged = self._or_lost(lambda: self._averaged(buffers)) if self.workers > 1 else None
-        if averaged is None:
-            return times
-        with torch.no_grad():
-            unflatten_into(averaged, buffers)
-        sent = averaged.numel() * averaged.element_size() + (times.sent_bytes if times is not None else 0)
-        # the outer step's seconds stay training's; the statistics' mean is the evaluation's
-        return dataclasses.replace(times, sent_bytes=sent) if times is not None else ExchangeTimes(sent_bytes=sent)
-
-    def _averages_only(self) -> bool:
-        """Whether the outer step takes the workers' mean and nothing more (plain SGD at rate 1)."""
-        values = self.values
-        return values["outer_optimizer"] == "sgd" and values["outer_lr"] == 1 and values["outer_momentum"] == 0
-
-    def _outer_step(self, model: nn.Module, skipped: bool) -> ExchangeTimes:
-        parameters = list(model.parameters())
-        begin = now()
-        changes = [anchor.detach() - p.detach() for anchor, p in zip(self._anchor, parameters, strict=True)]
-        layout = TensorLayout.of(changes)
-        buffers = [buffer for buffer in model.buffers() if buffer.is_floating_point()]
-        averaged = None
-        if self.workers > 1:
-            arrived, total = self._reduce_or_lost(changes, layout)
-            total /= self.workers  # the live workers, in an elastic run
-            # before anything is applied, so that a peer lost here undoes the step as one lost above does
-            averaged = self._or_lost(lambda: self._averaged(buffers))
-        else:
-            self._ask_joiners_alone()
-            arrived, total = begin, torch.cat([change.reshape(-1) for change in changes])
-        for anchor in self._anchor:
-            anchor.grad = torch.empty_like(anchor)
-        unflatten_into(total, [anchor.grad for anchor in self._anchor])
-        self._outer.step()
-        with torch.no_grad():
-            for anchor, parameter in zip(self._anchor, parameters, strict=True):
-                parameter.copy_(anchor)
-            if averaged is not None:
-                unflatten_into(averaged, buffers)
-        self.outer_steps += 1
-        self._last_outer = self.inner_steps
-        buffer_bytes = 0 if averaged is None else averaged.numel() * averaged.element_size()
-        sent = self.codec.payload_bytes(layout) + buffer_bytes if self.workers > 1 else 0
-        return ExchangeTimes(communication=now() - arrived, wait=arrived - begin, skipped=skipped, sent_bytes=sent)
-
-    def _averaged(self, buffers: list[torch.Tensor]) -> torch.Tensor | None:
-        """The workers' floating-point buffers (batch norm's running statistics) averaged, flat, for every worker
-        to go on from the same ones, as from the same weights; None when the network has none."""
-        return mean_over(buffers, self.collectives.all_reduce, self.workers)
-
-    def outer_state(self) -> dict[str, Any]:
-        """What a worker that goes on from this one takes besides weights and inner optimizer (an elastic run):
-        the anchor, the outer optimizer's state and the step counts."""
-        return {
-            "anchor": [anchor.detach().clone() for anchor in self._anchor],
-            "outer": self._outer.state_dict(),
-            "inner_steps": self.inner_steps,
-            "outer_steps": self.outer_steps,
-            "last_outer": self._last_outer,
-        }
-
-    def take_outer_state(self, state: dict[str, Any]) -> None:
-        with torch.no_grad():
-            for anchor, value in zip(self._anchor, state["anchor"], strict=True):
-                anchor.copy_(value)
-        self._outer.load_state_dict(state["outer"])
-        self._take_counts(state)
-
-    def _take_counts(self, state: dict[str, Any]) -> None:
-        self.inner_steps, self.outer_steps = state["inner_steps"], state["outer_steps"]
-        # saved before an epoch's end could be an outer step: the last was at the last multiple of H
-        self._last_outer = state.get("last_outer", self.inner_steps - self.inner_steps % self.every)
-
-    def state_dict(self) -> dict | None:
-        """Beside each checkpoint, per worker: the codec's state, the anchor and the outer optimizer's state, and
-        this worker's own weights and inner optimizer state since the last outer step (the checkpoint holds rank
-        0's only)."""
-        return {
-            "codec": super().state_dict(),
-            **own_state(self._anchor, self._model, self._inner),
-            "outer": self._outer.state_dict(),
-            "inner_steps": self.inner_steps,
-            "outer_steps": self.outer_steps,
-            "last_outer": self._last_outer,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("codec"):
-            super().load_state_dict(state["codec"])
-        if state.get("anchor") is None:
-            return
-        take_own_state(state, self._anchor, self._model, self._inner)
-        self._outer.load_state_dict(state["outer"])
-        self._take_counts(state)

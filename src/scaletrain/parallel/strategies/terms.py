@@ -92,6 +92,8 @@ class StepInputs(Protocol):
     def profile(self) -> ProfileNumbers: ...
     @property
     def options(self) -> Mapping[str, Any]: ...  # the configuration's strategy options (every one, defaults filled)
+    @property
+    def sync(self) -> str: ...  # the configuration's steps: join or split (asynchronous updates have no exchange term)
 
     def gradient(
         self, sync: str, workers: np.ndarray, probe: str | None = None, meetings: np.ndarray | None = None
