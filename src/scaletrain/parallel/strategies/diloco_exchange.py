@@ -156,10 +156,7 @@ class DiLoCoExchange(AllReduceExchange):
         else:
             self._ask_joiners_alone()
             arrived, total = begin, torch.cat([change.reshape(-1) for change in changes])
-        for anchor in self._anchor:
-            anchor.grad = torch.empty_like(anchor)
-        unflatten_into(total, [anchor.grad for anchor in self._anchor])
-        self._outer.step()
+        self._step_anchor(total)
         with torch.no_grad():
             for anchor, parameter in zip(self._anchor, parameters, strict=True):
                 parameter.copy_(anchor)
@@ -204,10 +201,7 @@ class DiLoCoExchange(AllReduceExchange):
         waited = now() - begin
         weights, buffers_then = self._sent
         self._sent = None
-        for anchor in self._anchor:
-            anchor.grad = torch.empty_like(anchor)
-        unflatten_into(reduced.total / self.workers, [anchor.grad for anchor in self._anchor])
-        self._outer.step()
+        self._step_anchor(reduced.total / self.workers)
         with torch.no_grad():
             for anchor, parameter, then in zip(self._anchor, model.parameters(), weights, strict=True):
                 # the new anchor + what was trained since (exactly the anchor where nothing was: equal replicas)
@@ -218,6 +212,13 @@ class DiLoCoExchange(AllReduceExchange):
                 unflatten_into(reduced.buffers / self.workers + moved, buffers)
         self.outer_steps += 1
         return ExchangeTimes(communication=waited, skipped=skipped)
+
+    def _step_anchor(self, change: torch.Tensor) -> None:
+        """The outer optimizer's step on the anchor with the workers' mean ``change`` (flat) as its gradient."""
+        for anchor in self._anchor:
+            anchor.grad = torch.empty_like(anchor)
+        unflatten_into(change, [anchor.grad for anchor in self._anchor])
+        self._outer.step()
 
     def _averaged(self, buffers: list[torch.Tensor]) -> torch.Tensor | None:
         """The workers' floating-point buffers (batch norm's running statistics) averaged, flat, for every worker
